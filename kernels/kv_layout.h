@@ -1,0 +1,42 @@
+// Layout of the paged KV pool in memory, shared by kvcache/ (which hands out page ids),
+// the CPU engine and the CUDA kernels (which read and write the pages).
+//
+// Per layer there is one K buffer and one V buffer, each
+//   [num_pages][num_kv_heads][page_size][head_dim]   (HND inside a page)
+// so one KV head's tile of a page is page_size * head_dim contiguous elements: a single
+// coalesced (or bulk-async) load per (page, head). With tensor parallelism each rank holds
+// its own heads' share of every page (num_kv_heads = that rank's heads).
+#pragma once
+
+#include <cstdint>
+
+namespace treeserve {
+
+struct KvLayout {
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t page_size = 16;
+  int64_t num_pages = 0;
+  int32_t dtype_bytes = 2;  // 4 = fp32 (CPU backend), 2 = fp16/bf16 (CUDA backend)
+
+  // Elements of one page of one K (or V) buffer.
+  int64_t page_elems() const { return int64_t(num_kv_heads) * page_size * head_dim; }
+  // Elements of one layer's K (or V) buffer.
+  int64_t layer_elems() const { return page_elems() * num_pages; }
+  // Offset of (page, head, slot, 0) inside one layer's K or V buffer.
+  int64_t offset(int64_t page, int32_t head, int32_t slot) const {
+    return page * page_elems() + (int64_t(head) * page_size + slot) * head_dim;
+  }
+  // Bytes of KV one token occupies across all layers (K and V).
+  int64_t bytes_per_token() const {
+    return int64_t(num_layers) * 2 * num_kv_heads * head_dim * dtype_bytes;
+  }
+  // Pages a byte budget holds.
+  static int64_t pages_for_budget(int64_t budget_bytes, int64_t bytes_per_token,
+                                  int32_t page_size) {
+    return budget_bytes / (bytes_per_token * page_size);
+  }
+};
+
+}  // namespace treeserve
