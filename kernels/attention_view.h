@@ -18,15 +18,15 @@
 namespace treeserve {
 
 struct KvNodeRun {
-  int32_t parent = -1;      // index of the parent run in AttentionView::nodes; -1 = a root
-  int32_t num_tokens = 0;   // tokens in this run, >= 1
-  int32_t first_slot = 0;   // slot of the run's first token inside its first page, [0, page_size)
-  int32_t page_begin = 0;   // index into AttentionView::pages of the run's first page
-  int32_t page_count = 0;   // ceil((first_slot + num_tokens) / page_size)
-  int32_t depth_tokens = 0; // tokens in all ancestor runs = sequence position of the first token
-  int32_t query_begin = 0;  // queries [query_begin, query_end) of AttentionView::queries see
-  int32_t query_end = 0;    //   at least part of this run (those whose leaf is in its subtree)
-  int64_t node_id = -1;     // kvcache's id of the radix node or branch tail (diagnostics only)
+  int32_t parent = -1;       // index of the parent run in AttentionView::nodes; -1 = a root
+  int32_t num_tokens = 0;    // tokens in this run, >= 1
+  int32_t first_slot = 0;    // slot of the run's first token inside its first page, [0, page_size)
+  int32_t page_begin = 0;    // index into AttentionView::pages of the run's first page
+  int32_t page_count = 0;    // ceil((first_slot + num_tokens) / page_size)
+  int32_t depth_tokens = 0;  // tokens in all ancestor runs = sequence position of the first token
+  int32_t query_begin = 0;   // queries [query_begin, query_end) of AttentionView::queries see
+  int32_t query_end = 0;     //   at least part of this run (those whose leaf is in its subtree)
+  int64_t node_id = -1;      // kvcache's id of the radix node or branch tail (diagnostics only)
 };
 
 struct AttentionQuery {

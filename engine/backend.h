@@ -1,0 +1,67 @@
+// Backend: the model runtime the scheduler drives, one forward per step. A backend owns the
+// weights on its device and the paged KV pool's memory (laid out per kernels/kv_layout.h;
+// kvcache/ hands out the page ids, the backend stores the bytes). Implementations: the CPU
+// reference below (float32, this folder) and, later, CUDA.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/step_batch.h"
+#include "kernels/attention_plan.h"
+#include "kernels/kv_layout.h"
+#include "models/model_config.h"
+
+namespace treeserve {
+
+struct LlamaWeights;
+
+// Logits of the rows a step asked for: data is [num_rows][vocab] float32, row i belonging
+// to StepBatch::logit_rows[i].
+struct Logits {
+  int32_t num_rows = 0;
+  int64_t vocab = 0;
+  std::vector<float> data;
+
+  const float* row(int32_t i) const { return data.data() + int64_t(i) * vocab; }
+  float* row(int32_t i) { return data.data() + int64_t(i) * vocab; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual const ModelConfig& model_config() const = 0;
+  // The pool this backend allocated; kvcache/ must be created with the same page_size and
+  // num_pages.
+  virtual const KvLayout& kv_layout() const = 0;
+
+  // Runs one step: slot moves, page copies, then every row through the model (its K/V
+  // written at its slot), and the logits of batch.logit_rows into *out (resized; its
+  // storage is reused across calls). INVALID_ARGUMENT (validate_step_batch) leaves the pool
+  // untouched.
+  virtual Status forward(const StepBatch& batch, Logits* out) = 0;
+};
+
+struct CpuBackendOptions {
+  int64_t num_pages = 1024;  // KV pool pages (all layers, K and V: see KvLayout)
+  int32_t page_size = 16;
+  int32_t num_threads = 0;  // 0 = hardware concurrency; 1 = the calling thread only
+  // Plan builder settings (tile shapes only shape the work split on the CPU; results agree
+  // to float rounding whatever they are). gqa_group_size, head_dim and num_pages are set
+  // from the model and pool.
+  AttentionPlanConfig plan;
+};
+
+// Converts the weights to float32 (any of F32/F16/BF16) and allocates the pool, all zeros.
+// INVALID_ARGUMENT for bad options (naming the field); RESOURCE_EXHAUSTED when the pool
+// cannot be allocated.
+StatusOr<std::unique_ptr<Backend>> create_cpu_backend(const ModelConfig& config,
+                                                      const LlamaWeights& weights,
+                                                      const CpuBackendOptions& options);
+
+}  // namespace treeserve

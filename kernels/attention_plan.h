@@ -1,0 +1,144 @@
+// AttentionPlan: the work list of one tree-attention launch, built on the CPU from an
+// AttentionView (kernels/attention_view.h) and executed either by the CPU executor
+// (kernels/attention_cpu.h) or by the CUDA kernel. Both executors read only this struct.
+//
+// A work item is (KV chunk, query tile): up to `kv_chunk_tokens` KV tokens, given as a few
+// page-table segments, against up to `query_tile_rows / gqa_group_size` queries (the kernel
+// packs the GQA group's query heads as extra rows of the tile, FastTree-style). Every item
+// writes one partial (O, LSE) per (item query, q head); the reduction map then lists, per
+// query, the partials to merge with the log-sum-exp merge (FlashInfer merge_state).
+//
+// How items are chosen (plan_builder.cpp): FastTree's greedy edge assignment over the run
+// tree decides which runs are read once for all their queries and which are folded into
+// their children's items; small subtrees (speculative token trees, short branches) are packed
+// into one masked item, DeFT-Flatten style; long contexts are split into even chunks, more
+// finely when there are too few items to fill the SMs. The result is deterministic.
+//
+// Layout: structure of arrays of int32 (plus uint32 mask words), CSR-style offsets, no
+// pointers, so the whole plan is a handful of memcpys into a fixed device workspace and the
+// launch can be captured in a CUDA graph (bound the sizes with the max_* config fields).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/attention_view.h"
+
+namespace treeserve {
+
+struct AttentionPlanConfig {
+  // Kernel tile shape.
+  int32_t query_tile_rows = 64;    // rows of one query tile = queries * gqa_group_size
+  int32_t kv_tile_tokens = 64;     // KV tokens per kernel iteration; chunks are multiples
+  int32_t kv_chunk_tokens = 1024;  // most KV tokens one work item reads (DeFT-Flatten chunk)
+  int32_t gqa_group_size = 1;      // num_q_heads / num_kv_heads
+  int32_t head_dim = 128;          // only used by the cost model
+
+  // Machine: long-context splitting makes at least num_sms * min_items_per_sm items when it
+  // can, never cutting a chunk below min_split_tokens.
+  int32_t num_sms = 132;
+  int32_t min_items_per_sm = 1;
+  int32_t min_split_tokens = 128;
+
+  // Subtrees with at most pack_max_tokens KV tokens and one query tile of queries are read
+  // by a single masked item (and consecutive such siblings share one).
+  int32_t pack_max_tokens = 128;
+
+  // FastTree cost model (section 4.2): alpha * query-tile padding + beta * KV-tile padding
+  // (both in wasted row*token*head_dim work) against gamma * extra partial (O, LSE) elements.
+  double cost_alpha = 1.0;
+  double cost_beta = 1.0;
+  double cost_gamma = 256.0;
+
+  bool greedy_grouping = true;     // false: every run is its own group (no folding)
+  bool pack_subtrees = true;       // false: no masked packing of small subtrees
+  bool long_context_split = true;  // false: chunks are always kv_chunk_tokens
+
+  // Optional bounds of a preallocated workspace (0 = unbounded): exceeding one returns
+  // RESOURCE_EXHAUSTED. num_pages > 0 also checks every page id against the pool.
+  int32_t max_work_items = 0;
+  int32_t max_partials = 0;
+  int32_t max_segments = 0;
+  int32_t max_mask_words = 0;
+  int64_t num_pages = 0;
+};
+
+// Scratch the builder reuses between steps (so steady-state builds do not allocate).
+struct AttentionPlanScratch {
+  std::vector<int32_t> subtree_end;     // [num_nodes] one past the last node of the subtree
+  std::vector<int32_t> first_query;     // [num_nodes + 1] first query whose leaf >= node
+  std::vector<int32_t> subtree_tokens;  // [num_nodes] KV tokens of runs some query reads
+  // Units of the virtual tree: a run, or a pack of consecutive small sibling subtrees.
+  std::vector<int32_t> unit_first_node, unit_end_node, unit_parent, unit_len;
+  std::vector<int32_t> unit_children_begin, unit_children_end, unit_remaining;
+  std::vector<uint8_t> unit_is_pack, unit_folded;
+  std::vector<int32_t> chain_runs, group_queries, chunk_queries, chunk_visible;
+  std::vector<int32_t> query_cursor, stack;
+};
+
+struct AttentionPlan {
+  int32_t gqa_group_size = 1;
+  int32_t queries_per_tile = 1;  // query_tile_rows / gqa_group_size
+  int32_t page_size = 16;
+  int32_t max_item_tokens = 0;  // longest item, for sizing per-block score buffers
+
+  // Work items, [num_items] each. Item i reads KV segments [segment_begin, segment_end) in
+  // order (its tokens are their concatenation, item_num_tokens in all) for the queries
+  // item_queries[query_begin .. query_end). Mask: if mask_offset >= 0, the item's bit mask is
+  //   mask_words[mask_offset + local_query * ceil(item_num_tokens / 32) + token / 32]
+  // bit (token % 32) = 1 where the query sees the token; mask_offset = -1: all visible.
+  std::vector<int32_t> item_segment_begin, item_segment_end;
+  std::vector<int32_t> item_query_begin, item_query_end;
+  std::vector<int32_t> item_num_tokens;
+  std::vector<int32_t> item_mask_offset;
+
+  // Segments, [num_segments] each: seg_num_tokens consecutive tokens of one run. Token j of
+  // the segment is at physical page page_table[seg_page_begin + (seg_first_slot + j) /
+  // page_size], slot (seg_first_slot + j) % page_size. seg_node / seg_token_begin name the
+  // run and the offset inside it (positions, diagnostics, tests).
+  std::vector<int32_t> seg_page_begin, seg_first_slot, seg_num_tokens;
+  std::vector<int32_t> seg_node, seg_token_begin;
+
+  // Partials: item_queries[p] is the view query index of partial slot p, so item i writes
+  // partials [item_query_begin[i], item_query_end[i]); partial workspace is
+  //   O [num_partials][num_q_heads][head_dim], LSE [num_partials][num_q_heads].
+  std::vector<int32_t> item_queries;
+  std::vector<uint32_t> mask_words;
+
+  // Reduction map (CSR over queries, [num_queries + 1]): query q merges the partial slots
+  // merge_partials[query_merge_begin[q] .. query_merge_begin[q + 1]) and writes
+  // out[query_rows[q]]. Queries with one partial can be written directly.
+  std::vector<int32_t> query_merge_begin;
+  std::vector<int32_t> merge_partials;
+  std::vector<int32_t> query_rows;  // [num_queries] batch row of each query
+
+  std::vector<int32_t> page_table;  // copy of AttentionView::pages, [num_view_pages]
+
+  // Statistics of the last build (not needed by executors).
+  int32_t num_groups = 0;          // context-queries groups after greedy assignment
+  int32_t num_folded_edges = 0;    // edges assigned 1 (parent read inside child's items)
+  int32_t num_packs = 0;           // packed (masked) subtree units
+  int32_t split_chunk_tokens = 0;  // chunk size actually used
+
+  AttentionPlanScratch scratch;
+
+  int32_t num_items() const { return int32_t(item_num_tokens.size()); }
+  int32_t num_segments() const { return int32_t(seg_num_tokens.size()); }
+  int32_t num_partials() const { return int32_t(item_queries.size()); }
+  int32_t num_queries() const { return int32_t(query_rows.size()); }
+  static int32_t mask_words_per_row(int32_t num_tokens) { return (num_tokens + 31) / 32; }
+};
+
+// Checks the view against the AttentionView contract (preorder, query ranges, pages, ...).
+// Returns INVALID_ARGUMENT naming the first offending field.
+Status validate_attention_view(const AttentionView& view, int64_t num_pages = 0);
+// Same, reusing scratch (fills scratch->subtree_end, which the builder then uses).
+Status validate_attention_view(const AttentionView& view, int64_t num_pages,
+                               AttentionPlanScratch* scratch);
+
+// Builds the plan for one step. Reuses out's vectors: no allocations once they have grown.
+Status build_attention_plan(const AttentionView& view, const AttentionPlanConfig& config,
+                            AttentionPlan* out);
+
+}  // namespace treeserve

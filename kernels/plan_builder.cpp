@@ -1,0 +1,443 @@
+// build_attention_plan: AttentionView -> AttentionPlan (work items, masks, reduction map).
+//
+// Four passes, all linear in nodes + queries (+ mask bits for packed items):
+//  1. Units. Walk the run tree breadth-first. A child subtree small enough for one item
+//     (<= pack_max_tokens live tokens, <= one query tile of queries) becomes part of a *pack*
+//     of consecutive small siblings, read by one masked item (DeFT-Flatten: subtrees flattened
+//     depth-first into one chunk, causality by bit mask). Any other child is a *run unit*.
+//  2. Greedy edge assignment (FastTree Algorithm 1), parents before children: for each
+//     child unit l of run unit v, compare the cost of keeping v's KV in v's own group
+//     (SplitKV: padding of both groups + gamma * l's extra partials) with folding v into l
+//     (SplitQ: l's queries read v's KV again inside l's items). Folding grows l's context.
+//  3. Chunk size. Each group's context is cut into even chunks of <= kv_chunk_tokens; if that
+//     gives fewer items than num_sms * min_items_per_sm, the chunk is shrunk (down to
+//     min_split_tokens) until it does (FastTree long-context splitting).
+//  4. Items. Per group, per chunk: the group's queries that see at least one chunk token,
+//     cut into query tiles. A mask is written only when some tile query sees only part of the
+//     chunk (its leaf is in the chunk with leaf_tokens short of it, or a packed subtree it is
+//     not in). Then the reduction map, CSR by query, in item order (deterministic).
+//
+// Invariant (tested by expanding plans): every (query, visible token) pair is in exactly one
+// item with its mask bit set, and no invisible pair is.
+#include <algorithm>
+#include <string>
+
+#include "kernels/attention_plan.h"
+
+namespace treeserve {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// FastTree eq. 3: padding of the last tile of n elements; 0 for an empty dimension.
+int64_t pad(int64_t tile, int64_t n) { return n <= 0 ? 0 : tile - ((n - 1) % tile + 1); }
+
+// FastTree section 4.2, with GQA: a query occupies gqa_group_size rows of a tile.
+class CostModel {
+ public:
+  explicit CostModel(const AttentionPlanConfig& c) : c_(c) {}
+
+  // C_P(nQ, len) = alpha * C_P,q + beta * C_P,kv (eqs. 5-7).
+  double padding(int64_t num_queries, int64_t len) const {
+    const int64_t rows = num_queries * c_.gqa_group_size;
+    if (rows == 0 || len == 0) return 0.0;
+    const double q_pad = double(pad(c_.query_tile_rows, rows)) * double(len) * c_.head_dim;
+    const int64_t kv_len = std::min<int64_t>(len, c_.kv_tile_tokens);
+    const double kv_pad = double(rows) * double(pad(c_.kv_tile_tokens, kv_len)) * c_.head_dim;
+    return c_.cost_alpha * q_pad + c_.cost_beta * kv_pad;
+  }
+
+  // True when folding v (nq_v queries still grouped with it, len_v tokens) into child l
+  // (nq_l queries, len_l tokens) is cheaper than giving v's KV its own group (eqs. 8-11).
+  bool should_fold(int64_t nq_v, int64_t len_v, int64_t nq_l, int64_t len_l) const {
+    const double split_kv = padding(nq_v, len_v) + padding(nq_l, len_l) +
+                            c_.cost_gamma * double(nq_l * c_.gqa_group_size) * c_.head_dim;
+    const double split_q = padding(nq_v - nq_l, len_v) + padding(nq_l, len_v + len_l);
+    return split_kv > split_q;
+  }
+
+ private:
+  const AttentionPlanConfig& c_;
+};
+
+Status check_config(const AttentionPlanConfig& c) {
+  auto bad = [](const char* field, int64_t v, const char* why) {
+    return InvalidArgument(std::string("AttentionPlanConfig.") + field + " = " + std::to_string(v) +
+                           " " + why);
+  };
+  if (c.gqa_group_size < 1) return bad("gqa_group_size", c.gqa_group_size, "must be >= 1");
+  if (c.query_tile_rows < c.gqa_group_size) {
+    return bad("query_tile_rows", c.query_tile_rows, "must hold one GQA group");
+  }
+  if (c.kv_tile_tokens < 1) return bad("kv_tile_tokens", c.kv_tile_tokens, "must be >= 1");
+  if (c.kv_chunk_tokens < c.kv_tile_tokens) {
+    return bad("kv_chunk_tokens", c.kv_chunk_tokens, "must be >= kv_tile_tokens");
+  }
+  if (c.num_sms < 1) return bad("num_sms", c.num_sms, "must be >= 1");
+  if (c.min_split_tokens < 1) return bad("min_split_tokens", c.min_split_tokens, "must be >= 1");
+  return Status::Ok();
+}
+
+// Builds the plan; one instance per build so the passes share state without long signatures.
+class PlanBuilder {
+ public:
+  PlanBuilder(const AttentionView& view, const AttentionPlanConfig& config, AttentionPlan* out)
+      : view_(view), c_(config), out_(out), s_(out->scratch), cost_(config) {}
+
+  Status build();
+
+ private:
+  void compute_subtree_tokens();
+  void add_unit(int32_t first, int32_t end, bool is_pack, int32_t parent, int32_t len);
+  void scan_children(int32_t parent_unit, int32_t begin, int32_t end);
+  void build_units_and_assign();
+  int64_t count_items(int32_t chunk) const;
+  int32_t choose_chunk_tokens() const;
+  void collect_group(int32_t u);
+  void emit_group(int32_t u, int32_t chunk);
+  void emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tokens);
+  int32_t visible_in_segment(int32_t query, int32_t seg) const;
+  Status build_reduction_map();
+
+  int32_t queries_of(int32_t first, int32_t end) const {
+    return s_.first_query[end] - s_.first_query[first];
+  }
+
+  const AttentionView& view_;
+  const AttentionPlanConfig& c_;
+  AttentionPlan* out_;
+  AttentionPlanScratch& s_;
+  CostModel cost_;
+  int32_t tile_queries_ = 1;
+};
+
+void PlanBuilder::compute_subtree_tokens() {
+  const int32_t n = int32_t(view_.nodes.size());
+  s_.subtree_tokens.resize(n);
+  for (int32_t i = 0; i < n; ++i) {
+    const KvNodeRun& node = view_.nodes[i];
+    s_.subtree_tokens[i] = node.query_end > node.query_begin ? node.num_tokens : 0;
+  }
+  for (int32_t i = n - 1; i >= 0; --i) {
+    const int32_t p = view_.nodes[i].parent;
+    if (p >= 0) s_.subtree_tokens[p] += s_.subtree_tokens[i];
+  }
+}
+
+void PlanBuilder::add_unit(int32_t first, int32_t end, bool is_pack, int32_t parent, int32_t len) {
+  s_.unit_first_node.push_back(first);
+  s_.unit_end_node.push_back(end);
+  s_.unit_is_pack.push_back(is_pack ? 1 : 0);
+  s_.unit_parent.push_back(parent);
+  s_.unit_len.push_back(len);
+  s_.unit_folded.push_back(0);
+  s_.unit_children_begin.push_back(0);
+  s_.unit_children_end.push_back(0);
+  s_.unit_remaining.push_back(queries_of(first, is_pack ? end : s_.subtree_end[first]));
+  if (is_pack) ++out_->num_packs;
+}
+
+// Appends units for the child subtrees c in [begin, end) (siblings, stepping by subtree).
+void PlanBuilder::scan_children(int32_t parent_unit, int32_t begin, int32_t end) {
+  int32_t pack_first = -1, pack_end = -1, pack_tokens = 0, pack_queries = 0;
+  auto flush = [&] {
+    if (pack_first < 0) return;
+    const bool single_run = pack_end == pack_first + 1;
+    add_unit(pack_first, single_run ? pack_first + 1 : pack_end, !single_run, parent_unit,
+             pack_tokens);
+    pack_first = -1;
+  };
+  for (int32_t ch = begin; ch < end; ch = s_.subtree_end[ch]) {
+    const int32_t num_queries = queries_of(ch, s_.subtree_end[ch]);
+    if (num_queries == 0) {  // nobody reads this subtree; keep it out of packs too
+      flush();
+      continue;
+    }
+    const int32_t tokens = s_.subtree_tokens[ch];
+    const bool fits =
+        c_.pack_subtrees && tokens <= c_.pack_max_tokens && num_queries <= tile_queries_;
+    if (!fits) {
+      flush();
+      add_unit(ch, ch + 1, false, parent_unit, view_.nodes[ch].num_tokens);
+      continue;
+    }
+    if (pack_first >= 0 &&
+        (pack_tokens + tokens > c_.pack_max_tokens || pack_queries + num_queries > tile_queries_)) {
+      flush();
+    }
+    if (pack_first < 0) {
+      pack_first = ch;
+      pack_tokens = 0;
+      pack_queries = 0;
+    }
+    pack_end = s_.subtree_end[ch];
+    pack_tokens += tokens;
+    pack_queries += num_queries;
+  }
+  flush();
+}
+
+void PlanBuilder::build_units_and_assign() {
+  s_.unit_first_node.clear();
+  s_.unit_end_node.clear();
+  s_.unit_is_pack.clear();
+  s_.unit_parent.clear();
+  s_.unit_len.clear();
+  s_.unit_folded.clear();
+  s_.unit_children_begin.clear();
+  s_.unit_children_end.clear();
+  s_.unit_remaining.clear();
+  scan_children(-1, 0, int32_t(view_.nodes.size()));
+  // The unit vector is its own BFS queue: a unit's length is final (its parent has decided
+  // the edge into it) before the unit is visited.
+  for (int32_t u = 0; u < int32_t(s_.unit_first_node.size()); ++u) {
+    if (s_.unit_is_pack[u]) continue;  // a pack is a leaf of the virtual tree
+    const int32_t n = s_.unit_first_node[u];
+    const int32_t children_begin = int32_t(s_.unit_first_node.size());
+    scan_children(u, n + 1, s_.subtree_end[n]);
+    const int32_t children_end = int32_t(s_.unit_first_node.size());
+    s_.unit_children_begin[u] = children_begin;
+    s_.unit_children_end[u] = children_end;
+    if (!c_.greedy_grouping) continue;
+    int64_t nq_v = s_.unit_remaining[u];
+    const int64_t len_v = s_.unit_len[u];
+    for (int32_t l = children_begin; l < children_end; ++l) {
+      const int64_t nq_l = s_.unit_remaining[l];
+      if (!cost_.should_fold(nq_v, len_v, nq_l, s_.unit_len[l])) continue;
+      s_.unit_folded[l] = 1;
+      s_.unit_len[l] += int32_t(len_v);
+      nq_v -= nq_l;
+      ++out_->num_folded_edges;
+    }
+    s_.unit_remaining[u] = int32_t(nq_v);
+  }
+}
+
+// Items the groups make with this chunk size (before dropping queries that see nothing).
+int64_t PlanBuilder::count_items(int32_t chunk) const {
+  int64_t total = 0;
+  for (size_t u = 0; u < s_.unit_remaining.size(); ++u) {
+    if (s_.unit_remaining[u] == 0) continue;
+    total += ceil_div(s_.unit_remaining[u], tile_queries_) * ceil_div(s_.unit_len[u], chunk);
+  }
+  return total;
+}
+
+int32_t PlanBuilder::choose_chunk_tokens() const {
+  const int32_t tile = c_.kv_tile_tokens;
+  const int32_t max_tiles = c_.kv_chunk_tokens / tile;
+  if (!c_.long_context_split) return max_tiles * tile;
+  const int64_t target = int64_t(c_.num_sms) * std::max(1, c_.min_items_per_sm);
+  if (count_items(max_tiles * tile) >= target) return max_tiles * tile;
+  const int32_t min_tiles =
+      std::min<int32_t>(max_tiles, int32_t(ceil_div(c_.min_split_tokens, tile)));
+  if (count_items(min_tiles * tile) < target) return min_tiles * tile;
+  // Largest chunk (in KV tiles) that still reaches the target: count_items is monotone.
+  int32_t lo = min_tiles, hi = max_tiles;  // count(lo) >= target > count(hi)
+  while (hi - lo > 1) {
+    const int32_t mid = (lo + hi) / 2;
+    if (count_items(mid * tile) >= target) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo * tile;
+}
+
+// Fills chain_runs (the group's context runs, root first) and group_queries.
+void PlanBuilder::collect_group(int32_t u) {
+  s_.chain_runs.clear();
+  for (int32_t a = u; s_.unit_folded[a];) {  // ancestors folded into u, nearest first
+    a = s_.unit_parent[a];
+    s_.chain_runs.push_back(s_.unit_first_node[a]);
+  }
+  std::reverse(s_.chain_runs.begin(), s_.chain_runs.end());
+  const int32_t first = s_.unit_first_node[u];
+  s_.group_queries.clear();
+  if (s_.unit_is_pack[u]) {
+    for (int32_t n = first; n < s_.unit_end_node[u]; ++n) {
+      if (view_.nodes[n].query_end > view_.nodes[n].query_begin) s_.chain_runs.push_back(n);
+    }
+    for (int32_t q = s_.first_query[first]; q < s_.first_query[s_.unit_end_node[u]]; ++q) {
+      s_.group_queries.push_back(q);
+    }
+    return;
+  }
+  s_.chain_runs.push_back(first);
+  // The run's queries minus those of child units it was folded into (ascending, disjoint).
+  int32_t q = view_.nodes[first].query_begin;
+  for (int32_t l = s_.unit_children_begin[u]; l < s_.unit_children_end[u]; ++l) {
+    if (!s_.unit_folded[l]) continue;
+    const int32_t lf = s_.unit_first_node[l];
+    const int32_t l_end = s_.unit_is_pack[l] ? s_.unit_end_node[l] : s_.subtree_end[lf];
+    for (; q < s_.first_query[lf]; ++q) s_.group_queries.push_back(q);
+    q = s_.first_query[l_end];
+  }
+  for (; q < view_.nodes[first].query_end; ++q) s_.group_queries.push_back(q);
+}
+
+// Tokens of segment seg that query sees: always a prefix of the segment.
+int32_t PlanBuilder::visible_in_segment(int32_t query, int32_t seg) const {
+  const AttentionQuery& q = view_.queries[query];
+  const int32_t m = out_->seg_node[seg];
+  const int32_t len = out_->seg_num_tokens[seg];
+  if (m < q.leaf && q.leaf < s_.subtree_end[m]) return len;  // strict ancestor
+  if (m != q.leaf) return 0;
+  return std::clamp(q.leaf_tokens - out_->seg_token_begin[seg], 0, len);
+}
+
+void PlanBuilder::emit_group(int32_t u, int32_t chunk) {
+  collect_group(u);
+  int64_t total = 0;
+  for (int32_t n : s_.chain_runs) total += view_.nodes[n].num_tokens;
+  // Even split into multiples of the KV tile (DeFT-Flatten evenly block-wise).
+  const int64_t num_chunks = ceil_div(total, chunk);
+  const int64_t per = ceil_div(ceil_div(total, num_chunks), c_.kv_tile_tokens) * c_.kv_tile_tokens;
+  size_t run = 0;
+  int32_t run_offset = 0;  // tokens of chain_runs[run] already emitted
+  for (int64_t begin = 0; begin < total; begin += per) {
+    const int32_t chunk_tokens = int32_t(std::min<int64_t>(per, total - begin));
+    const int32_t seg_begin = out_->num_segments();
+    for (int32_t need = chunk_tokens; need > 0;) {
+      const KvNodeRun& node = view_.nodes[s_.chain_runs[run]];
+      const int32_t take = std::min(need, node.num_tokens - run_offset);
+      const int32_t slot = node.first_slot + run_offset;
+      out_->seg_page_begin.push_back(node.page_begin + slot / view_.page_size);
+      out_->seg_first_slot.push_back(slot % view_.page_size);
+      out_->seg_num_tokens.push_back(take);
+      out_->seg_node.push_back(s_.chain_runs[run]);
+      out_->seg_token_begin.push_back(run_offset);
+      need -= take;
+      run_offset += take;
+      if (run_offset == node.num_tokens) {
+        ++run;
+        run_offset = 0;
+      }
+    }
+    emit_chunk(seg_begin, out_->num_segments(), chunk_tokens);
+  }
+}
+
+void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tokens) {
+  // Keep the group's queries that see something of this chunk; note who sees only part.
+  s_.chunk_queries.clear();
+  s_.chunk_visible.clear();
+  for (int32_t q : s_.group_queries) {
+    int32_t visible = 0;
+    for (int32_t g = seg_begin; g < seg_end; ++g) visible += visible_in_segment(q, g);
+    if (visible == 0) continue;
+    s_.chunk_queries.push_back(q);
+    s_.chunk_visible.push_back(visible);
+  }
+  const int32_t words = AttentionPlan::mask_words_per_row(num_tokens);
+  const int32_t nq = int32_t(s_.chunk_queries.size());
+  for (int32_t t0 = 0; t0 < nq; t0 += tile_queries_) {
+    const int32_t t1 = std::min(nq, t0 + tile_queries_);
+    bool masked = false;
+    for (int32_t i = t0; i < t1; ++i) masked |= s_.chunk_visible[i] < num_tokens;
+    out_->item_segment_begin.push_back(seg_begin);
+    out_->item_segment_end.push_back(seg_end);
+    out_->item_query_begin.push_back(out_->num_partials());
+    for (int32_t i = t0; i < t1; ++i) out_->item_queries.push_back(s_.chunk_queries[i]);
+    out_->item_query_end.push_back(out_->num_partials());
+    out_->item_num_tokens.push_back(num_tokens);
+    out_->max_item_tokens = std::max(out_->max_item_tokens, num_tokens);
+    if (!masked) {
+      out_->item_mask_offset.push_back(-1);
+      continue;
+    }
+    const size_t offset = out_->mask_words.size();
+    out_->item_mask_offset.push_back(int32_t(offset));
+    out_->mask_words.resize(offset + size_t(t1 - t0) * words, 0u);
+    for (int32_t i = t0; i < t1; ++i) {
+      uint32_t* row = out_->mask_words.data() + offset + size_t(i - t0) * words;
+      int32_t pos = 0;  // token offset of the segment inside the chunk
+      for (int32_t g = seg_begin; g < seg_end; ++g) {
+        const int32_t vis = visible_in_segment(s_.chunk_queries[i], g);
+        for (int32_t t = pos; t < pos + vis; ++t) row[t >> 5] |= 1u << (t & 31);
+        pos += out_->seg_num_tokens[g];
+      }
+    }
+  }
+}
+
+Status PlanBuilder::build_reduction_map() {
+  const int32_t num_queries = int32_t(view_.queries.size());
+  out_->query_merge_begin.assign(num_queries + 1, 0);
+  for (int32_t q : out_->item_queries) ++out_->query_merge_begin[q + 1];
+  for (int32_t q = 0; q < num_queries; ++q) {
+    if (out_->query_merge_begin[q + 1] == 0) {
+      return Internal("plan left queries[" + std::to_string(q) + "] without a work item");
+    }
+    out_->query_merge_begin[q + 1] += out_->query_merge_begin[q];
+  }
+  s_.query_cursor.assign(out_->query_merge_begin.begin(), out_->query_merge_begin.end() - 1);
+  out_->merge_partials.resize(out_->item_queries.size());
+  for (int32_t p = 0; p < out_->num_partials(); ++p) {
+    out_->merge_partials[s_.query_cursor[out_->item_queries[p]]++] = p;
+  }
+  out_->query_rows.resize(num_queries);
+  for (int32_t q = 0; q < num_queries; ++q) out_->query_rows[q] = view_.queries[q].row;
+  return Status::Ok();
+}
+
+Status PlanBuilder::build() {
+  AttentionPlan& p = *out_;
+  p.gqa_group_size = c_.gqa_group_size;
+  tile_queries_ = std::max(1, c_.query_tile_rows / c_.gqa_group_size);
+  p.queries_per_tile = tile_queries_;
+  p.page_size = view_.page_size;
+  p.max_item_tokens = 0;
+  p.num_groups = p.num_folded_edges = p.num_packs = 0;
+  for (auto* v :
+       {&p.item_segment_begin, &p.item_segment_end, &p.item_query_begin, &p.item_query_end,
+        &p.item_num_tokens, &p.item_mask_offset, &p.seg_page_begin, &p.seg_first_slot,
+        &p.seg_num_tokens, &p.seg_node, &p.seg_token_begin, &p.item_queries, &p.merge_partials}) {
+    v->clear();
+  }
+  p.mask_words.clear();
+  p.page_table.assign(view_.pages.begin(), view_.pages.end());
+
+  compute_subtree_tokens();
+  build_units_and_assign();
+  const int32_t chunk = choose_chunk_tokens();
+  p.split_chunk_tokens = chunk;
+  for (int32_t u = 0; u < int32_t(s_.unit_first_node.size()); ++u) {
+    if (s_.unit_remaining[u] == 0) continue;
+    ++p.num_groups;
+    emit_group(u, chunk);
+  }
+  TS_RETURN_IF_ERROR(build_reduction_map());
+
+  auto over = [](const char* what, int64_t have, int32_t bound) {
+    return ResourceExhausted(std::string("attention plan needs ") + std::to_string(have) + " " +
+                             what + ", workspace holds " + std::to_string(bound));
+  };
+  if (c_.max_work_items > 0 && p.num_items() > c_.max_work_items) {
+    return over("work items", p.num_items(), c_.max_work_items);
+  }
+  if (c_.max_partials > 0 && p.num_partials() > c_.max_partials) {
+    return over("partials", p.num_partials(), c_.max_partials);
+  }
+  if (c_.max_segments > 0 && p.num_segments() > c_.max_segments) {
+    return over("segments", p.num_segments(), c_.max_segments);
+  }
+  if (c_.max_mask_words > 0 && int64_t(p.mask_words.size()) > c_.max_mask_words) {
+    return over("mask words", int64_t(p.mask_words.size()), c_.max_mask_words);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status build_attention_plan(const AttentionView& view, const AttentionPlanConfig& config,
+                            AttentionPlan* out) {
+  if (out == nullptr) return InvalidArgument("build_attention_plan: out is null");
+  TS_RETURN_IF_ERROR(check_config(config));
+  TS_RETURN_IF_ERROR(validate_attention_view(view, config.num_pages, &out->scratch));
+  PlanBuilder builder(view, config, out);
+  return builder.build();
+}
+
+}  // namespace treeserve

@@ -1,0 +1,93 @@
+// PagePool: free list (a stack, so recently freed pages are reused first while they may
+// still be warm in cache) and per-page reference counts.
+#include "kvcache/page_pool.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+namespace treeserve {
+
+StatusOr<int32_t> PagePool::pages_for_budget(const KvLayout& model, int64_t budget_bytes) {
+  if (model.page_size < 1 || model.page_size > kMaxPageSize) {
+    return InvalidArgument("page_size must be in [1, 256], got " + std::to_string(model.page_size));
+  }
+  const int64_t bytes_per_token = model.bytes_per_token();
+  if (bytes_per_token <= 0) {
+    return InvalidArgument(
+        "model shape (num_layers, num_kv_heads, head_dim, dtype_bytes) "
+        "must be positive");
+  }
+  if (budget_bytes <= 0) return InvalidArgument("budget_bytes must be positive");
+  const int64_t pages = KvLayout::pages_for_budget(budget_bytes, bytes_per_token, model.page_size);
+  if (pages < 1) return InvalidArgument("budget_bytes holds no page");
+  // Page ids are int32 (AttentionView::pages); clamp rather than overflow.
+  return static_cast<int32_t>(std::min<int64_t>(pages, INT32_MAX));
+}
+
+PagePool::PagePool(int32_t num_pages, int32_t page_size)
+    : page_size_(page_size), refs_(num_pages, 0) {
+  free_list_.reserve(num_pages);
+  // Highest id at the bottom so allocation hands out 0, 1, 2, ... on a fresh pool.
+  for (int32_t p = num_pages - 1; p >= 0; --p) free_list_.push_back(p);
+}
+
+int32_t PagePool::allocate() {
+  if (free_list_.empty()) return -1;
+  const int32_t page = free_list_.back();
+  free_list_.pop_back();
+  refs_[page] = 1;
+  ++used_;
+  return page;
+}
+
+Status PagePool::allocate(int32_t n, std::vector<int32_t>* out) {
+  if (n < 0) return InvalidArgument("n must be >= 0");
+  if (n > num_free()) {
+    return ResourceExhausted("need " + std::to_string(n) + " pages, " + std::to_string(num_free()) +
+                             " free");
+  }
+  for (int32_t i = 0; i < n; ++i) out->push_back(allocate());
+  return Status::Ok();
+}
+
+void PagePool::retain(int32_t page) {
+  assert(refs_[page] > 0 && "retain of a free page");
+  ++refs_[page];
+}
+
+bool PagePool::release(int32_t page) {
+  assert(refs_[page] > 0 && "release of a free page");
+  if (--refs_[page] > 0) return false;
+  free_list_.push_back(page);
+  --used_;
+  return true;
+}
+
+Status PagePool::check_invariants() const {
+  if (num_free() + used_ != num_pages()) {
+    return Internal("free " + std::to_string(num_free()) + " + used " + std::to_string(used_) +
+                    " != total " + std::to_string(num_pages()));
+  }
+  std::vector<uint8_t> in_free(refs_.size(), 0);
+  for (int32_t page : free_list_) {
+    if (page < 0 || page >= num_pages()) return Internal("free list holds bad page id");
+    if (in_free[page]) return Internal("page " + std::to_string(page) + " freed twice");
+    if (refs_[page] != 0) {
+      return Internal("page " + std::to_string(page) + " is free and referenced");
+    }
+    in_free[page] = 1;
+  }
+  int32_t used = 0;
+  for (size_t p = 0; p < refs_.size(); ++p) {
+    if (refs_[p] < 0) return Internal("negative ref count on page " + std::to_string(p));
+    if (refs_[p] > 0) ++used;
+    if (refs_[p] == 0 && !in_free[p]) {
+      return Internal("page " + std::to_string(p) + " leaked (no refs, not free)");
+    }
+  }
+  if (used != used_) return Internal("used counter out of sync");
+  return Status::Ok();
+}
+
+}  // namespace treeserve

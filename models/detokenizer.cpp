@@ -1,0 +1,108 @@
+// Incremental detokenizer: hold back incomplete UTF-8 from byte-fallback pieces and
+// emit decode(window + new) minus decode(window).
+#include "models/detokenizer.h"
+
+#include <algorithm>
+
+namespace treeserve {
+namespace {
+
+// "<0xE6>" -> 0xE6; -1 for any other piece.
+int byte_piece_value(const std::string& piece) {
+  if (piece.size() != 6 || piece.compare(0, 3, "<0x") != 0 || piece[5] != '>') return -1;
+  int value = 0;
+  for (int i = 3; i < 5; ++i) {
+    const char c = piece[i];
+    int digit = -1;
+    if (c >= '0' && c <= '9') digit = c - '0';
+    if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
+    if (digit < 0) return -1;
+    value = value * 16 + digit;
+  }
+  return value;
+}
+
+// Bytes a UTF-8 sequence starting with `lead` needs in total; 0 when it is not a
+// multi-byte lead byte.
+int utf8_sequence_length(int lead) {
+  if ((lead & 0xE0) == 0xC0) return 2;
+  if ((lead & 0xF0) == 0xE0) return 3;
+  if ((lead & 0xF8) == 0xF0) return 4;
+  return 0;
+}
+
+// Text b adds to text a. sentencepiece decoding is concatenative, so a is a prefix
+// of b; should a model ever break that, emit b past the common prefix.
+std::string suffix_after(const std::string& a, const std::string& b) {
+  const auto mismatch = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+  return b.substr(static_cast<size_t>(mismatch.second - b.begin()));
+}
+
+}  // namespace
+
+int incomplete_utf8_tail(const Tokenizer& tokenizer, const std::vector<int32_t>& ids) {
+  // Walk back over at most 3 trailing byte pieces looking for the lead byte.
+  const int n = static_cast<int>(ids.size());
+  for (int k = 1; k <= std::min(n, 3); ++k) {
+    const int value = byte_piece_value(tokenizer.id_to_piece(ids[n - k]));
+    if (value < 0) return 0;               // a normal piece: complete text
+    if ((value & 0xC0) == 0x80) continue;  // continuation byte: keep walking back
+    const int needed = utf8_sequence_length(value);
+    return needed > k ? k : 0;  // lead byte with too few continuations -> hold back k
+  }
+  return 0;
+}
+
+StatusOr<std::string> decode_new_text(const Tokenizer& tokenizer,
+                                      const std::vector<int32_t>& previous, int32_t new_id) {
+  if (new_id < 0 || new_id >= tokenizer.vocab_size()) {  // held back ids skip decode's check
+    return InvalidArgument("token id " + std::to_string(new_id) +
+                           " is outside the vocabulary [0, " +
+                           std::to_string(tokenizer.vocab_size()) + ")");
+  }
+  std::vector<int32_t> all = previous;
+  all.push_back(new_id);
+  std::vector<int32_t> emitted_prev(previous.begin(),
+                                    previous.end() - incomplete_utf8_tail(tokenizer, previous));
+  std::vector<int32_t> emitted_all(all.begin(), all.end() - incomplete_utf8_tail(tokenizer, all));
+  StatusOr<std::string> before = tokenizer.decode(emitted_prev);
+  if (!before.ok()) return before.status();
+  StatusOr<std::string> after = tokenizer.decode(emitted_all);
+  if (!after.ok()) return after.status();
+  return suffix_after(*before, *after);
+}
+
+StatusOr<std::string> IncrementalDetokenizer::push(int32_t id) {
+  if (id < 0 || id >= tokenizer_.vocab_size()) {
+    return InvalidArgument("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                           std::to_string(tokenizer_.vocab_size()) + ")");
+  }
+  ids_.push_back(id);
+  // Only not-yet-emitted ids can be held back.
+  const std::vector<int32_t> pending(ids_.begin() + static_cast<ptrdiff_t>(read_offset_),
+                                     ids_.end());
+  const size_t end = ids_.size() - static_cast<size_t>(incomplete_utf8_tail(tokenizer_, pending));
+  if (end <= read_offset_) return std::string();
+  return emit_until(end);
+}
+
+StatusOr<std::string> IncrementalDetokenizer::flush() {
+  if (read_offset_ == ids_.size()) return std::string();
+  return emit_until(ids_.size());
+}
+
+StatusOr<std::string> IncrementalDetokenizer::emit_until(size_t end) {
+  const auto begin = ids_.begin();
+  StatusOr<std::string> before =
+      tokenizer_.decode(std::vector<int32_t>(begin + static_cast<ptrdiff_t>(prefix_offset_),
+                                             begin + static_cast<ptrdiff_t>(read_offset_)));
+  if (!before.ok()) return before.status();
+  StatusOr<std::string> after = tokenizer_.decode(std::vector<int32_t>(
+      begin + static_cast<ptrdiff_t>(prefix_offset_), begin + static_cast<ptrdiff_t>(end)));
+  if (!after.ok()) return after.status();
+  prefix_offset_ = read_offset_;
+  read_offset_ = end;
+  return suffix_after(*before, *after);
+}
+
+}  // namespace treeserve

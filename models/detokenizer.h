@@ -1,0 +1,51 @@
+// Incremental detokenization for streaming: turns a growing token sequence into
+// text deltas whose concatenation equals Tokenizer::decode of the whole sequence.
+// A character split over several byte-fallback tokens (<0xE6><0x97><0xA5>) is held
+// back until it is complete, so no delta ever ends inside a UTF-8 sequence.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "models/tokenizer.h"
+
+namespace treeserve {
+
+// Number of trailing ids (at most 3) that are byte-fallback pieces forming a
+// UTF-8 sequence that is incomplete but could still become valid.
+int incomplete_utf8_tail(const Tokenizer& tokenizer, const std::vector<int32_t>& ids);
+
+// Stateless form: the text that appending new_id to previous adds, where each
+// sequence's text is decode() of it minus any incomplete UTF-8 tail (see above).
+// O(len) per call; IncrementalDetokenizer is the O(1)-per-token form for streams.
+StatusOr<std::string> decode_new_text(const Tokenizer& tokenizer,
+                                      const std::vector<int32_t>& previous, int32_t new_id);
+
+// One per streamed sequence. Decodes only a sliding window of the last tokens
+// (the TGI prefix/read-offset scheme): the window starts one emitted token back so
+// sentencepiece's "strip the leading space of the first piece" never hits the new
+// token.
+class IncrementalDetokenizer {
+ public:
+  explicit IncrementalDetokenizer(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+
+  // Appends id and returns the newly completed text ("" while a character is
+  // incomplete). INVALID_ARGUMENT for an id outside the vocabulary (not appended).
+  StatusOr<std::string> push(int32_t id);
+  // Text still held back at the end of a stream (incomplete bytes decode to U+FFFD).
+  StatusOr<std::string> flush();
+
+  const std::vector<int32_t>& ids() const { return ids_; }
+
+ private:
+  StatusOr<std::string> emit_until(size_t end);
+
+  const Tokenizer& tokenizer_;
+  std::vector<int32_t> ids_;
+  size_t prefix_offset_ = 0;  // start of the decode window
+  size_t read_offset_ = 0;    // ids_[0, read_offset_) have been emitted as text
+};
+
+}  // namespace treeserve

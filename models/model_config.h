@@ -1,0 +1,67 @@
+// ModelConfig: the shape of a Llama-family model, read from a Hugging Face
+// config.json (LlamaForCausalLM / MistralForCausalLM), and the RoPE inverse
+// frequencies it implies (plain and Llama-3.x "llama3" scaling).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace treeserve {
+
+enum class RopeType {
+  kDefault,  // plain RoPE: inv_freq[i] = theta^(-2i/head_dim)
+  kLlama3,   // Llama-3.1+ frequency-dependent scaling (transformers' _compute_llama3_parameters)
+};
+
+struct RopeScaling {
+  RopeType type = RopeType::kDefault;
+  // Only meaningful for kLlama3.
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  std::string model_dir;     // directory config.json was read from
+  std::string architecture;  // "LlamaForCausalLM" or "MistralForCausalLM"
+  std::string model_type;    // "llama", "mistral" (may be empty in old configs)
+
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // defaults to num_attention_heads (no GQA)
+  int64_t head_dim = 0;             // defaults to hidden_size / num_attention_heads
+  int64_t max_position_embeddings = 2048;
+
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+
+  bool tie_word_embeddings = false;
+  int32_t bos_token_id = -1;           // -1: none given
+  std::vector<int32_t> eos_token_ids;  // config may give an int or a list; empty: none
+  std::string torch_dtype;             // "float32", "bfloat16", ... (informational)
+
+  int64_t q_size() const { return num_attention_heads * head_dim; }
+  int64_t kv_size() const { return num_key_value_heads * head_dim; }
+};
+
+// Reads <model_dir>/config.json. NOT_FOUND when the directory or file is missing;
+// INVALID_ARGUMENT (naming the file and field) for bad JSON, missing or ill-typed
+// fields, unsupported architectures or rope types, and inconsistent shapes.
+StatusOr<ModelConfig> load_model_config(const std::string& model_dir);
+
+// Same checks on an already-parsed JSON text; `source` names it in messages.
+StatusOr<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source);
+
+// RoPE inverse frequencies, head_dim / 2 of them, computed in float32 in the same
+// order of operations as transformers (default and llama3 rope types).
+std::vector<float> rope_inv_freq(const ModelConfig& config);
+
+}  // namespace treeserve

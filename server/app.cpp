@@ -1,0 +1,198 @@
+// Start-up and shutdown of the treeserve process.
+#include "server/app.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <thread>
+
+#include "common/metrics.h"
+#include "kernels/kv_layout.h"
+#include "models/model_config.h"
+#include "models/tokenizer.h"
+#include "server/config.h"
+#include "server/metrics_http.h"
+#include "server/treeserve_service.h"
+
+#ifndef TREESERVE_TINY_MODEL_DIR
+#define TREESERVE_TINY_MODEL_DIR ""
+#endif
+
+namespace treeserve {
+namespace {
+
+struct CommandLine {
+  std::string config_file;
+  std::optional<std::string> model, listen, backend, log_level, metrics_listen;
+  std::optional<int64_t> kv_cache_bytes;
+  std::optional<int32_t> page_size;
+  bool print_config = false;
+};
+
+// Where the default tiny model lives: next to the binary's build tree, as built by CMake.
+std::string default_model_dir() { return TREESERVE_TINY_MODEL_DIR; }
+
+// Blocks SIGTERM/SIGINT in every thread; a dedicated thread waits for them with sigwait
+// and shuts the server down (no work in an async signal handler).
+sigset_t shutdown_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
+Status resolve_backend(const std::string& requested, std::string* backend) {
+  // The CUDA engine is issue 6; until it exists this build serves on the CPU only.
+  if (requested == "cuda") {
+    return Unavailable(
+        "backend 'cuda' is not available in this build yet (the CUDA engine is not "
+        "implemented); use --backend cpu or auto");
+  }
+  *backend = "cpu";
+  return Status::Ok();
+}
+
+}  // namespace
+
+int run_treeserve(int argc, char** argv) {
+  // Block the shutdown signals first, before any library starts a thread: every thread
+  // inherits the mask, so only the sigwait thread below ever sees SIGTERM/SIGINT.
+  sigset_t signals = shutdown_signals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  CLI::App app{"treeserve: tree-structured LLM decoding server"};
+  CommandLine cl;
+  app.add_option("--config", cl.config_file, "JSON config preset (see configs/server/)");
+  app.add_option("--model", cl.model,
+                 "Hugging Face Llama checkpoint directory "
+                 "(default: the built tiny test model)");
+  app.add_option("--listen", cl.listen, "gRPC listen address host:port (default 127.0.0.1:50051)");
+  app.add_option("--backend", cl.backend, "cpu | cuda | auto (default auto)");
+  app.add_option("--log-level", cl.log_level, "trace|debug|info|warn|error|critical|off");
+  app.add_option("--metrics-listen", cl.metrics_listen, "Prometheus metrics host:port (off)");
+  app.add_option("--kv-cache-bytes", cl.kv_cache_bytes, "KV pool budget in bytes");
+  app.add_option("--page-size", cl.page_size, "KV page size in tokens (1..256)");
+  app.add_flag("--print-config", cl.print_config, "print the effective config and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  TreeserveConfig config;
+  auto fail = [](const Status& s) {
+    spdlog::error("{}", s.message());
+    return 1;
+  };
+  if (!cl.config_file.empty()) {
+    if (Status s = load_config_file(cl.config_file, &config); !s.ok()) return fail(s);
+  }
+  if (cl.model) config.model.dir = *cl.model;
+  if (cl.listen) config.server.listen = *cl.listen;
+  if (cl.backend) config.engine.backend = *cl.backend;
+  if (cl.log_level) config.log_level = *cl.log_level;
+  if (cl.metrics_listen) config.server.metrics_listen = *cl.metrics_listen;
+  if (cl.kv_cache_bytes) config.kv_cache.memory_bytes = *cl.kv_cache_bytes;
+  if (cl.page_size) config.kv_cache.page_size = *cl.page_size;
+  if (config.model.dir.empty()) config.model.dir = default_model_dir();
+  if (Status s = validate_config(config); !s.ok()) return fail(s);
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  if (cl.print_config) {
+    std::printf("%s\n", config_to_json(config).c_str());
+    return 0;
+  }
+  spdlog::info("effective config: {}", config_to_json(config));
+
+  if (config.model.dir.empty() || !std::filesystem::is_directory(config.model.dir)) {
+    return fail(NotFound("model directory '" + config.model.dir +
+                         "' does not exist (pass --model DIR, or build the default tiny model "
+                         "with `cmake --build build --target tiny_model`)"));
+  }
+  auto model_config = load_model_config(config.model.dir);
+  if (!model_config.ok()) return fail(model_config.status());
+  auto tokenizer = Tokenizer::load(config.model.dir + "/tokenizer.model");
+  if (!tokenizer.ok()) return fail(tokenizer.status());
+
+  std::string backend;
+  if (Status s = resolve_backend(config.engine.backend, &backend); !s.ok()) return fail(s);
+
+  // KV capacity: the CPU backend keeps KV in float32.
+  KvLayout layout;
+  layout.num_layers = static_cast<int32_t>(model_config->num_hidden_layers);
+  layout.num_kv_heads = static_cast<int32_t>(model_config->num_key_value_heads);
+  layout.head_dim = static_cast<int32_t>(model_config->head_dim);
+  layout.page_size = config.kv_cache.page_size;
+  layout.dtype_bytes = backend == "cpu" ? 4 : 2;
+  const int64_t pages = KvLayout::pages_for_budget(config.kv_cache.memory_bytes,
+                                                   layout.bytes_per_token(), layout.page_size);
+  if (pages < 1) {
+    return fail(InvalidArgument("kv_cache.memory_bytes (" +
+                                std::to_string(config.kv_cache.memory_bytes) +
+                                ") is too small for one page of this model"));
+  }
+
+  ServingInfo info;
+  info.model_name = std::filesystem::path(config.model.dir).filename().string();
+  if (info.model_name.empty()) info.model_name = config.model.dir;
+  info.backend = backend;
+  info.tensor_parallel = config.engine.tensor_parallel;
+  info.page_size = config.kv_cache.page_size;
+  info.kv_pages_total = pages;
+
+  TreeServeService service(config, tokenizer->get(), info);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int selected_port = -1;
+  builder.AddListeningPort(config.server.listen, grpc::InsecureServerCredentials(), &selected_port);
+  builder.SetMaxReceiveMessageSize(config.server.max_request_bytes);
+  builder.RegisterService(&service);
+
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || selected_port <= 0) {
+    return fail(Unavailable("cannot listen on " + config.server.listen +
+                            " (address in use, or not an address of this machine)"));
+  }
+  spdlog::info(
+      "treeserve {} ready: model={} ({} layers, hidden {}, {} heads / {} kv heads, vocab {}) "
+      "backend={} listen={} (port {}) kv_capacity={} pages x {} tokens = {} tokens ({} MiB)",
+      TREESERVE_VERSION, config.model.dir, model_config->num_hidden_layers,
+      model_config->hidden_size, model_config->num_attention_heads,
+      model_config->num_key_value_heads, model_config->vocab_size, backend, config.server.listen,
+      selected_port, pages, layout.page_size, pages * layout.page_size,
+      config.kv_cache.memory_bytes >> 20);
+
+  MetricsRegistry metrics_registry;
+  ServerMetrics metrics(&metrics_registry);
+  MetricsHttpServer metrics_http(&metrics_registry);
+  if (!config.server.metrics_listen.empty()) {
+    if (Status s = metrics_http.start(config.server.metrics_listen); !s.ok()) {
+      server->Shutdown();
+      return fail(s);
+    }
+    spdlog::info("metrics on http://{}/metrics", config.server.metrics_listen);
+  }
+
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("received {}, shutting down (grace {} ms)", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                 config.server.shutdown_grace_ms);
+    server->Shutdown(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(config.server.shutdown_grace_ms));
+  });
+  server->Wait();
+  waiter.join();
+  metrics_http.stop();
+  spdlog::info("treeserve stopped");
+  return 0;
+}
+
+}  // namespace treeserve

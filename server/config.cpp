@@ -1,0 +1,226 @@
+// JSON presets -> TreeserveConfig, with strict key checking and range validation.
+#include "server/config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+namespace treeserve {
+namespace {
+
+using nlohmann::json;
+
+// Reads one section, refusing keys it does not know.
+class Section {
+ public:
+  Section(const json& obj, std::string path, std::string source)
+      : obj_(obj), path_(std::move(path)), source_(std::move(source)) {}
+
+  template <typename T>
+  Status get(const char* key, T* out) {
+    seen_.insert(key);
+    auto it = obj_.find(key);
+    if (it == obj_.end()) return Status::Ok();
+    try {
+      *out = it->get<T>();
+    } catch (const json::exception& e) {
+      return InvalidArgument(source_ + ": " + path_ + key + " has the wrong type (" + e.what() +
+                             ")");
+    }
+    return Status::Ok();
+  }
+
+  // Marks a key handled elsewhere (a nested section) as known.
+  void known(const char* key) { seen_.insert(key); }
+
+  Status check_unknown() const {
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+      if (!seen_.count(it.key())) {
+        return InvalidArgument(source_ + ": unknown key " + path_ + it.key());
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  const json& obj_;
+  std::string path_;
+  std::string source_;
+  std::set<std::string> seen_;
+};
+
+Status sub_object(const json& root, const char* key, const std::string& source, const json** out) {
+  *out = nullptr;
+  auto it = root.find(key);
+  if (it == root.end()) return Status::Ok();
+  if (!it->is_object()) return InvalidArgument(source + ": " + key + " must be an object");
+  *out = &*it;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status merge_config_json(const std::string& json_text, const std::string& source,
+                         TreeserveConfig* c) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    return InvalidArgument(source + ": invalid JSON: " + e.what());
+  }
+  if (!root.is_object()) return InvalidArgument(source + ": top level must be a JSON object");
+
+  Section top(root, "", source);
+  TS_RETURN_IF_ERROR(top.get("log_level", &c->log_level));
+  const json* obj = nullptr;
+
+  for (const char* k : {"server", "model", "engine", "kv_cache", "limits"}) top.known(k);
+  TS_RETURN_IF_ERROR(top.check_unknown());
+
+  TS_RETURN_IF_ERROR(sub_object(root, "server", source, &obj));
+  if (obj) {
+    Section s(*obj, "server.", source);
+    TS_RETURN_IF_ERROR(s.get("listen", &c->server.listen));
+    TS_RETURN_IF_ERROR(s.get("metrics_listen", &c->server.metrics_listen));
+    TS_RETURN_IF_ERROR(s.get("auth_token", &c->server.auth_token));
+    TS_RETURN_IF_ERROR(s.get("max_request_bytes", &c->server.max_request_bytes));
+    TS_RETURN_IF_ERROR(s.get("shutdown_grace_ms", &c->server.shutdown_grace_ms));
+    TS_RETURN_IF_ERROR(s.check_unknown());
+  }
+  TS_RETURN_IF_ERROR(sub_object(root, "model", source, &obj));
+  if (obj) {
+    Section s(*obj, "model.", source);
+    TS_RETURN_IF_ERROR(s.get("dir", &c->model.dir));
+    TS_RETURN_IF_ERROR(s.check_unknown());
+  }
+  TS_RETURN_IF_ERROR(sub_object(root, "engine", source, &obj));
+  if (obj) {
+    Section s(*obj, "engine.", source);
+    TS_RETURN_IF_ERROR(s.get("backend", &c->engine.backend));
+    TS_RETURN_IF_ERROR(s.get("cpu_threads", &c->engine.cpu_threads));
+    TS_RETURN_IF_ERROR(s.get("tensor_parallel", &c->engine.tensor_parallel));
+    TS_RETURN_IF_ERROR(s.check_unknown());
+  }
+  TS_RETURN_IF_ERROR(sub_object(root, "kv_cache", source, &obj));
+  if (obj) {
+    Section s(*obj, "kv_cache.", source);
+    TS_RETURN_IF_ERROR(s.get("page_size", &c->kv_cache.page_size));
+    TS_RETURN_IF_ERROR(s.get("memory_bytes", &c->kv_cache.memory_bytes));
+    TS_RETURN_IF_ERROR(s.get("prefix_sharing", &c->kv_cache.prefix_sharing));
+    TS_RETURN_IF_ERROR(s.check_unknown());
+  }
+  TS_RETURN_IF_ERROR(sub_object(root, "limits", source, &obj));
+  if (obj) {
+    Section s(*obj, "limits.", source);
+    TS_RETURN_IF_ERROR(s.get("max_prompt_tokens", &c->limits.max_prompt_tokens));
+    TS_RETURN_IF_ERROR(s.get("max_n", &c->limits.max_n));
+    TS_RETURN_IF_ERROR(s.get("max_tokens", &c->limits.max_tokens));
+    TS_RETURN_IF_ERROR(s.get("max_verify_tokens", &c->limits.max_verify_tokens));
+    TS_RETURN_IF_ERROR(s.get("max_stop_strings", &c->limits.max_stop_strings));
+    TS_RETURN_IF_ERROR(s.get("max_live_trees", &c->limits.max_live_trees));
+    TS_RETURN_IF_ERROR(s.check_unknown());
+  }
+  return Status::Ok();
+}
+
+Status load_config_file(const std::string& path, TreeserveConfig* config) {
+  std::ifstream in(path);
+  if (!in) return NotFound("config file " + path + " cannot be opened");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return merge_config_json(ss.str(), path, config);
+}
+
+Status validate_listen_address(const std::string& address, const std::string& field) {
+  auto bad = [&](const std::string& why) {
+    return InvalidArgument(field + " '" + address + "' is not a valid listen address (" + why +
+                           "); expected host:port, e.g. 127.0.0.1:50051 or [::1]:50051");
+  };
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return bad("no port");
+  std::string host = address.substr(0, colon);
+  std::string port = address.substr(colon + 1);
+  if (host.empty()) return bad("empty host");
+  if (host.front() == '[' && host.back() != ']') return bad("unclosed [ in IPv6 host");
+  if (host.front() != '[' && host.find(':') != std::string::npos) {
+    return bad("IPv6 hosts must be written in brackets");
+  }
+  for (char ch : host) {
+    if (ch == ' ' || ch == '/' || ch == '\t') return bad("invalid character in host");
+  }
+  if (port.empty() || port.size() > 5) return bad("port must be a number 0-65535");
+  for (char ch : port) {
+    if (ch < '0' || ch > '9') return bad("port must be a number 0-65535");
+  }
+  if (std::stoi(port) > 65535) return bad("port must be a number 0-65535");
+  return Status::Ok();
+}
+
+Status validate_config(const TreeserveConfig& c) {
+  TS_RETURN_IF_ERROR(validate_listen_address(c.server.listen, "listen"));
+  if (!c.server.metrics_listen.empty()) {
+    TS_RETURN_IF_ERROR(validate_listen_address(c.server.metrics_listen, "metrics_listen"));
+  }
+  const auto& b = c.engine.backend;
+  if (b != "cpu" && b != "cuda" && b != "auto") {
+    return InvalidArgument("backend must be cpu, cuda or auto, got '" + b + "'");
+  }
+  static const std::set<std::string> kLevels = {"trace", "debug",    "info", "warn",
+                                                "error", "critical", "off"};
+  if (!kLevels.count(c.log_level)) {
+    return InvalidArgument(
+        "log_level must be one of trace, debug, info, warn, error, critical, "
+        "off; got '" +
+        c.log_level + "'");
+  }
+  if (c.kv_cache.page_size < 1 || c.kv_cache.page_size > 256) {
+    return InvalidArgument("kv_cache.page_size must be in [1, 256], got " +
+                           std::to_string(c.kv_cache.page_size));
+  }
+  if (c.kv_cache.memory_bytes <= 0) {
+    return InvalidArgument("kv_cache.memory_bytes must be positive");
+  }
+  if (c.engine.tensor_parallel < 1) {
+    return InvalidArgument("engine.tensor_parallel must be >= 1");
+  }
+  if (c.engine.cpu_threads < 0) return InvalidArgument("engine.cpu_threads must be >= 0");
+  const auto& l = c.limits;
+  if (l.max_prompt_tokens < 1 || l.max_n < 1 || l.max_tokens < 1 || l.max_verify_tokens < 1 ||
+      l.max_stop_strings < 0 || l.max_live_trees < 1) {
+    return InvalidArgument("limits.* must be positive");
+  }
+  if (c.server.max_request_bytes < 1024) {
+    return InvalidArgument("server.max_request_bytes must be at least 1024");
+  }
+  return Status::Ok();
+}
+
+std::string config_to_json(const TreeserveConfig& c) {
+  nlohmann::json j = {{"log_level", c.log_level},
+                      {"server",
+                       {{"listen", c.server.listen},
+                        {"metrics_listen", c.server.metrics_listen},
+                        {"auth_token", c.server.auth_token.empty() ? "" : "<set>"},
+                        {"max_request_bytes", c.server.max_request_bytes},
+                        {"shutdown_grace_ms", c.server.shutdown_grace_ms}}},
+                      {"model", {{"dir", c.model.dir}}},
+                      {"engine",
+                       {{"backend", c.engine.backend},
+                        {"cpu_threads", c.engine.cpu_threads},
+                        {"tensor_parallel", c.engine.tensor_parallel}}},
+                      {"kv_cache",
+                       {{"page_size", c.kv_cache.page_size},
+                        {"memory_bytes", c.kv_cache.memory_bytes},
+                        {"prefix_sharing", c.kv_cache.prefix_sharing}}},
+                      {"limits",
+                       {{"max_prompt_tokens", c.limits.max_prompt_tokens},
+                        {"max_n", c.limits.max_n},
+                        {"max_tokens", c.limits.max_tokens},
+                        {"max_verify_tokens", c.limits.max_verify_tokens},
+                        {"max_stop_strings", c.limits.max_stop_strings},
+                        {"max_live_trees", c.limits.max_live_trees}}}};
+  return j.dump();
+}
+
+}  // namespace treeserve

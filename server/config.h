@@ -1,0 +1,69 @@
+// treeserve's effective configuration: one struct per component with its defaults here
+// (STYLE.md habit 11), read from a JSON preset (configs/) and overridden by the CLI.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace treeserve {
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:50051";
+  std::string metrics_listen;  // "host:port" for Prometheus text; empty = off
+  std::string auth_token;      // when set, every call needs "authorization: Bearer <token>"
+  int32_t max_request_bytes = 16 << 20;
+  int32_t shutdown_grace_ms = 5000;  // in-flight calls get this long after SIGTERM
+};
+
+struct ModelOptions {
+  std::string dir;  // Hugging Face checkpoint dir; empty = the built tiny model
+};
+
+struct EngineOptions {
+  std::string backend = "auto";  // "cpu" | "cuda" | "auto"
+  int32_t cpu_threads = 0;       // 0 = hardware concurrency
+  int32_t tensor_parallel = 1;
+};
+
+struct KvCacheOptions {
+  int32_t page_size = 16;            // tokens per page, 1..256
+  int64_t memory_bytes = 256 << 20;  // KV pool budget
+  bool prefix_sharing = true;        // global radix-cache reuse across trees
+};
+
+struct LimitOptions {
+  int32_t max_prompt_tokens = 8192;
+  int32_t max_n = 256;        // branches per fork / one-shot n
+  int32_t max_tokens = 4096;  // per branch per Generate call
+  int32_t max_verify_tokens = 256;
+  int32_t max_stop_strings = 16;
+  int32_t max_live_trees = 4096;
+};
+
+struct TreeserveConfig {
+  ServerOptions server;
+  ModelOptions model;
+  EngineOptions engine;
+  KvCacheOptions kv_cache;
+  LimitOptions limits;
+  std::string log_level = "info";
+};
+
+// Parses a JSON preset on top of `config` (keys not present keep their value). Unknown keys
+// and ill-typed values are errors naming the key, so a typo never silently does nothing.
+Status merge_config_json(const std::string& json_text, const std::string& source_name,
+                         TreeserveConfig* config);
+Status load_config_file(const std::string& path, TreeserveConfig* config);
+
+// Checks ranges and formats (listen address, page size, backend name, log level).
+Status validate_config(const TreeserveConfig& config);
+
+// "host:port" with a non-empty host and a port in [0, 65535]; IPv6 as "[::1]:port".
+Status validate_listen_address(const std::string& address, const std::string& field);
+
+// The effective config as JSON, for the start-up log and GetServerInfo debugging.
+std::string config_to_json(const TreeserveConfig& config);
+
+}  // namespace treeserve

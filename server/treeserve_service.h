@@ -1,0 +1,56 @@
+// The TreeServe gRPC service: validates every request at the boundary (API.md error table),
+// authenticates when a token is configured, and forwards to the components below.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "proto/treeserve.grpc.pb.h"
+#include "server/config.h"
+
+namespace treeserve {
+
+class Tokenizer;
+struct ModelConfig;
+
+// What the service reads about the loaded model and the KV pool.
+struct ServingInfo {
+  std::string model_name;
+  std::string backend;  // "cpu" | "cuda"
+  int32_t tensor_parallel = 1;
+  int32_t page_size = 16;
+  int64_t kv_pages_total = 0;
+};
+
+class TreeServeService final : public treeserve::v1::TreeServe::Service {
+ public:
+  TreeServeService(const TreeserveConfig& config, const Tokenizer* tokenizer, ServingInfo info);
+
+  grpc::Status CreateTree(grpc::ServerContext*, const v1::CreateTreeRequest*,
+                          v1::CreateTreeResponse*) override;
+  grpc::Status Branch(grpc::ServerContext*, const v1::BranchRequest*, v1::BranchResponse*) override;
+  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest*,
+                        grpc::ServerWriter<v1::GenerateResponse>*) override;
+  grpc::Status Prune(grpc::ServerContext*, const v1::PruneRequest*, v1::PruneResponse*) override;
+  grpc::Status Verify(grpc::ServerContext*, const v1::VerifyRequest*, v1::VerifyResponse*) override;
+  grpc::Status GetTree(grpc::ServerContext*, const v1::GetTreeRequest*, v1::TreeInfo*) override;
+  grpc::Status DeleteTree(grpc::ServerContext*, const v1::DeleteTreeRequest*,
+                          v1::DeleteTreeResponse*) override;
+  grpc::Status Tokenize(grpc::ServerContext*, const v1::TokenizeRequest*,
+                        v1::TokenizeResponse*) override;
+  grpc::Status Detokenize(grpc::ServerContext*, const v1::DetokenizeRequest*,
+                          v1::DetokenizeResponse*) override;
+  grpc::Status GetServerInfo(grpc::ServerContext*, const v1::GetServerInfoRequest*,
+                             v1::ServerInfo*) override;
+
+ private:
+  // UNAUTHENTICATED unless auth is off or the call carries "authorization: Bearer <token>".
+  grpc::Status check_auth(const grpc::ServerContext* context) const;
+
+  const TreeserveConfig config_;
+  const Tokenizer* tokenizer_;
+  const ServingInfo info_;
+};
+
+}  // namespace treeserve

@@ -1,0 +1,198 @@
+// End-to-end: the real treeserve binary over loopback gRPC (CPU backend, tiny model).
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <fstream>
+
+#include "proto/treeserve.grpc.pb.h"
+#include "tests/e2e/health.grpc.pb.h"
+#include "tests/e2e/server_process.h"
+
+namespace treeserve::testing {
+namespace {
+
+namespace v1 = ::treeserve::v1;
+
+std::string write_temp(const std::string& name, const std::string& content) {
+  std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << content;
+  return path;
+}
+
+TEST(CliErrors, MissingModelDirExitsNonZeroWithMessage) {
+  auto r = run_treeserve_to_exit({"--model", "/nonexistent/model-dir", "--backend", "cpu"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("/nonexistent/model-dir"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("does not exist"), std::string::npos) << r.output;
+}
+
+TEST(CliErrors, BadJsonConfigExitsNonZeroWithMessage) {
+  std::string path = write_temp("bad.json", "{ \"server\": { \"listen\": ");
+  auto r = run_treeserve_to_exit({"--config", path});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("invalid JSON"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(path), std::string::npos) << r.output;
+}
+
+TEST(CliErrors, UnknownConfigKeyIsNamed) {
+  std::string path = write_temp("typo.json", R"({"kv_cache": {"page_sise": 16}})");
+  auto r = run_treeserve_to_exit({"--config", path});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("kv_cache.page_sise"), std::string::npos) << r.output;
+}
+
+TEST(CliErrors, MissingConfigFile) {
+  auto r = run_treeserve_to_exit({"--config", "/nonexistent/treeserve.json"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("cannot be opened"), std::string::npos) << r.output;
+}
+
+TEST(CliErrors, BadListenAddressExitsNonZeroWithMessage) {
+  for (const char* addr : {"localhost", "127.0.0.1:99999", ":50051", "127.0.0.1:port"}) {
+    auto r = run_treeserve_to_exit({"--listen", addr, "--backend", "cpu"});
+    EXPECT_NE(r.exit_code, 0) << addr;
+    EXPECT_NE(r.output.find("not a valid listen address"), std::string::npos)
+        << addr << ": " << r.output;
+  }
+}
+
+TEST(CliErrors, UnusableListenAddressExitsNonZero) {
+  // Well-formed, but not an address of this machine.
+  auto r = run_treeserve_to_exit({"--listen", "203.0.113.7:50051", "--backend", "cpu"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("cannot listen on"), std::string::npos) << r.output;
+}
+
+TEST(CliErrors, BadBackendAndUnknownFlag) {
+  auto r = run_treeserve_to_exit({"--backend", "tpu"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("backend must be cpu, cuda or auto"), std::string::npos) << r.output;
+  auto r2 = run_treeserve_to_exit({"--no-such-flag"});
+  EXPECT_EQ(r2.exit_code, 2) << r2.output;
+}
+
+TEST(CliErrors, PrintConfigShowsCliOverrides) {
+  auto r =
+      run_treeserve_to_exit({"--print-config", "--page-size", "32", "--listen", "127.0.0.1:6000"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"page_size\":32"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("127.0.0.1:6000"), std::string::npos) << r.output;
+}
+
+class ServerE2E : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess({"--backend", "cpu"});
+    ASSERT_TRUE(server_->wait_ready()) << server_->output();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  std::unique_ptr<v1::TreeServe::Stub> stub() { return v1::TreeServe::NewStub(server_->channel()); }
+  static ServerProcess* server_;
+};
+ServerProcess* ServerE2E::server_ = nullptr;
+
+TEST_F(ServerE2E, HealthIsServing) {
+  auto health = grpc::health::v1::Health::NewStub(server_->channel());
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  ASSERT_TRUE(health->Check(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+TEST_F(ServerE2E, TokenizeDetokenizeRoundTrip) {
+  const std::string text = "The old oak tree stood by the river, and 42 birds sang.";
+  grpc::ClientContext c1;
+  v1::TokenizeRequest treq;
+  treq.set_text(text);
+  v1::TokenizeResponse tresp;
+  ASSERT_TRUE(stub()->Tokenize(&c1, treq, &tresp).ok());
+  ASSERT_GT(tresp.ids_size(), 3);
+
+  grpc::ClientContext c2;
+  v1::DetokenizeRequest dreq;
+  *dreq.mutable_ids() = tresp.ids();
+  v1::DetokenizeResponse dresp;
+  ASSERT_TRUE(stub()->Detokenize(&c2, dreq, &dresp).ok());
+  EXPECT_EQ(dresp.text(), text);
+}
+
+TEST_F(ServerE2E, TokenizeRejectsEmptyTextAndDetokenizeBadIds) {
+  grpc::ClientContext c1;
+  v1::TokenizeResponse tresp;
+  auto s = stub()->Tokenize(&c1, v1::TokenizeRequest(), &tresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("text"), std::string::npos);
+
+  grpc::ClientContext c2;
+  v1::DetokenizeRequest dreq;
+  dreq.add_ids(5);
+  dreq.add_ids(1 << 30);
+  v1::DetokenizeResponse dresp;
+  s = stub()->Detokenize(&c2, dreq, &dresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("ids[1]"), std::string::npos) << s.error_message();
+}
+
+TEST_F(ServerE2E, GetServerInfoDescribesModelAndPool) {
+  grpc::ClientContext ctx;
+  v1::ServerInfo info;
+  ASSERT_TRUE(stub()->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.backend(), "cpu");
+  EXPECT_EQ(info.model(), "tiny-llama");
+  EXPECT_EQ(info.page_size(), 16);
+  EXPECT_EQ(info.tensor_parallel(), 1);
+  EXPECT_GT(info.kv_pages_total(), 0);
+  EXPECT_EQ(info.kv_pages_free(), info.kv_pages_total());
+}
+
+TEST(ServerLifecycle, SigtermShutsDownCleanly) {
+  ServerProcess server({"--backend", "cpu"});
+  ASSERT_TRUE(server.wait_ready()) << server.output();
+  EXPECT_EQ(server.terminate(), 0) << server.output();
+  EXPECT_NE(server.output().find("treeserve stopped"), std::string::npos) << server.output();
+}
+
+TEST(ServerLifecycle, AuthTokenIsEnforced) {
+  std::string path = write_temp(
+      "auth.json", R"({"server": {"auth_token": "s3cret"}, "engine": {"backend": "cpu"}})");
+  ServerProcess server({"--config", path});
+  ASSERT_TRUE(server.wait_ready()) << server.output();
+  auto stub = v1::TreeServe::NewStub(server.channel());
+  v1::ServerInfo info;
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(stub->GetServerInfo(&ctx, {}, &info).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer wrong");
+    EXPECT_EQ(stub->GetServerInfo(&ctx, {}, &info).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer s3cret");
+    EXPECT_TRUE(stub->GetServerInfo(&ctx, {}, &info).ok());
+  }
+  EXPECT_EQ(server.terminate(), 0);
+}
+
+TEST(ServerLifecycle, MetricsEndpointServesPrometheusText) {
+  int port = pick_free_port();
+  ServerProcess server(
+      {"--backend", "cpu", "--metrics-listen", "127.0.0.1:" + std::to_string(port)});
+  ASSERT_TRUE(server.wait_ready()) << server.output();
+  httplib::Client http("127.0.0.1", port);
+  auto res = http.Get("/metrics");
+  ASSERT_TRUE(res) << server.output();
+  EXPECT_EQ(res->status, 200);
+  EXPECT_NE(res->body.find("# TYPE treeserve:live_branches gauge"), std::string::npos);
+  EXPECT_NE(res->body.find("treeserve:time_to_first_token_seconds_bucket"), std::string::npos);
+  EXPECT_EQ(server.terminate(), 0) << server.output();
+}
+
+}  // namespace
+}  // namespace treeserve::testing

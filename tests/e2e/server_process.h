@@ -1,0 +1,47 @@
+// Runs the real treeserve binary as a child process for end-to-end tests: a free loopback
+// port, captured output, health-wait, SIGTERM and exit-code checks.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace treeserve::testing {
+
+// A loopback port that was free a moment ago (bind to port 0, read it back, close).
+int pick_free_port();
+
+// Output (stdout+stderr) and exit code of a treeserve run that is expected to end by itself.
+struct RunResult {
+  int exit_code = -1;
+  std::string output;
+};
+RunResult run_treeserve_to_exit(const std::vector<std::string>& args, int timeout_s = 60);
+
+class ServerProcess {
+ public:
+  // Starts treeserve with `args` plus --listen 127.0.0.1:<free port>.
+  explicit ServerProcess(std::vector<std::string> args);
+  ~ServerProcess();
+
+  // Waits until the health service answers SERVING; false on timeout or early exit.
+  bool wait_ready(int timeout_s = 60);
+  // Sends SIGTERM and waits; returns the exit code (-1 on timeout, then SIGKILL).
+  int terminate(int timeout_s = 30);
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  std::string address() const { return address_; }
+  std::string output() const;  // what the server printed so far
+
+ private:
+  pid_t pid_ = -1;
+  std::string address_;
+  std::string log_path_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+}  // namespace treeserve::testing

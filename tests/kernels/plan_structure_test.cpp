@@ -1,0 +1,290 @@
+// Structure of attention plans: the coverage invariant on random trees and workload shapes,
+// determinism, no steady-state allocation, the cost model's choices, long-context splitting,
+// masks only where needed, and rejection of invalid views and configs.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "kernels/attention_plan.h"
+#include "kernels/testing/random_tree.h"
+#include "tests/kernels/plan_test_util.h"
+
+namespace treeserve {
+namespace {
+
+using testing::expect_plan_covers_view;
+using testing::TreeCase;
+
+AttentionPlanConfig small_config(int32_t gqa) {
+  AttentionPlanConfig c;
+  c.gqa_group_size = gqa;
+  c.query_tile_rows = 16;
+  c.kv_tile_tokens = 16;
+  c.kv_chunk_tokens = 64;
+  c.min_split_tokens = 16;
+  c.pack_max_tokens = 48;
+  c.num_sms = 8;
+  return c;
+}
+
+testing::RandomTreeOptions options_for_seed(uint64_t seed) {
+  testing::RandomTreeOptions o;
+  o.depth = 1 + int32_t(seed % 10);
+  o.max_width = std::vector<int32_t>{1, 2, 4, 8, 64}[seed % 5];
+  o.max_runs = 80;
+  o.max_run_tokens = std::vector<int32_t>{3, 40, 200}[seed % 3];
+  o.page_size = std::vector<int32_t>{1, 16, 64}[(seed / 3) % 3];
+  o.prefill_prob = 0.25;
+  o.speculative_prob = 0.3;
+  o.internal_query_prob = 0.2;
+  o.dead_leaf_prob = 0.1;
+  return o;
+}
+
+TEST(PlanStructure, EveryVisiblePairCoveredExactlyOnce) {
+  for (uint64_t seed = 1; seed <= 120; ++seed) {
+    const TreeCase c = testing::random_tree_case(seed, options_for_seed(seed));
+    AttentionPlanConfig config = small_config(std::vector<int32_t>{1, 4, 8}[seed % 3]);
+    config.greedy_grouping = seed % 4 != 1;
+    config.pack_subtrees = seed % 5 != 2;
+    config.long_context_split = seed % 6 != 3;
+    if (seed % 7 == 0) config = AttentionPlanConfig{};  // production defaults
+    AttentionPlan plan;
+    ASSERT_TRUE(build_attention_plan(c.view, config, &plan).ok()) << "seed " << seed;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    expect_plan_covers_view(plan, c.view, config);
+    if (HasFatalFailure() || HasNonfatalFailure()) return;
+  }
+}
+
+TEST(PlanStructure, WorkloadShapesCovered) {
+  const AttentionPlanConfig config;
+  std::vector<TreeCase> cases;
+  cases.push_back(testing::fasttree_case({1, 10}, {4000, 400}, 16, 1));
+  cases.push_back(testing::fasttree_case({1, 4, 16}, {1024, 256, 64}, 16, 2));
+  cases.push_back(testing::fasttree_case({1, 2, 4, 8}, {512, 128, 128, 128}, 16, 3));
+  cases.push_back(testing::few_shot_case(4000, 20, 200, 16, 4));
+  for (int32_t t : {32, 64, 128, 256}) {
+    cases.push_back(testing::speculative_case(4000, testing::medusa_like_paths(t - 1), 16, 5));
+  }
+  for (const TreeCase& c : cases) {
+    AttentionPlan plan;
+    ASSERT_TRUE(build_attention_plan(c.view, config, &plan).ok());
+    expect_plan_covers_view(plan, c.view, config);
+  }
+}
+
+bool same_plan(const AttentionPlan& a, const AttentionPlan& b) {
+  return a.item_segment_begin == b.item_segment_begin && a.item_segment_end == b.item_segment_end &&
+         a.item_query_begin == b.item_query_begin && a.item_query_end == b.item_query_end &&
+         a.item_num_tokens == b.item_num_tokens && a.item_mask_offset == b.item_mask_offset &&
+         a.seg_page_begin == b.seg_page_begin && a.seg_first_slot == b.seg_first_slot &&
+         a.seg_num_tokens == b.seg_num_tokens && a.seg_node == b.seg_node &&
+         a.item_queries == b.item_queries && a.mask_words == b.mask_words &&
+         a.query_merge_begin == b.query_merge_begin && a.merge_partials == b.merge_partials;
+}
+
+TEST(PlanStructure, DeterministicAndReusesStorage) {
+  testing::RandomTreeOptions o = options_for_seed(9);
+  o.speculative_prob = 0.6;
+  const TreeCase c = testing::random_tree_case(77, o);
+  const TreeCase other = testing::few_shot_case(4000, 30, 200, 16, 1);
+  const AttentionPlanConfig config = small_config(4);
+  AttentionPlan a, b;
+  ASSERT_TRUE(build_attention_plan(c.view, config, &a).ok());
+  ASSERT_TRUE(build_attention_plan(other.view, config, &b).ok());  // dirty b first
+  ASSERT_TRUE(build_attention_plan(c.view, config, &b).ok());
+  EXPECT_TRUE(same_plan(a, b));
+  // Steady state: rebuilding the same step reuses every buffer.
+  const int32_t* items = b.item_num_tokens.data();
+  const int32_t* segs = b.seg_node.data();
+  const uint32_t* masks = b.mask_words.data();
+  const int32_t* merge = b.merge_partials.data();
+  const int32_t* units = b.scratch.unit_len.data();
+  ASSERT_TRUE(build_attention_plan(c.view, config, &b).ok());
+  EXPECT_EQ(items, b.item_num_tokens.data());
+  EXPECT_EQ(segs, b.seg_node.data());
+  EXPECT_EQ(masks, b.mask_words.data());
+  EXPECT_EQ(merge, b.merge_partials.data());
+  EXPECT_EQ(units, b.scratch.unit_len.data());
+  EXPECT_TRUE(same_plan(a, b));
+}
+
+// Tokens of run `node` read by the plan, over all items.
+int64_t tokens_read(const AttentionPlan& plan, int32_t node) {
+  int64_t total = 0;
+  for (int32_t i = 0; i < plan.num_items(); ++i) {
+    for (int32_t g = plan.item_segment_begin[i]; g < plan.item_segment_end[i]; ++g) {
+      if (plan.seg_node[g] == node) total += plan.seg_num_tokens[g];
+    }
+  }
+  return total;
+}
+
+TEST(PlanStructure, CostModelKeepsSharedPrefixGroup) {
+  for (int32_t gqa : {1, 4, 8}) {
+    const TreeCase c = testing::few_shot_case(4000, 50, 200, 16, 3);
+    AttentionPlanConfig config;
+    config.gqa_group_size = gqa;
+    AttentionPlan plan;
+    ASSERT_TRUE(build_attention_plan(c.view, config, &plan).ok());
+    EXPECT_EQ(plan.num_folded_edges, 0) << "gqa " << gqa;
+    EXPECT_EQ(plan.num_groups, 51) << "gqa " << gqa;
+    // The prefix is read once per query tile of the 50 queries, never once per query.
+    const int64_t tiles = (50 + plan.queries_per_tile - 1) / plan.queries_per_tile;
+    EXPECT_EQ(tokens_read(plan, 0), 4000 * tiles) << "gqa " << gqa;
+    expect_plan_covers_view(plan, c.view, config);
+  }
+}
+
+TEST(PlanStructure, CostModelFoldsTinySharedRunIntoChildren) {
+  // root(4000) -> {mid(1) -> {a(300), b(300)}, c(300)}: mid is one token read by 2 queries.
+  testing::TreeViewBuilder builder(16);
+  const int32_t root = builder.add_run(-1, 4000);
+  const int32_t mid = builder.add_run(root, 1);
+  builder.add_query(builder.add_run(mid, 300));
+  builder.add_query(builder.add_run(mid, 300));
+  builder.add_query(builder.add_run(root, 300));
+  const TreeCase c = builder.build(5);
+  AttentionPlanConfig config;
+  config.pack_subtrees = false;
+  AttentionPlan plan;
+  ASSERT_TRUE(build_attention_plan(c.view, config, &plan).ok());
+  EXPECT_EQ(plan.num_folded_edges, 2);  // mid folded into a and b; root kept shared
+  EXPECT_EQ(plan.num_groups, 4);        // root, a+mid, b+mid, c
+  for (int32_t i = 0; i < plan.num_items(); ++i) {
+    const int32_t first = plan.item_segment_begin[i];
+    if (plan.seg_node[first] == 1) {  // preorder index of mid
+      ASSERT_EQ(plan.item_segment_end[i] - first, 2) << "mid read with its child";
+    }
+  }
+  expect_plan_covers_view(plan, c.view, config);
+  config.greedy_grouping = false;
+  ASSERT_TRUE(build_attention_plan(c.view, config, &plan).ok());
+  EXPECT_EQ(plan.num_groups, 5);
+  expect_plan_covers_view(plan, c.view, config);
+}
+
+TEST(PlanStructure, LongContextSplitFillsSms) {
+  testing::TreeViewBuilder builder(16);
+  builder.add_query(builder.add_run(-1, 16384));
+  const TreeCase c = builder.build(1);
+  AttentionPlanConfig config;  // 132 SMs, 1024-token chunks, 128-token minimum
+  config.long_context_split = false;
+  AttentionPlan plan;
+  ASSERT_TRUE(build_attention_plan(c.view, config, &plan).ok());
+  EXPECT_EQ(plan.num_items(), 16);
+  config.long_context_split = true;
+  ASSERT_TRUE(build_attention_plan(c.view, config, &plan).ok());
+  EXPECT_EQ(plan.split_chunk_tokens, 128);
+  EXPECT_EQ(plan.num_items(), 128);  // 16384 / 128: as many as min_split_tokens allows
+  config.num_sms = 32;
+  ASSERT_TRUE(build_attention_plan(c.view, config, &plan).ok());
+  EXPECT_GE(plan.num_items(), 32);
+  EXPECT_LT(plan.num_items(), 64);  // the largest chunk that fills the SMs, no finer
+  expect_plan_covers_view(plan, c.view, config);
+  // Enough work already: no splitting.
+  const TreeCase wide = testing::few_shot_case(1000, 200, 1000, 16, 2);
+  ASSERT_TRUE(build_attention_plan(wide.view, AttentionPlanConfig{}, &plan).ok());
+  EXPECT_EQ(plan.split_chunk_tokens, 1024);
+}
+
+TEST(PlanStructure, MasksOnlyWherePartlyVisible) {
+  // Causal prefill chunk: 32 queries at the end of a 100-token run under a 4000-token prefix.
+  testing::TreeViewBuilder builder(16);
+  const int32_t leaf = builder.add_run(builder.add_run(-1, 4000), 100);
+  for (int32_t j = 0; j < 32; ++j) builder.add_query(leaf, 68 + j + 1);
+  const TreeCase c = builder.build(3);
+  AttentionPlanConfig config;
+  config.long_context_split = false;
+  AttentionPlan plan;
+  ASSERT_TRUE(build_attention_plan(c.view, config, &plan).ok());
+  for (int32_t i = 0; i < plan.num_items(); ++i) {
+    bool has_leaf = false;
+    for (int32_t g = plan.item_segment_begin[i]; g < plan.item_segment_end[i]; ++g) {
+      has_leaf |= plan.seg_node[g] == 1;
+    }
+    EXPECT_EQ(plan.item_mask_offset[i] >= 0, has_leaf) << "item " << i;
+  }
+  expect_plan_covers_view(plan, c.view, config);
+
+  // Speculative token tree: packed into masked items; the prefix stays unmasked.
+  const TreeCase spec = testing::speculative_case(4000, testing::medusa_like_paths(63), 16, 4);
+  ASSERT_TRUE(build_attention_plan(spec.view, config, &plan).ok());
+  EXPECT_GT(plan.num_packs, 0);
+  EXPECT_FALSE(plan.mask_words.empty());
+  for (int32_t i = 0; i < plan.num_items(); ++i) {
+    if (plan.seg_node[plan.item_segment_begin[i]] == 0) EXPECT_LT(plan.item_mask_offset[i], 0);
+  }
+  expect_plan_covers_view(plan, spec.view, config);
+}
+
+TEST(PlanStructure, WorkspaceBoundsEnforced) {
+  const TreeCase c = testing::few_shot_case(4000, 50, 200, 16, 3);
+  AttentionPlanConfig config;
+  config.max_work_items = 10;
+  AttentionPlan plan;
+  const Status s = build_attention_plan(c.view, config, &plan);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("work items"), std::string::npos) << s.ToString();
+}
+
+void expect_invalid(const AttentionView& view, const std::string& needle) {
+  AttentionPlan plan;
+  const Status s = build_attention_plan(view, AttentionPlanConfig{}, &plan);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find(needle), std::string::npos) << s.ToString();
+}
+
+TEST(PlanStructure, RejectsInvalidViews) {
+  testing::TreeViewBuilder builder(16);
+  const int32_t root = builder.add_run(-1, 40);
+  builder.add_query(builder.add_run(root, 20));
+  builder.add_query(builder.add_run(root, 20));
+  const AttentionView good = builder.build(0).view;
+  AttentionPlan plan;
+  ASSERT_TRUE(build_attention_plan(good, AttentionPlanConfig{}, &plan).ok());
+
+  AttentionView v = good;
+  v.nodes[1].parent = 2;
+  expect_invalid(v, "parent after child");
+  v = good;
+  v.queries[0].leaf_tokens = 21;
+  expect_invalid(v, "leaf_tokens = 21 is out of range");
+  v = good;
+  v.queries[1].leaf_tokens = 0;
+  expect_invalid(v, "queries[1].leaf_tokens");
+  v = good;
+  v.nodes[0].query_end = 1;
+  expect_invalid(v, "nodes[0].query_begin/query_end");
+  v = good;
+  v.nodes[2].page_begin = int32_t(v.pages.size()) - 1;
+  expect_invalid(v, "nodes[2].page_begin");
+  v = good;
+  v.pages[1] = -3;
+  expect_invalid(v, "pages[1] = -3");
+  v = good;
+  std::swap(v.queries[0], v.queries[1]);
+  expect_invalid(v, "not sorted");
+  v = good;
+  v.nodes[1].page_count = 7;
+  expect_invalid(v, "nodes[1].page_count");
+  v = good;
+  v.nodes[2].depth_tokens = 3;
+  expect_invalid(v, "nodes[2].depth_tokens");
+  v = good;
+  v.queries[0].leaf = 9;
+  expect_invalid(v, "queries[0].leaf = 9");
+
+  AttentionPlanConfig config;
+  config.num_pages = 2;  // the view uses more pages than the pool has
+  EXPECT_EQ(build_attention_plan(good, config, &plan).code(), StatusCode::kInvalidArgument);
+  config = AttentionPlanConfig{};
+  config.query_tile_rows = 4;
+  config.gqa_group_size = 8;
+  const Status s = build_attention_plan(good, config, &plan);
+  EXPECT_NE(s.message().find("query_tile_rows"), std::string::npos) << s.ToString();
+}
+
+}  // namespace
+}  // namespace treeserve

@@ -1,0 +1,100 @@
+// Config presets: strict parsing, CLI-free validation, and the shipped presets load.
+#include "server/config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+namespace treeserve {
+namespace {
+
+TEST(Config, DefaultsAreValid) {
+  TreeserveConfig c;
+  EXPECT_TRUE(validate_config(c).ok());
+  EXPECT_EQ(c.server.listen, "127.0.0.1:50051");
+  EXPECT_EQ(c.kv_cache.page_size, 16);
+}
+
+TEST(Config, MergeOverridesOnlyGivenKeys) {
+  TreeserveConfig c;
+  ASSERT_TRUE(
+      merge_config_json(R"({"kv_cache": {"page_size": 32}, "log_level": "debug"})", "x.json", &c)
+          .ok());
+  EXPECT_EQ(c.kv_cache.page_size, 32);
+  EXPECT_EQ(c.log_level, "debug");
+  EXPECT_EQ(c.server.listen, "127.0.0.1:50051");
+}
+
+TEST(Config, ErrorsNameTheKeyAndSource) {
+  TreeserveConfig c;
+  Status s = merge_config_json(R"({"limits": {"max_n": "many"}})", "a.json", &c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("limits.max_n"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("a.json"), std::string::npos);
+
+  s = merge_config_json(R"({"servr": {}})", "b.json", &c);
+  EXPECT_NE(s.message().find("unknown key servr"), std::string::npos) << s.message();
+
+  s = merge_config_json(R"({"server": 3})", "c.json", &c);
+  EXPECT_NE(s.message().find("server must be an object"), std::string::npos) << s.message();
+
+  s = merge_config_json("[1, 2", "d.json", &c);
+  EXPECT_NE(s.message().find("invalid JSON"), std::string::npos) << s.message();
+}
+
+TEST(Config, ValidationCatchesRanges) {
+  TreeserveConfig c;
+  c.kv_cache.page_size = 0;
+  EXPECT_NE(validate_config(c).message().find("page_size"), std::string::npos);
+  c = {};
+  c.kv_cache.page_size = 257;
+  EXPECT_FALSE(validate_config(c).ok());
+  c = {};
+  c.engine.backend = "gpu";
+  EXPECT_NE(validate_config(c).message().find("backend"), std::string::npos);
+  c = {};
+  c.log_level = "loud";
+  EXPECT_NE(validate_config(c).message().find("log_level"), std::string::npos);
+  c = {};
+  c.limits.max_n = 0;
+  EXPECT_FALSE(validate_config(c).ok());
+}
+
+TEST(Config, ListenAddresses) {
+  for (const char* ok : {"127.0.0.1:50051", "0.0.0.0:0", "[::1]:8080", "localhost:1"}) {
+    EXPECT_TRUE(validate_listen_address(ok, "listen").ok()) << ok;
+  }
+  for (const char* bad : {"", "127.0.0.1", ":80", "127.0.0.1:", "127.0.0.1:65536", "::1:80",
+                          "[::1:80", "host:8x", "a b:80"}) {
+    Status s = validate_listen_address(bad, "listen");
+    EXPECT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.message().find("not a valid listen address"), std::string::npos) << bad;
+  }
+}
+
+TEST(Config, ShippedPresetsLoadAndValidate) {
+  int n = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(TREESERVE_SOURCE_DIR) + "/configs/server")) {
+    TreeserveConfig c;
+    Status s = load_config_file(entry.path().string(), &c);
+    ASSERT_TRUE(s.ok()) << entry.path() << ": " << s.message();
+    EXPECT_TRUE(validate_config(c).ok()) << entry.path();
+    ++n;
+  }
+  EXPECT_GE(n, 2);
+}
+
+TEST(Config, JsonDumpReparses) {
+  TreeserveConfig c;
+  c.kv_cache.page_size = 64;
+  c.server.auth_token = "secret";
+  std::string dumped = config_to_json(c);
+  EXPECT_EQ(dumped.find("secret"), std::string::npos);  // never log the token
+  TreeserveConfig back;
+  ASSERT_TRUE(merge_config_json(dumped, "dump", &back).ok());
+  EXPECT_EQ(back.kv_cache.page_size, 64);
+}
+
+}  // namespace
+}  // namespace treeserve
