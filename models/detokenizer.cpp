@@ -31,6 +31,20 @@ int utf8_sequence_length(int lead) {
   return 0;
 }
 
+// A piece with no leading U+2581 that is not a byte, control or unknown piece, and
+// decodes to itself alone and twice over: decoding it first ends sentencepiece's
+// "start of text" state without adding a space. -1 when there is none.
+int32_t find_anchor(const Tokenizer& tokenizer) {
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    const std::string piece = tokenizer.id_to_piece(id);
+    if (piece.empty() || piece[0] == '<' || piece.rfind("\xE2\x96\x81", 0) == 0) continue;
+    StatusOr<std::string> once = tokenizer.decode({id});
+    StatusOr<std::string> twice = tokenizer.decode({id, id});
+    if (once.ok() && twice.ok() && *once == piece && *twice == piece + piece) return id;
+  }
+  return -1;
+}
+
 // Text b adds to text a. sentencepiece decoding is concatenative, so a is a prefix
 // of b; should a model ever break that, emit b past the common prefix.
 std::string suffix_after(const std::string& a, const std::string& b) {
@@ -72,6 +86,11 @@ StatusOr<std::string> decode_new_text(const Tokenizer& tokenizer,
   return suffix_after(*before, *after);
 }
 
+IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer)
+    : tokenizer_(tokenizer), anchor_(find_anchor(tokenizer)) {
+  if (anchor_ >= 0) anchor_text_ = tokenizer_.id_to_piece(anchor_);
+}
+
 StatusOr<std::string> IncrementalDetokenizer::push(int32_t id) {
   if (id < 0 || id >= tokenizer_.vocab_size()) {
     return InvalidArgument("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
@@ -91,18 +110,30 @@ StatusOr<std::string> IncrementalDetokenizer::flush() {
   return emit_until(ids_.size());
 }
 
+StatusOr<std::string> IncrementalDetokenizer::decode_window(size_t begin, size_t end) const {
+  const auto first = ids_.begin() + static_cast<ptrdiff_t>(begin);
+  const auto last = ids_.begin() + static_cast<ptrdiff_t>(end);
+  if (begin == 0 || anchor_ < 0) return tokenizer_.decode(std::vector<int32_t>(first, last));
+  std::vector<int32_t> window = {anchor_};
+  window.insert(window.end(), first, last);
+  StatusOr<std::string> text = tokenizer_.decode(window);
+  if (!text.ok()) return text.status();
+  return text->substr(std::min(anchor_text_.size(), text->size()));
+}
+
 StatusOr<std::string> IncrementalDetokenizer::emit_until(size_t end) {
-  const auto begin = ids_.begin();
-  StatusOr<std::string> before =
-      tokenizer_.decode(std::vector<int32_t>(begin + static_cast<ptrdiff_t>(prefix_offset_),
-                                             begin + static_cast<ptrdiff_t>(read_offset_)));
+  // Nothing emitted yet: the decoder may still be in its start state (only control ids
+  // so far, or a lone "▁"), which only a decode from token 0 reproduces.
+  const size_t begin = emitted_text_ ? prefix_offset_ : 0;
+  StatusOr<std::string> before = decode_window(begin, read_offset_);
   if (!before.ok()) return before.status();
-  StatusOr<std::string> after = tokenizer_.decode(std::vector<int32_t>(
-      begin + static_cast<ptrdiff_t>(prefix_offset_), begin + static_cast<ptrdiff_t>(end)));
+  StatusOr<std::string> after = decode_window(begin, end);
   if (!after.ok()) return after.status();
   prefix_offset_ = read_offset_;
   read_offset_ = end;
-  return suffix_after(*before, *after);
+  std::string delta = suffix_after(*before, *after);
+  emitted_text_ = emitted_text_ || !delta.empty();
+  return delta;
 }
 
 }  // namespace treeserve

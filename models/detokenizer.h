@@ -24,12 +24,15 @@ StatusOr<std::string> decode_new_text(const Tokenizer& tokenizer,
                                       const std::vector<int32_t>& previous, int32_t new_id);
 
 // One per streamed sequence. Decodes only a sliding window of the last tokens
-// (the TGI prefix/read-offset scheme): the window starts one emitted token back so
-// sentencepiece's "strip the leading space of the first piece" never hits the new
-// token.
+// (the TGI prefix/read-offset scheme). sentencepiece strips the dummy-prefix space of
+// the first non-control piece of what it decodes; a window that starts mid-sequence
+// is therefore decoded behind an anchor piece (a plain piece such as "he") whose text
+// is cut off again, so the window's first piece keeps its space exactly as in the
+// full decode. Until some text has been emitted the window starts at token 0 instead,
+// unanchored, so leading control ids (BOS) and the real first piece behave as there.
 class IncrementalDetokenizer {
  public:
-  explicit IncrementalDetokenizer(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  explicit IncrementalDetokenizer(const Tokenizer& tokenizer);
 
   // Appends id and returns the newly completed text ("" while a character is
   // incomplete). INVALID_ARGUMENT for an id outside the vocabulary (not appended).
@@ -41,8 +44,12 @@ class IncrementalDetokenizer {
 
  private:
   StatusOr<std::string> emit_until(size_t end);
+  StatusOr<std::string> decode_window(size_t begin, size_t end) const;
 
   const Tokenizer& tokenizer_;
+  int32_t anchor_ = -1;  // a plain piece that decodes to itself; -1 if the vocab has none
+  std::string anchor_text_;
+  bool emitted_text_ = false;  // any non-empty delta yet: the decoder is past its start
   std::vector<int32_t> ids_;
   size_t prefix_offset_ = 0;  // start of the decode window
   size_t read_offset_ = 0;    // ids_[0, read_offset_) have been emitted as text

@@ -238,6 +238,7 @@ StatusOr<ModelConfig> parse_model_config(const std::string& json_text, const std
   TS_RETURN_IF_ERROR(r.get_positive_int("head_dim", &c.head_dim, false));
   TS_RETURN_IF_ERROR(
       r.get_positive_int("max_position_embeddings", &c.max_position_embeddings, false));
+  TS_RETURN_IF_ERROR(r.get_positive_int("sliding_window", &c.sliding_window, false));
   TS_RETURN_IF_ERROR(r.get_double("rms_norm_eps", &c.rms_norm_eps, false));
   if (!(c.rms_norm_eps > 0.0)) {
     return InvalidArgument(file + ": field 'rms_norm_eps' must be positive");

@@ -38,6 +38,9 @@ struct ModelConfig {
   int64_t num_key_value_heads = 0;  // defaults to num_attention_heads (no GQA)
   int64_t head_dim = 0;             // defaults to hidden_size / num_attention_heads
   int64_t max_position_embeddings = 2048;
+  // Mistral v0.1 attends to only the last sliding_window positions; 0: full attention.
+  // Engines that implement full attention only must refuse a sequence longer than this.
+  int64_t sliding_window = 0;
 
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;

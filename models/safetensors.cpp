@@ -100,6 +100,7 @@ struct SafetensorsReader::Impl {
 
   Status map_shard(const std::string& path);
   Status parse_header(size_t shard_index);
+  Status check_no_overlap(size_t shard_index) const;
 };
 
 Status SafetensorsReader::Impl::map_shard(const std::string& path) {
@@ -199,6 +200,29 @@ Status SafetensorsReader::Impl::parse_header(size_t shard_index) {
     }
     tensors.emplace(name, std::move(e));
   }
+  return check_no_overlap(shard_index);
+}
+
+// The format forbids tensors sharing bytes; a writer bug that overlaps them would
+// otherwise silently alias two weights.
+Status SafetensorsReader::Impl::check_no_overlap(size_t shard_index) const {
+  std::vector<std::pair<const std::string*, const Entry*>> in_shard;
+  for (const auto& [name, e] : tensors) {
+    if (e.shard == shard_index && e.end > e.begin) in_shard.emplace_back(&name, &e);
+  }
+  std::sort(in_shard.begin(), in_shard.end(),
+            [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
+  for (size_t i = 1; i < in_shard.size(); ++i) {
+    const auto& [prev_name, prev] = in_shard[i - 1];
+    const auto& [name, e] = in_shard[i];
+    if (e->begin < prev->end) {
+      auto bytes = [](const Entry* x) {
+        return "bytes [" + std::to_string(x->begin) + ", " + std::to_string(x->end) + ")";
+      };
+      return InvalidArgument(shards[shard_index].path + ": tensor '" + *name + "' (" + bytes(e) +
+                             ") overlaps tensor '" + *prev_name + "' (" + bytes(prev) + ")");
+    }
+  }
   return Status::Ok();
 }
 
@@ -250,18 +274,25 @@ StatusOr<SafetensorsReader> SafetensorsReader::open_dir(const std::string& model
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
       return InvalidArgument(index_path + ": missing object field 'weight_map'");
     }
-    std::vector<std::string> shard_names;
+    std::map<std::string, std::string> shard_names;  // shard -> first tensor naming it
     for (const auto& [tensor, file] : index["weight_map"].items()) {
-      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
+      if (!file.is_string() || file.get<std::string>().empty() ||
+          file.get<std::string>().find('/') != std::string::npos) {
         return InvalidArgument(index_path + ": weight_map['" + tensor +
                                "'] must be a shard file name, got " + file.dump());
       }
-      shard_names.push_back(file.get<std::string>());
+      shard_names.emplace(file.get<std::string>(), tensor);
     }
-    std::sort(shard_names.begin(), shard_names.end());
-    shard_names.erase(std::unique(shard_names.begin(), shard_names.end()), shard_names.end());
+    if (shard_names.empty()) return InvalidArgument(index_path + ": weight_map is empty");
     std::vector<std::string> paths;
-    for (const std::string& s : shard_names) paths.push_back(model_dir + "/" + s);
+    for (const auto& [shard, tensor] : shard_names) {
+      const std::string path = model_dir + "/" + shard;
+      if (!fs::exists(path, ec)) {
+        return NotFound(index_path + ": weight_map puts tensor '" + tensor + "' in shard " + shard +
+                        ", but " + path + " does not exist");
+      }
+      paths.push_back(path);
+    }
     auto mapped = map_all(paths, options);
     if (!mapped.ok()) return mapped.status();
     Impl& impl = **mapped;

@@ -50,7 +50,8 @@ constexpr const char* kShimName = "libtreeserve_spm.so";
 // ASan refuses RTLD_DEEPBIND (it would bypass its malloc interceptors) and aborts the
 // process. Sanitizer builds therefore load the shim without it; they cannot isolate
 // sentencepiece's protobuf from gRPC's, so a sanitized binary that also links gRPC
-// must not load a tokenizer (tests/models skips that one test under ASan).
+// must not load a tokenizer under ASan (models_tests links no gRPC, so its tokenizer
+// tests do run sanitized).
 #ifdef TREESERVE_TOKENIZER_ASAN
 constexpr int kDlopenFlags = RTLD_NOW | RTLD_LOCAL;
 #else

@@ -14,9 +14,13 @@
 #include <thread>
 
 #include "common/metrics.h"
+#include "engine/backend.h"
 #include "kernels/kv_layout.h"
+#include "models/llama_weights.h"
 #include "models/model_config.h"
+#include "models/safetensors.h"
 #include "models/tokenizer.h"
+#include "scheduler/scheduler.h"
 #include "server/config.h"
 #include "server/metrics_http.h"
 #include "server/treeserve_service.h"
@@ -146,7 +150,30 @@ int run_treeserve(int argc, char** argv) {
   info.page_size = config.kv_cache.page_size;
   info.kv_pages_total = pages;
 
-  TreeServeService service(config, tokenizer->get(), info);
+  // The model runtime and the scheduler that drives it.
+  MetricsRegistry metrics_registry;
+  ServerMetrics metrics(&metrics_registry);
+  std::unique_ptr<Backend> engine;
+  {
+    auto reader = SafetensorsReader::open_dir(config.model.dir);
+    if (!reader.ok()) return fail(reader.status());
+    auto weights = load_llama_weights(*model_config, *reader);
+    if (!weights.ok()) return fail(weights.status());
+    CpuBackendOptions cpu;
+    cpu.num_pages = pages;
+    cpu.page_size = config.kv_cache.page_size;
+    cpu.num_threads = config.engine.cpu_threads;
+    auto created = create_cpu_backend(*model_config, *weights, cpu);
+    if (!created.ok()) return fail(created.status());
+    engine = std::move(*created);
+  }
+  SchedulerOptions sched;
+  sched.max_live_trees = config.limits.max_live_trees;
+  sched.prefix_sharing = config.kv_cache.prefix_sharing;
+  auto scheduler = Scheduler::create(engine.get(), tokenizer->get(), sched, &metrics);
+  if (!scheduler.ok()) return fail(scheduler.status());
+
+  TreeServeService service(config, tokenizer->get(), info, scheduler->get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -169,8 +196,6 @@ int run_treeserve(int argc, char** argv) {
       selected_port, pages, layout.page_size, pages * layout.page_size,
       config.kv_cache.memory_bytes >> 20);
 
-  MetricsRegistry metrics_registry;
-  ServerMetrics metrics(&metrics_registry);
   MetricsHttpServer metrics_http(&metrics_registry);
   if (!config.server.metrics_listen.empty()) {
     if (Status s = metrics_http.start(config.server.metrics_listen); !s.ok()) {
@@ -185,11 +210,31 @@ int run_treeserve(int argc, char** argv) {
     sigwait(&signals, &sig);
     spdlog::info("received {}, shutting down (grace {} ms)", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                  config.server.shutdown_grace_ms);
-    server->Shutdown(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(config.server.shutdown_grace_ms));
+    // Drain: refuse new calls, let in-flight ones finish within the grace period, then end
+    // what is left (streams close UNAVAILABLE, their branches FINISH_CANCELLED). gRPC's own
+    // Shutdown(deadline) would also wait for idle client connections, so it is called only
+    // once no call is left.
+    service.begin_drain();
+    server->GetHealthCheckService()->SetServingStatus(false);
+    const auto grace_end = std::chrono::steady_clock::now() +
+                           std::chrono::milliseconds(config.server.shutdown_grace_ms);
+    while (service.active_calls() > 0 && std::chrono::steady_clock::now() < grace_end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (service.active_calls() > 0) {
+      spdlog::warn("{} calls still running after the grace period: cancelling them",
+                   service.active_calls());
+    }
+    (*scheduler)->shutdown();
+    const auto cancel_end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (service.active_calls() > 0 && std::chrono::steady_clock::now() < cancel_end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
   });
   server->Wait();
   waiter.join();
+  (*scheduler)->shutdown();
   metrics_http.stop();
   spdlog::info("treeserve stopped");
   return 0;

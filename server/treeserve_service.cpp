@@ -1,28 +1,58 @@
-// TreeServe method bodies. Tree operations are served by the scheduler (issue 7); until it
-// lands they answer UNIMPLEMENTED with a message saying so.
+// TreeServe method bodies: request validation (API.md's error table) and the translation
+// between protobuf messages and scheduler calls.
 #include "server/treeserve_service.h"
 
 #include <spdlog/spdlog.h>
 
 #include "models/tokenizer.h"
+#include "scheduler/scheduler.h"
 #include "server/grpc_status.h"
 
 namespace treeserve {
 
 namespace {
-grpc::Status not_yet(const char* method) {
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      std::string(method) +
-                          " is not implemented yet in this build of treeserve (tree operations "
-                          "arrive with the scheduler)");
+
+constexpr std::chrono::milliseconds kStreamPoll{20};
+
+v1::FinishReason to_proto(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone:
+      return v1::FINISH_NONE;
+    case FinishReason::kLength:
+      return v1::FINISH_LENGTH;
+    case FinishReason::kStop:
+      return v1::FINISH_STOP;
+    case FinishReason::kEos:
+      return v1::FINISH_EOS;
+    case FinishReason::kPruned:
+      return v1::FINISH_PRUNED;
+    case FinishReason::kCancelled:
+      return v1::FINISH_CANCELLED;
+  }
+  return v1::FINISH_NONE;
 }
+
 }  // namespace
 
+// Counts a call in flight for the graceful shutdown, and refuses new ones while draining.
+class CallScope {
+ public:
+  explicit CallScope(TreeServeService* s) : s_(s) { ++s_->active_calls_; }
+  ~CallScope() { --s_->active_calls_; }
+  bool draining() const { return s_->draining_.load(); }
+
+ private:
+  TreeServeService* s_;
+};
+
 TreeServeService::TreeServeService(const TreeserveConfig& config, const Tokenizer* tokenizer,
-                                   ServingInfo info)
-    : config_(config), tokenizer_(tokenizer), info_(std::move(info)) {}
+                                   ServingInfo info, Scheduler* scheduler)
+    : config_(config), tokenizer_(tokenizer), info_(std::move(info)), scheduler_(scheduler) {}
 
 grpc::Status TreeServeService::check_auth(const grpc::ServerContext* context) const {
+  if (draining_.load()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+  }
   if (config_.server.auth_token.empty()) return grpc::Status::OK;
   const auto& md = context->client_metadata();
   auto it = md.find("authorization");
@@ -37,51 +67,259 @@ grpc::Status TreeServeService::check_auth(const grpc::ServerContext* context) co
   return grpc::Status::OK;
 }
 
-grpc::Status TreeServeService::CreateTree(grpc::ServerContext* ctx, const v1::CreateTreeRequest*,
-                                          v1::CreateTreeResponse*) {
-  if (auto s = check_auth(ctx); !s.ok()) return s;
-  return not_yet("CreateTree");
+Status TreeServeService::check_ids(const std::string& field,
+                                   const std::vector<int32_t>& ids) const {
+  const int32_t vocab = tokenizer_->vocab_size();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return InvalidArgument(field + "[" + std::to_string(i) + "]: token id " +
+                             std::to_string(ids[i]) + " is outside the vocabulary [0, " +
+                             std::to_string(vocab) + ")");
+    }
+  }
+  return Status::Ok();
 }
 
-grpc::Status TreeServeService::Branch(grpc::ServerContext* ctx, const v1::BranchRequest*,
-                                      v1::BranchResponse*) {
-  if (auto s = check_auth(ctx); !s.ok()) return s;
-  return not_yet("Branch");
+// Text prompts are tokenized with the model's BOS first (as Hugging Face does); token
+// prompts are used exactly as given. `bos` is false for text appended to a branch.
+StatusOr<std::vector<int32_t>> TreeServeService::resolve_prompt(const std::string& field,
+                                                                const v1::Prompt& prompt,
+                                                                bool bos) const {
+  std::vector<int32_t> ids;
+  if (prompt.has_tokens()) {
+    ids.assign(prompt.tokens().ids().begin(), prompt.tokens().ids().end());
+    TS_RETURN_IF_ERROR(check_ids(field + ".tokens.ids", ids));
+  } else if (!prompt.text().empty()) {
+    StatusOr<std::vector<int32_t>> enc = tokenizer_->encode(prompt.text());
+    if (!enc.ok()) return enc.status();
+    if (bos && tokenizer_->bos_id() >= 0) ids.push_back(tokenizer_->bos_id());
+    ids.insert(ids.end(), enc->begin(), enc->end());
+  }
+  if (ids.empty()) return InvalidArgument(field + ": must not be empty");
+  if (static_cast<int64_t>(ids.size()) > config_.limits.max_prompt_tokens) {
+    return InvalidArgument(field + ": " + std::to_string(ids.size()) +
+                           " tokens is over the limit of " +
+                           std::to_string(config_.limits.max_prompt_tokens));
+  }
+  return ids;
 }
 
-grpc::Status TreeServeService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest*,
-                                        grpc::ServerWriter<v1::GenerateResponse>*) {
-  if (auto s = check_auth(ctx); !s.ok()) return s;
-  return not_yet("Generate");
+StatusOr<SamplingParams> TreeServeService::resolve_sampling(const v1::SamplingParams& p,
+                                                            GenerateSpec* spec) const {
+  SamplingParams out;
+  out.temperature = p.temperature();
+  out.top_k = p.top_k();
+  out.top_p = p.top_p() == 0.0f ? 1.0f : p.top_p();  // API: 0 or 1 = off
+  out.seed = p.seed();
+  out.logprobs = p.logprobs();
+  Status valid = validate_sampling_params(out);
+  if (!valid.ok()) return InvalidArgument("sampling." + valid.message());
+  if (spec) {
+    if (p.max_tokens() < 0 || p.max_tokens() > config_.limits.max_tokens) {
+      return InvalidArgument("sampling.max_tokens: " + std::to_string(p.max_tokens()) +
+                             " is outside [0, " + std::to_string(config_.limits.max_tokens) +
+                             "] (0 = the server default)");
+    }
+    if (p.stop_size() > config_.limits.max_stop_strings) {
+      return InvalidArgument("sampling.stop: at most " +
+                             std::to_string(config_.limits.max_stop_strings) + " stop strings");
+    }
+    for (int i = 0; i < p.stop_size(); ++i) {
+      if (p.stop(i).empty()) {
+        return InvalidArgument("sampling.stop[" + std::to_string(i) + "]: must not be empty");
+      }
+    }
+    std::vector<int32_t> stop_ids(p.stop_token_ids().begin(), p.stop_token_ids().end());
+    TS_RETURN_IF_ERROR(check_ids("sampling.stop_token_ids", stop_ids));
+    spec->max_tokens = p.max_tokens();
+    spec->stop.assign(p.stop().begin(), p.stop().end());
+    spec->stop_token_ids = std::move(stop_ids);
+  }
+  return out;
 }
 
-grpc::Status TreeServeService::Prune(grpc::ServerContext* ctx, const v1::PruneRequest*,
-                                     v1::PruneResponse*) {
+grpc::Status TreeServeService::CreateTree(grpc::ServerContext* ctx,
+                                          const v1::CreateTreeRequest* request,
+                                          v1::CreateTreeResponse* response) {
+  CallScope scope(this);
   if (auto s = check_auth(ctx); !s.ok()) return s;
-  return not_yet("Prune");
+  StatusOr<std::vector<int32_t>> prompt = resolve_prompt("prompt", request->prompt(), true);
+  if (!prompt.ok()) return to_grpc(prompt.status());
+  StatusOr<CreateTreeResult> r = scheduler_->create_tree(std::move(*prompt));
+  if (!r.ok()) return to_grpc(r.status());
+  response->set_tree_id(r->tree_id);
+  response->set_root_branch_id(r->root_branch_id);
+  response->set_prompt_tokens(r->prompt_tokens);
+  response->set_cached_tokens(r->cached_tokens);
+  spdlog::debug("tree={} created: {} prompt tokens, {} cached", r->tree_id, r->prompt_tokens,
+                r->cached_tokens);
+  return grpc::Status::OK;
 }
 
-grpc::Status TreeServeService::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest*,
-                                      v1::VerifyResponse*) {
+grpc::Status TreeServeService::Branch(grpc::ServerContext* ctx, const v1::BranchRequest* request,
+                                      v1::BranchResponse* response) {
+  CallScope scope(this);
   if (auto s = check_auth(ctx); !s.ok()) return s;
-  return not_yet("Verify");
+  if (request->n() < 1 || request->n() > config_.limits.max_n) {
+    return grpc_invalid("n: " + std::to_string(request->n()) + " is outside [1, " +
+                        std::to_string(config_.limits.max_n) + "]");
+  }
+  if (request->at_offset() < 0) return grpc_invalid("at_offset: must be >= 0");
+  StatusOr<std::vector<std::string>> ids = scheduler_->branch(
+      request->tree_id(), request->branch_id(), request->n(), request->at_offset());
+  if (!ids.ok()) return to_grpc(ids.status());
+  for (const std::string& id : *ids) response->add_branch_ids(id);
+  return grpc::Status::OK;
 }
 
-grpc::Status TreeServeService::GetTree(grpc::ServerContext* ctx, const v1::GetTreeRequest*,
-                                       v1::TreeInfo*) {
+grpc::Status TreeServeService::Generate(grpc::ServerContext* ctx,
+                                        const v1::GenerateRequest* request,
+                                        grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  CallScope scope(this);
   if (auto s = check_auth(ctx); !s.ok()) return s;
-  return not_yet("GetTree");
+  GenerateSpec spec;
+  StatusOr<SamplingParams> sampling = resolve_sampling(request->sampling(), &spec);
+  if (!sampling.ok()) return to_grpc(sampling.status());
+  spec.sampling = *sampling;
+  if (request->tree_id().empty()) {
+    if (request->branch_ids_size() > 0) {
+      return grpc_invalid("branch_ids: only with tree_id (a one-shot Generate has no branches)");
+    }
+    if (request->has_append()) return grpc_invalid("append: only with tree_id; use prompt");
+    if (request->n() < 0 || request->n() > config_.limits.max_n) {
+      return grpc_invalid("n: " + std::to_string(request->n()) + " is outside [1, " +
+                          std::to_string(config_.limits.max_n) + "] (0 = 1)");
+    }
+    StatusOr<std::vector<int32_t>> prompt = resolve_prompt("prompt", request->prompt(), true);
+    if (!prompt.ok()) return to_grpc(prompt.status());
+    spec.prompt = std::move(*prompt);
+    spec.n = request->n() == 0 ? 1 : request->n();
+  } else {
+    if (request->has_prompt()) {
+      return grpc_invalid("prompt: only for a one-shot Generate (no tree_id); use append");
+    }
+    if (request->n() != 0) return grpc_invalid("n: only for a one-shot Generate; use Branch");
+    if (request->branch_ids_size() == 0) {
+      return grpc_invalid("branch_ids: name at least one branch of tree " + request->tree_id());
+    }
+    if (request->branch_ids_size() > config_.limits.max_n) {
+      return grpc_invalid("branch_ids: at most " + std::to_string(config_.limits.max_n));
+    }
+    spec.tree_id = request->tree_id();
+    spec.branch_ids.assign(request->branch_ids().begin(), request->branch_ids().end());
+    if (request->has_append()) {
+      StatusOr<std::vector<int32_t>> append = resolve_prompt("append", request->append(), false);
+      if (!append.ok()) return to_grpc(append.status());
+      spec.append = std::move(*append);
+    }
+  }
+  StatusOr<std::shared_ptr<GenerateStream>> stream = scheduler_->generate(std::move(spec));
+  if (!stream.ok()) return to_grpc(stream.status());
+
+  // Relay events until the stream ends. A dropped client or a passed deadline cancels the
+  // call's branches; their FINISH_CANCELLED events are drained before returning.
+  bool cancelled = false;
+  bool writable = true;
+  TokenEvent ev;
+  Status final_status;
+  for (;;) {
+    GenerateStream::Wait w = (*stream)->next(&ev, &final_status, kStreamPoll);
+    if (w == GenerateStream::Wait::kEnd) break;
+    if (w == GenerateStream::Wait::kEvent && writable) {
+      v1::GenerateResponse out;
+      out.set_branch_id(ev.branch_id);
+      out.set_token_id(ev.token_id);
+      out.set_text(ev.text);
+      out.set_logprob(ev.logprob);
+      for (const TokenLogprob& t : ev.top_logprobs) {
+        v1::TopLogprob* tl = out.add_top_logprobs();
+        tl->set_token_id(t.token);
+        tl->set_logprob(t.logprob);
+      }
+      out.set_finish_reason(to_proto(ev.finish));
+      writable = writer->Write(out);
+    }
+    if (!cancelled && (!writable || ctx->IsCancelled())) {
+      cancelled = true;
+      (*stream)->cancel();
+    }
+  }
+  if (cancelled) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "the client cancelled the call or its "
+                        "deadline passed; its branches stopped");
+  }
+  return to_grpc(final_status);
 }
 
-grpc::Status TreeServeService::DeleteTree(grpc::ServerContext* ctx, const v1::DeleteTreeRequest*,
-                                          v1::DeleteTreeResponse*) {
+grpc::Status TreeServeService::Prune(grpc::ServerContext* ctx, const v1::PruneRequest* request,
+                                     v1::PruneResponse* response) {
+  CallScope scope(this);
   if (auto s = check_auth(ctx); !s.ok()) return s;
-  return not_yet("DeleteTree");
+  std::vector<std::string> ids(request->branch_ids().begin(), request->branch_ids().end());
+  StatusOr<PruneSummary> r = scheduler_->prune(request->tree_id(), ids, request->retain_kv());
+  if (!r.ok()) return to_grpc(r.status());
+  response->set_pruned_branches(r->pruned_branches);
+  response->set_freed_tokens(r->freed_tokens);
+  return grpc::Status::OK;
+}
+
+grpc::Status TreeServeService::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* request,
+                                      v1::VerifyResponse* response) {
+  CallScope scope(this);
+  if (auto s = check_auth(ctx); !s.ok()) return s;
+  std::vector<int32_t> tokens(request->tokens().begin(), request->tokens().end());
+  std::vector<int32_t> parents(request->parents().begin(), request->parents().end());
+  if (tokens.empty()) return grpc_invalid("tokens: must not be empty");
+  if (static_cast<int32_t>(tokens.size()) > config_.limits.max_verify_tokens) {
+    return grpc_invalid("tokens: " + std::to_string(tokens.size()) + " is over the limit of " +
+                        std::to_string(config_.limits.max_verify_tokens));
+  }
+  if (Status s = check_ids("tokens", tokens); !s.ok()) return to_grpc(s);
+  StatusOr<SamplingParams> sampling = resolve_sampling(request->sampling(), nullptr);
+  if (!sampling.ok()) return to_grpc(sampling.status());
+  StatusOr<VerifyResult> r = scheduler_->verify(request->tree_id(), request->branch_id(),
+                                                std::move(tokens), std::move(parents), *sampling);
+  if (!r.ok()) return to_grpc(r.status());
+  response->mutable_accepted_tokens()->Add(r->accepted_tokens.begin(), r->accepted_tokens.end());
+  response->set_bonus_token(r->bonus_token);
+  return grpc::Status::OK;
+}
+
+grpc::Status TreeServeService::GetTree(grpc::ServerContext* ctx, const v1::GetTreeRequest* request,
+                                       v1::TreeInfo* response) {
+  CallScope scope(this);
+  if (auto s = check_auth(ctx); !s.ok()) return s;
+  StatusOr<TreeSummary> r = scheduler_->get_tree(request->tree_id());
+  if (!r.ok()) return to_grpc(r.status());
+  response->set_tree_id(r->tree_id);
+  for (const BranchSummary& b : r->branches) {
+    v1::BranchInfo* info = response->add_branches();
+    info->set_branch_id(b.branch_id);
+    info->set_parent_branch_id(b.parent_branch_id);
+    info->set_length(b.length);
+    info->set_live(b.live);
+  }
+  response->set_total_tokens(r->total_tokens);
+  response->set_kv_pages(r->kv_pages);
+  return grpc::Status::OK;
+}
+
+grpc::Status TreeServeService::DeleteTree(grpc::ServerContext* ctx,
+                                          const v1::DeleteTreeRequest* request,
+                                          v1::DeleteTreeResponse* response) {
+  CallScope scope(this);
+  if (auto s = check_auth(ctx); !s.ok()) return s;
+  StatusOr<int64_t> freed = scheduler_->delete_tree(request->tree_id());
+  if (!freed.ok()) return to_grpc(freed.status());
+  response->set_freed_tokens(*freed);
+  return grpc::Status::OK;
 }
 
 grpc::Status TreeServeService::Tokenize(grpc::ServerContext* ctx,
                                         const v1::TokenizeRequest* request,
                                         v1::TokenizeResponse* response) {
+  CallScope scope(this);
   if (auto s = check_auth(ctx); !s.ok()) return s;
   if (request->text().empty()) return grpc_invalid("text: must not be empty");
   auto ids = tokenizer_->encode(request->text());
@@ -93,6 +331,7 @@ grpc::Status TreeServeService::Tokenize(grpc::ServerContext* ctx,
 grpc::Status TreeServeService::Detokenize(grpc::ServerContext* ctx,
                                           const v1::DetokenizeRequest* request,
                                           v1::DetokenizeResponse* response) {
+  CallScope scope(this);
   if (auto s = check_auth(ctx); !s.ok()) return s;
   const int32_t vocab = tokenizer_->vocab_size();
   std::vector<int32_t> ids(request->ids().begin(), request->ids().end());
@@ -111,16 +350,20 @@ grpc::Status TreeServeService::Detokenize(grpc::ServerContext* ctx,
 grpc::Status TreeServeService::GetServerInfo(grpc::ServerContext* ctx,
                                              const v1::GetServerInfoRequest*,
                                              v1::ServerInfo* response) {
+  CallScope scope(this);
   if (auto s = check_auth(ctx); !s.ok()) return s;
   response->set_model(info_.model_name);
   response->set_backend(info_.backend);
   response->set_tensor_parallel(info_.tensor_parallel);
   response->set_page_size(info_.page_size);
   response->set_kv_pages_total(info_.kv_pages_total);
-  response->set_kv_pages_free(info_.kv_pages_total);
-  response->set_radix_cached_tokens(0);
-  response->set_live_trees(0);
-  response->set_live_branches(0);
+  SchedulerStats st = scheduler_->stats();
+  response->set_kv_pages_free(st.kv_pages_free);
+  response->set_kv_pages_evictable(st.kv_pages_evictable);
+  response->set_radix_cached_tokens(st.radix_cached_tokens);
+  response->set_live_trees(st.live_trees);
+  response->set_live_branches(st.live_branches);
+  response->set_decode_steps(st.steps);
   return grpc::Status::OK;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "proto/treeserve.grpc.pb.h"
+#include "scheduler/scheduler.h"
 #include "server/config.h"
 
 namespace treeserve {
@@ -25,7 +26,8 @@ struct ServingInfo {
 
 class TreeServeService final : public treeserve::v1::TreeServe::Service {
  public:
-  TreeServeService(const TreeserveConfig& config, const Tokenizer* tokenizer, ServingInfo info);
+  TreeServeService(const TreeserveConfig& config, const Tokenizer* tokenizer, ServingInfo info,
+                   Scheduler* scheduler);
 
   grpc::Status CreateTree(grpc::ServerContext*, const v1::CreateTreeRequest*,
                           v1::CreateTreeResponse*) override;
@@ -44,13 +46,26 @@ class TreeServeService final : public treeserve::v1::TreeServe::Service {
   grpc::Status GetServerInfo(grpc::ServerContext*, const v1::GetServerInfoRequest*,
                              v1::ServerInfo*) override;
 
+  // Graceful shutdown: from now on new calls get UNAVAILABLE; in-flight ones go on.
+  void begin_drain() { draining_ = true; }
+  int active_calls() const { return active_calls_.load(); }
+
  private:
   // UNAUTHENTICATED unless auth is off or the call carries "authorization: Bearer <token>".
   grpc::Status check_auth(const grpc::ServerContext* context) const;
+  Status check_ids(const std::string& field, const std::vector<int32_t>& ids) const;
+  StatusOr<std::vector<int32_t>> resolve_prompt(const std::string& field, const v1::Prompt& prompt,
+                                                bool bos) const;
+  // Validated sampling parameters; with spec, also its max_tokens and stop conditions.
+  StatusOr<SamplingParams> resolve_sampling(const v1::SamplingParams& p, GenerateSpec* spec) const;
 
   const TreeserveConfig config_;
   const Tokenizer* tokenizer_;
   const ServingInfo info_;
+  Scheduler* scheduler_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int> active_calls_{0};
+  friend class CallScope;
 };
 
 }  // namespace treeserve

@@ -62,7 +62,8 @@ inline std::string safetensors_bytes(const std::vector<TestTensor>& tensors,
   for (const TestTensor& t : tensors) {
     header += ",\"" + t.name + "\":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
     for (size_t i = 0; i < t.shape.size(); ++i) {
-      header += (i ? "," : "") + std::to_string(t.shape[i]);
+      if (i > 0) header += ',';  // not `(i ? "," : "") + ...`: GCC 12 -Wrestrict false positive
+      header += std::to_string(t.shape[i]);
     }
     header += "],\"data_offsets\":[" + std::to_string(data.size()) + "," +
               std::to_string(data.size() + t.bytes.size()) + "]}";

@@ -1,0 +1,213 @@
+// Scheduler internals shared by scheduler.cpp (commands) and step.cpp (the step loop).
+// Everything here is owned and touched by the loop thread only, except the command queue.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/backend.h"
+#include "engine/sampling.h"
+#include "engine/step_batch.h"
+#include "kvcache/kv_cache.h"
+#include "models/detokenizer.h"
+#include "scheduler/scheduler.h"
+
+namespace treeserve {
+
+struct Tree;
+struct GenerateJob;
+struct PrefillJob;
+struct VerifyJob;
+
+// What a branch is doing this step; at most one activity at a time.
+enum class Activity { kIdle, kPrefill, kGenerate, kVerify };
+
+struct SchedBranch {
+  std::string id;      // "b<index>"
+  int32_t index = 0;   // within its tree: the sampling stream key
+  std::string parent;  // "" for the root
+  int32_t fork_offset = 0;
+  Tree* tree = nullptr;
+  bool live = true;
+  std::optional<BranchId> kv;    // absent while the branch has no KV tokens yet
+  int32_t kv_len = 0;            // tokens in kvcache
+  std::vector<int32_t> pending;  // tokens after them, KV not computed; never empty when live
+  Activity activity = Activity::kIdle;
+  GenerateJob* job = nullptr;
+  PrefillJob* prefill = nullptr;
+  VerifyJob* verify = nullptr;
+
+  int32_t length() const { return kv_len + static_cast<int32_t>(pending.size()); }
+};
+
+struct Tree {
+  std::string id;
+  bool one_shot = false;
+  int32_t next_index = 0;
+  std::vector<std::unique_ptr<SchedBranch>> branches;  // index order
+  std::map<std::string, SchedBranch*> by_id;
+  int32_t live_branches = 0;
+};
+
+// CreateTree: computes KV of prompt[0, L-1) in chunks; completes when only the last token
+// remains pending.
+struct PrefillJob {
+  SchedBranch* branch = nullptr;
+  int32_t prompt_tokens = 0;
+  int32_t cached_tokens = 0;
+  std::function<void(StatusOr<CreateTreeResult>)> done;
+};
+
+struct GenerateBranchState {
+  SchedBranch* branch = nullptr;
+  std::string branch_id;  // kept after the branch is pruned
+  int32_t generated = 0;
+  bool finished = false;
+  std::unique_ptr<IncrementalDetokenizer> detok;
+  std::string text;  // this call's text so far (stop-string search)
+  std::chrono::steady_clock::time_point last_token_time;
+};
+
+struct GenerateJob {
+  uint64_t seq = 0;  // identifies the job to a late cancel()
+  std::shared_ptr<GenerateStream> stream;
+  Tree* tree = nullptr;
+  bool one_shot = false;
+  SamplingParams sampling;
+  int32_t max_tokens = 0;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  std::vector<GenerateBranchState> branches;
+  int32_t unfinished = 0;
+  bool waiting_prefill = false;  // one-shot n > 1: the prompt is prefilled before the fork
+  std::chrono::steady_clock::time_point start;
+  bool first_token_seen = false;
+};
+
+struct VerifyJob {
+  SchedBranch* branch = nullptr;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> parents;
+  SamplingParams sampling;
+  std::function<void(StatusOr<VerifyResult>)> done;
+};
+
+// Per-step bookkeeping of one branch's rows.
+struct StepEntry {
+  SchedBranch* branch = nullptr;
+  int32_t first_row = 0;
+  int32_t num_rows = 0;           // pending tokens run this step
+  int32_t logit_index = -1;       // into Logits rows: the last pending row's logits, or -1
+  int32_t draft_rows = 0;         // verify: draft rows after the pending rows
+  int32_t draft_logits = -1;      // verify: logits index of the first draft
+  int32_t kv_len_before = 0;      // for rollback on a failed forward
+  bool created_kv = false;        // the kv branch was created this step
+  std::vector<int32_t> consumed;  // the pending tokens this step moved into KV
+};
+
+class Scheduler::Impl {
+ public:
+  Impl(Backend* backend, const Tokenizer* tokenizer, const SchedulerOptions& options,
+       ServerMetrics* metrics, std::unique_ptr<KvCache> kv);
+  ~Impl();
+
+  // Runs fn on the loop thread and waits for the result it reports through `done`.
+  template <typename T>
+  StatusOr<T> call(std::function<void(std::function<void(StatusOr<T>)>)> fn);
+  void post(std::function<void()> fn);
+  void stop();
+
+  // Commands (loop thread).
+  void cmd_create_tree(std::vector<int32_t> prompt,
+                       std::function<void(StatusOr<CreateTreeResult>)> done);
+  StatusOr<std::vector<std::string>> cmd_branch(const std::string& tree_id,
+                                                const std::string& branch_id, int32_t n,
+                                                int32_t at_offset);
+  Status cmd_generate(GenerateSpec spec, std::shared_ptr<GenerateStream> stream);
+  StatusOr<PruneSummary> cmd_prune(const std::string& tree_id, const std::vector<std::string>& ids,
+                                   bool retain_kv);
+  void cmd_verify(const std::string& tree_id, const std::string& branch_id,
+                  std::vector<int32_t> tokens, std::vector<int32_t> parents,
+                  SamplingParams sampling, std::function<void(StatusOr<VerifyResult>)> done);
+  StatusOr<TreeSummary> cmd_get_tree(const std::string& tree_id);
+  StatusOr<int64_t> cmd_delete_tree(const std::string& tree_id);
+  SchedulerStats cmd_stats();
+  void cmd_cancel(uint64_t job_seq);
+  void start_one_shot(GenerateJob* job, Tree* tree, SchedBranch* root, int32_t n, Status status);
+
+  // Helpers (loop thread).
+  StatusOr<Tree*> find_tree(const std::string& id);
+  StatusOr<SchedBranch*> find_branch(Tree* tree, const std::string& id);
+  SchedBranch* add_branch(Tree* tree, const std::string& parent, int32_t fork_offset);
+  // Ends a branch: its job (if any) gets `reason`, its KV is released or kept as cache.
+  // Returns the tokens it gave up.
+  int64_t end_branch(SchedBranch* b, bool retain_kv, FinishReason reason);
+  void finish_job_branch(GenerateJob* job, GenerateBranchState& st, FinishReason reason,
+                         const TokenEvent* last);
+  void maybe_close_job(GenerateJob* job, Status status);
+  void remove_tree(Tree* tree, bool retain_kv, int64_t* freed);
+  int32_t pages_for(int64_t tokens) const;
+  void update_gauges();
+
+  // The step loop (step.cpp).
+  void loop();
+  bool has_work() const;
+  // Builds and runs one step; false when no work could run.
+  bool step();
+  // Adds rows for `b` (its first `count` pending tokens); false if KV pages are short.
+  bool add_rows(SchedBranch* b, int32_t count, bool want_logits, StepEntry* entry);
+  void rollback(const StepEntry& e);
+  void fail_stalled(const Status& status);
+  void after_prefill(StepEntry& e);
+  void after_generate(StepEntry& e);
+  void after_verify(StepEntry& e);
+  SampledToken sample(int32_t logit_index, const SamplingParams& params, const SchedBranch* b,
+                      int64_t position);
+
+  Backend* backend_;
+  const Tokenizer* tokenizer_;
+  SchedulerOptions options_;
+  ServerMetrics* metrics_;
+  std::unique_ptr<KvCache> kv_;
+  std::vector<int32_t> eos_ids_;
+  int64_t vocab_ = 0;
+
+  std::map<std::string, std::unique_ptr<Tree>> trees_;
+  int64_t next_tree_ = 0;
+  uint64_t next_job_seq_ = 1;
+  std::vector<std::unique_ptr<PrefillJob>> prefills_;
+  std::vector<std::unique_ptr<GenerateJob>> jobs_;
+  std::vector<std::unique_ptr<VerifyJob>> verifies_;
+  // KV moves/copies decided between steps, performed at the start of the next step.
+  std::vector<StepSlotMove> deferred_moves_;
+  std::vector<StepPageCopy> deferred_copies_;
+  int64_t steps_ = 0;
+  int32_t stalled_steps_ = 0;
+
+  // Step scratch, reused.
+  StepBatch batch_;
+  Logits logits_;
+  std::vector<StepEntry> entries_;
+  std::vector<ViewQuery> view_queries_;
+  std::vector<KvSlot> slots_;
+  SamplingScratch sampling_scratch_;
+
+  // Command queue.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> commands_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace treeserve

@@ -1,0 +1,756 @@
+// Scheduler commands: the tree and branch operations, run on the loop thread between steps.
+// The step itself (batching, forward, sampling, stop conditions) is in step.cpp.
+#include "scheduler/scheduler.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <future>
+#include <set>
+
+#include "common/metrics.h"
+#include "models/tokenizer.h"
+#include "scheduler/detail/scheduler_impl.h"
+
+namespace treeserve {
+
+// ---------------------------------------------------------------- GenerateStream
+
+GenerateStream::Wait GenerateStream::next(TokenEvent* event, Status* final_status,
+                                          std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty() || closed_; })) {
+    return Wait::kTimeout;
+  }
+  if (!events_.empty()) {
+    *event = std::move(events_.front());
+    events_.pop_front();
+    return Wait::kEvent;
+  }
+  *final_status = final_;
+  return Wait::kEnd;
+}
+
+void GenerateStream::cancel() {
+  std::function<void()> fn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    fn = std::move(on_cancel_);
+    on_cancel_ = nullptr;
+  }
+  if (fn) fn();
+}
+
+void GenerateStream::push(TokenEvent event) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(event));
+  }
+  cv_.notify_all();
+}
+
+void GenerateStream::close(Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+    final_ = std::move(status);
+    on_cancel_ = nullptr;
+  }
+  cv_.notify_all();
+}
+
+// ---------------------------------------------------------------- Impl plumbing
+
+Scheduler::Impl::Impl(Backend* backend, const Tokenizer* tokenizer, const SchedulerOptions& options,
+                      ServerMetrics* metrics, std::unique_ptr<KvCache> kv)
+    : backend_(backend),
+      tokenizer_(tokenizer),
+      options_(options),
+      metrics_(metrics),
+      kv_(std::move(kv)) {
+  const ModelConfig& mc = backend_->model_config();
+  vocab_ = mc.vocab_size;
+  for (int64_t id : mc.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
+  if (eos_ids_.empty() && tokenizer_ && tokenizer_->eos_id() >= 0) {
+    eos_ids_.push_back(tokenizer_->eos_id());
+  }
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::Impl::~Impl() { stop(); }
+
+void Scheduler::Impl::post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    commands_.push_back(std::move(fn));
+  }
+  cv_.notify_one();
+}
+
+template <typename T>
+StatusOr<T> Scheduler::Impl::call(std::function<void(std::function<void(StatusOr<T>)>)> fn) {
+  auto promise = std::make_shared<std::promise<StatusOr<T>>>();
+  std::future<StatusOr<T>> result = promise->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return Unavailable("the server is shutting down");
+    commands_.push_back([fn = std::move(fn), promise] {
+      fn([promise](StatusOr<T> r) { promise->set_value(std::move(r)); });
+    });
+  }
+  cv_.notify_one();
+  return result.get();
+}
+
+void Scheduler::Impl::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+StatusOr<Tree*> Scheduler::Impl::find_tree(const std::string& id) {
+  auto it = trees_.find(id);
+  if (it == trees_.end()) return NotFound("tree_id: unknown tree '" + id + "'");
+  return it->second.get();
+}
+
+StatusOr<SchedBranch*> Scheduler::Impl::find_branch(Tree* tree, const std::string& id) {
+  auto it = tree->by_id.find(id);
+  if (it == tree->by_id.end()) {
+    return NotFound("branch_id: unknown branch '" + id + "' in tree " + tree->id);
+  }
+  return it->second;
+}
+
+SchedBranch* Scheduler::Impl::add_branch(Tree* tree, const std::string& parent,
+                                         int32_t fork_offset) {
+  auto b = std::make_unique<SchedBranch>();
+  b->index = tree->next_index++;
+  b->id = "b" + std::to_string(b->index);
+  b->parent = parent;
+  b->fork_offset = fork_offset;
+  b->tree = tree;
+  SchedBranch* raw = b.get();
+  tree->by_id[raw->id] = raw;
+  tree->branches.push_back(std::move(b));
+  ++tree->live_branches;
+  return raw;
+}
+
+int32_t Scheduler::Impl::pages_for(int64_t tokens) const {
+  const int64_t ps = kv_->page_size();
+  return static_cast<int32_t>((tokens + ps - 1) / ps);
+}
+
+void Scheduler::Impl::update_gauges() {
+  if (!metrics_) return;
+  KvCacheStats s = kv_->stats();
+  metrics_->kv_cache_usage_perc->set(
+      s.pages_total ? double(s.pages_total - s.pages_free) / s.pages_total : 0.0);
+  metrics_->radix_nodes->set(static_cast<double>(s.radix_nodes));
+  int64_t live = 0;
+  for (auto& [id, t] : trees_) live += t->live_branches;
+  metrics_->live_branches->set(static_cast<double>(live));
+  metrics_->num_requests_running->set(static_cast<double>(jobs_.size() + verifies_.size()));
+  metrics_->num_requests_waiting->set(static_cast<double>(prefills_.size()));
+}
+
+// Ends the branch for good: its stream (if generating) learns why, pending work fails, and
+// its KV pages go back to the pool (or stay as evictable cache with retain_kv).
+int64_t Scheduler::Impl::end_branch(SchedBranch* b, bool retain_kv, FinishReason reason) {
+  if (!b->live) return 0;
+  if (b->job) {
+    GenerateJob* job = b->job;
+    for (GenerateBranchState& st : job->branches) {
+      if (st.branch == b && !st.finished) finish_job_branch(job, st, reason, nullptr);
+    }
+  }
+  if (b->verify) {
+    VerifyJob* v = b->verify;
+    v->done(FailedPrecondition("branch_id: branch " + b->id + " was pruned during Verify"));
+    v->done = nullptr;
+    b->verify = nullptr;
+  }
+  if (b->prefill) {
+    PrefillJob* p = b->prefill;
+    p->done(Cancelled("tree creation was cancelled"));
+    p->done = nullptr;
+    b->prefill = nullptr;
+  }
+  int64_t freed = static_cast<int64_t>(b->pending.size());
+  if (b->kv) {
+    StatusOr<PruneResult> r = kv_->prune(*b->kv, retain_kv);
+    if (r.ok()) {
+      freed += r->released_tokens + r->cached_tokens;
+    } else {
+      spdlog::error("tree={} branch={}: kv prune failed: {}", b->tree->id, b->id,
+                    r.status().message());
+    }
+  }
+  b->kv.reset();
+  b->pending.clear();
+  b->kv_len = 0;
+  b->live = false;
+  b->activity = Activity::kIdle;
+  b->job = nullptr;
+  --b->tree->live_branches;
+  if (metrics_) metrics_->prune_total->inc();
+  return freed;
+}
+
+void Scheduler::Impl::finish_job_branch(GenerateJob* job, GenerateBranchState& st,
+                                        FinishReason reason, const TokenEvent* last) {
+  if (st.finished) return;
+  st.finished = true;
+  --job->unfinished;
+  TokenEvent ev;
+  if (last) {
+    ev = *last;
+  } else {
+    ev.branch_id = st.branch_id;
+    ev.token_id = -1;
+  }
+  ev.finish = reason;
+  if (st.detok && reason != FinishReason::kStop) {
+    StatusOr<std::string> rest = st.detok->flush();
+    if (rest.ok()) ev.text += *rest;
+  }
+  job->stream->push(std::move(ev));
+  if (st.branch && st.branch->job == job) {
+    st.branch->job = nullptr;
+    if (st.branch->activity == Activity::kGenerate) st.branch->activity = Activity::kIdle;
+  }
+}
+
+void Scheduler::Impl::maybe_close_job(GenerateJob* job, Status status) {
+  if (job->unfinished > 0 && status.ok()) return;
+  for (GenerateBranchState& st : job->branches) {
+    if (!st.finished) finish_job_branch(job, st, FinishReason::kCancelled, nullptr);
+  }
+  job->stream->close(status);
+  if (metrics_) {
+    metrics_->e2e_request_latency_seconds->observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - job->start).count());
+  }
+  Tree* tree = job->one_shot ? job->tree : nullptr;
+  auto it = std::find_if(jobs_.begin(), jobs_.end(), [&](auto& j) { return j.get() == job; });
+  if (it != jobs_.end()) jobs_.erase(it);
+  if (tree) {
+    int64_t freed = 0;
+    remove_tree(tree, /*retain_kv=*/true, &freed);
+  }
+}
+
+void Scheduler::Impl::remove_tree(Tree* tree, bool retain_kv, int64_t* freed) {
+  for (auto& b : tree->branches) *freed += end_branch(b.get(), retain_kv, FinishReason::kPruned);
+  // end_branch may have finished jobs of this tree; they close at their next step check,
+  // but their branch pointers must not outlive the tree: detach them now.
+  for (auto& job : jobs_) {
+    if (job->tree == tree) {
+      for (GenerateBranchState& st : job->branches) st.branch = nullptr;
+      job->tree = nullptr;
+      job->one_shot = false;
+    }
+  }
+  trees_.erase(tree->id);
+}
+
+// ---------------------------------------------------------------- commands
+
+void Scheduler::Impl::cmd_create_tree(std::vector<int32_t> prompt,
+                                      std::function<void(StatusOr<CreateTreeResult>)> done) {
+  if (static_cast<int32_t>(trees_.size()) >= options_.max_live_trees) {
+    return done(ResourceExhausted("too many live trees (limit " +
+                                  std::to_string(options_.max_live_trees) +
+                                  "); delete trees you no longer need"));
+  }
+  const int32_t length = static_cast<int32_t>(prompt.size());
+  if (pages_for(length) > kv_->stats().pages_total) {
+    return done(ResourceExhausted("prompt of " + std::to_string(length) +
+                                  " tokens needs more KV pages than the whole pool holds"));
+  }
+  auto tree = std::make_unique<Tree>();
+  tree->id = "t" + std::to_string(next_tree_++);
+  Tree* t = tree.get();
+  trees_[t->id] = std::move(tree);
+  SchedBranch* root = add_branch(t, "", 0);
+  root->pending = std::move(prompt);
+  int32_t cached = 0;
+  if (options_.prefix_sharing && length > 1) {
+    cached = kv_->match_prefix_length(std::span(root->pending.data(), length - 1));
+  }
+  if (metrics_) {
+    metrics_->prompt_tokens_total->inc(length);
+    metrics_->prefix_cache_hit_tokens_total->inc(cached);
+  }
+  if (length == 1) {
+    return done(CreateTreeResult{t->id, root->id, length, 0});
+  }
+  auto job = std::make_unique<PrefillJob>();
+  job->branch = root;
+  job->prompt_tokens = length;
+  job->cached_tokens = cached;
+  job->done = std::move(done);
+  root->activity = Activity::kPrefill;
+  root->prefill = job.get();
+  prefills_.push_back(std::move(job));
+}
+
+StatusOr<std::vector<std::string>> Scheduler::Impl::cmd_branch(const std::string& tree_id,
+                                                               const std::string& branch_id,
+                                                               int32_t n, int32_t at_offset) {
+  StatusOr<Tree*> tree = find_tree(tree_id);
+  if (!tree.ok()) return tree.status();
+  StatusOr<SchedBranch*> found = find_branch(*tree, branch_id);
+  if (!found.ok()) return found.status();
+  SchedBranch* b = *found;
+  if (!b->live) return FailedPrecondition("branch_id: branch " + branch_id + " was pruned");
+  if (b->activity == Activity::kPrefill) {
+    return FailedPrecondition("branch_id: branch " + branch_id + " is still being prefilled");
+  }
+  const int32_t length = b->length();
+  if (at_offset < 0 || at_offset > length) {
+    return InvalidArgument("at_offset: " + std::to_string(at_offset) + " is outside [0, " +
+                           std::to_string(length) + "] for branch " + branch_id);
+  }
+  if ((*tree)->live_branches + n > options_.max_branches_per_tree) {
+    return ResourceExhausted("tree " + tree_id + " would exceed " +
+                             std::to_string(options_.max_branches_per_tree) + " live branches");
+  }
+  const int32_t keep = at_offset == 0 ? length : at_offset;  // tokens the children start with
+  // Children keep KV for tokens [0, kv_keep) and the rest as pending (always >= 1 token).
+  std::vector<int32_t> child_pending;
+  int32_t kv_keep = 0;
+  if (keep > b->kv_len) {
+    kv_keep = b->kv_len;
+    child_pending.assign(b->pending.begin(), b->pending.begin() + (keep - b->kv_len));
+  } else {
+    kv_keep = keep - 1;
+    std::vector<int32_t> tokens;
+    TS_RETURN_IF_ERROR(kv_->branch_tokens(*b->kv, &tokens));
+    child_pending.push_back(tokens[keep - 1]);
+  }
+  std::vector<BranchId> kv_children;
+  if (kv_keep > 0) {
+    StatusOr<ForkResult> forked = kv_->fork(*b->kv, n, kv_keep == b->kv_len ? 0 : kv_keep);
+    if (!forked.ok()) return forked.status();
+    kv_children = std::move(forked->branches);
+    for (const PageCopy& c : forked->copies) {
+      deferred_copies_.push_back({c.src_page, c.dst_page, c.num_slots});
+    }
+  }
+  std::vector<std::string> ids;
+  for (int32_t i = 0; i < n; ++i) {
+    SchedBranch* child = add_branch(*tree, b->id, keep);
+    child->pending = child_pending;
+    if (kv_keep > 0) {
+      child->kv = kv_children[i];
+      child->kv_len = kv_keep;
+    }
+    ids.push_back(child->id);
+  }
+  if (metrics_) {
+    metrics_->fork_total->inc(n);
+    metrics_->shared_kv_tokens_saved_total->inc(int64_t(kv_keep) * n);
+  }
+  update_gauges();
+  return ids;
+}
+
+Status Scheduler::Impl::cmd_generate(GenerateSpec spec, std::shared_ptr<GenerateStream> stream) {
+  auto job = std::make_unique<GenerateJob>();
+  job->stream = stream;
+  job->sampling = spec.sampling;
+  job->max_tokens = spec.max_tokens > 0 ? spec.max_tokens : options_.default_max_tokens;
+  job->stop = std::move(spec.stop);
+  job->stop_token_ids = std::move(spec.stop_token_ids);
+  job->start = std::chrono::steady_clock::now();
+  std::vector<SchedBranch*> targets;
+  if (spec.tree_id.empty()) {
+    // One-shot: a private tree, forked n ways, deleted (its KV kept as cache) at the end.
+    if (static_cast<int32_t>(trees_.size()) >= options_.max_live_trees) {
+      return ResourceExhausted("too many live trees (limit " +
+                               std::to_string(options_.max_live_trees) + ")");
+    }
+    const int64_t need = int64_t(spec.prompt.size()) + int64_t(spec.n) * job->max_tokens;
+    if (pages_for(int64_t(spec.prompt.size())) + spec.n * pages_for(job->max_tokens + 1) >
+        kv_->stats().pages_total) {
+      return ResourceExhausted("prompt plus n x max_tokens (" + std::to_string(need) +
+                               " tokens) needs more KV pages than the whole pool holds");
+    }
+    auto tree = std::make_unique<Tree>();
+    tree->id = "t" + std::to_string(next_tree_++);
+    tree->one_shot = true;
+    Tree* t = tree.get();
+    trees_[t->id] = std::move(tree);
+    SchedBranch* root = add_branch(t, "", 0);
+    root->pending = std::move(spec.prompt);
+    if (metrics_) metrics_->prompt_tokens_total->inc(static_cast<double>(root->pending.size()));
+    job->tree = t;
+    job->one_shot = true;
+    if (spec.n == 1) {
+      targets.push_back(root);
+    } else if (root->pending.size() == 1) {
+      StatusOr<std::vector<std::string>> ids = cmd_branch(t->id, root->id, spec.n, 0);
+      if (!ids.ok()) {
+        int64_t freed = 0;
+        remove_tree(t, false, &freed);
+        return ids.status();
+      }
+      for (const std::string& id : *ids) targets.push_back(t->by_id[id]);
+    } else {
+      // Prefill the prompt once, then fork it n ways (start_one_shot): the children share
+      // every page-aligned KV page of the prompt.
+      GenerateJob* raw = job.get();
+      auto pj = std::make_unique<PrefillJob>();
+      pj->branch = root;
+      pj->prompt_tokens = static_cast<int32_t>(root->pending.size());
+      pj->done = [this, raw, t, root, n = spec.n](StatusOr<CreateTreeResult> r) {
+        start_one_shot(raw, t, root, n, r.status());
+      };
+      root->activity = Activity::kPrefill;
+      root->prefill = pj.get();
+      prefills_.push_back(std::move(pj));
+      job->waiting_prefill = true;
+    }
+  } else {
+    StatusOr<Tree*> tree = find_tree(spec.tree_id);
+    if (!tree.ok()) return tree.status();
+    std::set<std::string> seen;
+    for (const std::string& id : spec.branch_ids) {
+      if (!seen.insert(id).second) return InvalidArgument("branch_ids: '" + id + "' is repeated");
+      StatusOr<SchedBranch*> b = find_branch(*tree, id);
+      if (!b.ok()) return b.status();
+      if (!(*b)->live) return FailedPrecondition("branch_ids: branch " + id + " was pruned");
+      if ((*b)->activity != Activity::kIdle) {
+        return FailedPrecondition("branch_ids: branch " + id +
+                                  " is busy (another Generate, Verify or the prefill)");
+      }
+      targets.push_back(*b);
+    }
+    for (SchedBranch* b : targets) {
+      b->pending.insert(b->pending.end(), spec.append.begin(), spec.append.end());
+    }
+    if (metrics_ && !spec.append.empty()) {
+      metrics_->prompt_tokens_total->inc(double(spec.append.size()) * targets.size());
+    }
+    job->tree = *tree;
+  }
+  for (SchedBranch* b : targets) {
+    GenerateBranchState st;
+    st.branch = b;
+    st.branch_id = b->id;
+    st.detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_);
+    job->branches.push_back(std::move(st));
+    b->activity = Activity::kGenerate;
+    b->job = job.get();
+  }
+  job->unfinished = static_cast<int32_t>(job->branches.size());
+  job->seq = next_job_seq_++;
+  {
+    std::lock_guard<std::mutex> lock(stream->mu_);
+    stream->on_cancel_ = [this, seq = job->seq] { post([this, seq] { cmd_cancel(seq); }); };
+  }
+  jobs_.push_back(std::move(job));
+  update_gauges();
+  return Status::Ok();
+}
+
+void Scheduler::Impl::start_one_shot(GenerateJob* job, Tree* tree, SchedBranch* root, int32_t n,
+                                     Status status) {
+  job->waiting_prefill = false;
+  if (status.ok()) {
+    StatusOr<std::vector<std::string>> ids = cmd_branch(tree->id, root->id, n, 0);
+    if (ids.ok()) {
+      for (const std::string& id : *ids) {
+        SchedBranch* b = tree->by_id[id];
+        GenerateBranchState st;
+        st.branch = b;
+        st.branch_id = b->id;
+        st.detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_);
+        job->branches.push_back(std::move(st));
+        b->activity = Activity::kGenerate;
+        b->job = job;
+      }
+      job->unfinished = n;
+      return;
+    }
+    status = ids.status();
+  }
+  // Failed or cancelled before any token: the stream ends with the reason; the tree goes
+  // after this command (the caller may still be inside end_branch of its root).
+  job->stream->close(status);
+  auto it = std::find_if(jobs_.begin(), jobs_.end(), [&](auto& j) { return j.get() == job; });
+  if (it != jobs_.end()) jobs_.erase(it);
+  const std::string tree_id = tree->id;
+  tree->one_shot = false;
+  post([this, tree_id] {
+    auto t = trees_.find(tree_id);
+    if (t == trees_.end()) return;
+    int64_t freed = 0;
+    remove_tree(t->second.get(), /*retain_kv=*/true, &freed);
+    update_gauges();
+  });
+}
+
+void Scheduler::Impl::cmd_cancel(uint64_t job_seq) {
+  auto it = std::find_if(jobs_.begin(), jobs_.end(), [&](auto& j) { return j->seq == job_seq; });
+  if (it == jobs_.end()) return;  // already finished
+  GenerateJob* job = it->get();
+  if (job->waiting_prefill) {
+    // Prune the root being prefilled: its PrefillJob callback closes the stream.
+    for (auto& b : job->tree->branches) {
+      if (b->prefill) end_branch(b.get(), /*retain_kv=*/false, FinishReason::kCancelled);
+    }
+    return;
+  }
+  for (GenerateBranchState& st : job->branches) {
+    if (st.finished) continue;
+    if (st.branch) {
+      end_branch(st.branch, /*retain_kv=*/false, FinishReason::kCancelled);
+    } else {
+      finish_job_branch(job, st, FinishReason::kCancelled, nullptr);
+    }
+  }
+  maybe_close_job(job, Status::Ok());
+  update_gauges();
+}
+
+StatusOr<PruneSummary> Scheduler::Impl::cmd_prune(const std::string& tree_id,
+                                                  const std::vector<std::string>& ids,
+                                                  bool retain_kv) {
+  StatusOr<Tree*> tree = find_tree(tree_id);
+  if (!tree.ok()) return tree.status();
+  std::vector<SchedBranch*> roots;
+  for (const std::string& id : ids) {
+    StatusOr<SchedBranch*> b = find_branch(*tree, id);
+    if (!b.ok()) return b.status();
+    roots.push_back(*b);
+  }
+  // The listed branches and every descendant (children fork after their parents, so one
+  // pass in index order sees each parent before its children).
+  std::set<std::string> doomed;
+  for (SchedBranch* b : roots) doomed.insert(b->id);
+  for (auto& b : (*tree)->branches) {
+    if (doomed.count(b->parent)) doomed.insert(b->id);
+  }
+  PruneSummary out;
+  for (auto& b : (*tree)->branches) {
+    if (!doomed.count(b->id) || !b->live) continue;
+    out.freed_tokens += end_branch(b.get(), retain_kv, FinishReason::kPruned);
+    ++out.pruned_branches;
+  }
+  // Jobs whose every branch is now finished end here.
+  std::vector<GenerateJob*> done;
+  for (auto& j : jobs_) {
+    if (j->unfinished == 0 && !j->waiting_prefill) done.push_back(j.get());
+  }
+  for (GenerateJob* j : done) maybe_close_job(j, Status::Ok());
+  update_gauges();
+  return out;
+}
+
+void Scheduler::Impl::cmd_verify(const std::string& tree_id, const std::string& branch_id,
+                                 std::vector<int32_t> tokens, std::vector<int32_t> parents,
+                                 SamplingParams sampling,
+                                 std::function<void(StatusOr<VerifyResult>)> done) {
+  StatusOr<Tree*> tree = find_tree(tree_id);
+  if (!tree.ok()) return done(tree.status());
+  StatusOr<SchedBranch*> found = find_branch(*tree, branch_id);
+  if (!found.ok()) return done(found.status());
+  SchedBranch* b = *found;
+  if (!b->live) return done(FailedPrecondition("branch_id: branch " + branch_id + " was pruned"));
+  if (b->activity != Activity::kIdle) {
+    return done(FailedPrecondition("branch_id: branch " + branch_id + " is busy"));
+  }
+  if (pages_for(b->length() + int64_t(tokens.size())) > kv_->stats().pages_total) {
+    return done(ResourceExhausted("the token tree does not fit in the KV pool"));
+  }
+  auto job = std::make_unique<VerifyJob>();
+  job->branch = b;
+  job->tokens = std::move(tokens);
+  job->parents = std::move(parents);
+  job->sampling = sampling;
+  job->done = std::move(done);
+  b->activity = Activity::kVerify;
+  b->verify = job.get();
+  verifies_.push_back(std::move(job));
+}
+
+StatusOr<TreeSummary> Scheduler::Impl::cmd_get_tree(const std::string& tree_id) {
+  StatusOr<Tree*> found = find_tree(tree_id);
+  if (!found.ok()) return found.status();
+  Tree* tree = *found;
+  TreeSummary out;
+  out.tree_id = tree->id;
+  // Tokens counted once: each branch owns [fork_offset, length); a live descendant keeps
+  // its ancestors' tokens up to its fork offset alive.
+  std::map<std::string, int32_t> needed;  // branch id -> prefix length some live branch uses
+  for (auto& b : tree->branches) {
+    if (!b->live) continue;
+    SchedBranch* cur = b.get();
+    int32_t need = cur->length();
+    while (cur) {
+      int32_t& n = needed[cur->id];
+      n = std::max(n, need);
+      need = cur->fork_offset;
+      cur = cur->parent.empty() ? nullptr : tree->by_id[cur->parent];
+      if (need <= 0) break;
+    }
+  }
+  for (auto& b : tree->branches) {
+    out.branches.push_back({b->id, b->parent, b->length(), b->live});
+    auto it = needed.find(b->id);
+    if (it != needed.end()) out.total_tokens += std::max(0, it->second - b->fork_offset);
+  }
+  std::set<int32_t> pages;
+  std::vector<int32_t> table;
+  for (auto& b : tree->branches) {
+    if (!b->live || !b->kv) continue;
+    if (kv_->branch_page_table(*b->kv, &table).ok()) pages.insert(table.begin(), table.end());
+  }
+  out.kv_pages = static_cast<int64_t>(pages.size());
+  return out;
+}
+
+StatusOr<int64_t> Scheduler::Impl::cmd_delete_tree(const std::string& tree_id) {
+  StatusOr<Tree*> found = find_tree(tree_id);
+  if (!found.ok()) return found.status();
+  if ((*found)->one_shot) {
+    return FailedPrecondition("tree_id: tree " + tree_id +
+                              " belongs to a one-shot Generate and ends with it");
+  }
+  int64_t freed = 0;
+  remove_tree(*found, /*retain_kv=*/true, &freed);
+  std::vector<GenerateJob*> done;
+  for (auto& j : jobs_) {
+    if (j->unfinished == 0 && !j->waiting_prefill) done.push_back(j.get());
+  }
+  for (GenerateJob* j : done) maybe_close_job(j, Status::Ok());
+  update_gauges();
+  return freed;
+}
+
+SchedulerStats Scheduler::Impl::cmd_stats() {
+  KvCacheStats s = kv_->stats();
+  SchedulerStats out;
+  out.kv_pages_total = s.pages_total;
+  out.kv_pages_free = s.pages_free;
+  out.kv_pages_evictable = s.pages_evictable;
+  out.radix_cached_tokens = s.radix_cached_tokens;
+  out.radix_nodes = s.radix_nodes;
+  out.live_trees = static_cast<int32_t>(trees_.size());
+  for (auto& [id, t] : trees_) out.live_branches += t->live_branches;
+  out.running_requests = static_cast<int32_t>(jobs_.size() + verifies_.size());
+  out.waiting_requests = static_cast<int32_t>(prefills_.size());
+  out.steps = steps_;
+  return out;
+}
+
+// ---------------------------------------------------------------- Scheduler (public)
+
+StatusOr<std::unique_ptr<Scheduler>> Scheduler::create(Backend* backend, const Tokenizer* tokenizer,
+                                                       const SchedulerOptions& options,
+                                                       ServerMetrics* metrics) {
+  if (!backend) return InvalidArgument("backend must not be null");
+  if (!tokenizer) return InvalidArgument("tokenizer must not be null");
+  if (options.max_step_tokens < 1) return InvalidArgument("max_step_tokens must be >= 1");
+  const KvLayout& layout = backend->kv_layout();
+  KvCacheConfig kc;
+  kc.page_size = layout.page_size;
+  kc.num_pages = static_cast<int32_t>(layout.num_pages);
+  StatusOr<std::unique_ptr<KvCache>> kv = KvCache::create(kc);
+  if (!kv.ok()) return kv.status();
+  auto impl = std::make_unique<Impl>(backend, tokenizer, options, metrics, std::move(*kv));
+  return std::unique_ptr<Scheduler>(new Scheduler(std::move(impl)));
+}
+
+Scheduler::Scheduler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Scheduler::~Scheduler() { shutdown(); }
+void Scheduler::shutdown() { impl_->stop(); }
+
+StatusOr<CreateTreeResult> Scheduler::create_tree(std::vector<int32_t> prompt) {
+  if (prompt.empty()) return InvalidArgument("prompt: must not be empty");
+  return impl_->call<CreateTreeResult>(
+      [this, p = std::move(prompt)](std::function<void(StatusOr<CreateTreeResult>)> done) mutable {
+        impl_->cmd_create_tree(std::move(p), std::move(done));
+      });
+}
+
+StatusOr<std::vector<std::string>> Scheduler::branch(const std::string& tree_id,
+                                                     const std::string& branch_id, int32_t n,
+                                                     int32_t at_offset) {
+  if (n < 1) return InvalidArgument("n: must be >= 1");
+  return impl_->call<std::vector<std::string>>(
+      [&](auto done) { done(impl_->cmd_branch(tree_id, branch_id, n, at_offset)); });
+}
+
+StatusOr<std::shared_ptr<GenerateStream>> Scheduler::generate(GenerateSpec spec) {
+  if (spec.tree_id.empty()) {
+    if (spec.prompt.empty()) return InvalidArgument("prompt: a one-shot Generate needs a prompt");
+    if (spec.n < 1) return InvalidArgument("n: must be >= 1");
+  } else if (spec.branch_ids.empty()) {
+    return InvalidArgument("branch_ids: name at least one branch of tree " + spec.tree_id);
+  }
+  auto stream = std::make_shared<GenerateStream>();
+  StatusOr<bool> started = impl_->call<bool>([&](auto done) {
+    Status s = impl_->cmd_generate(std::move(spec), stream);
+    if (s.ok()) {
+      done(true);
+    } else {
+      done(s);
+    }
+  });
+  if (!started.ok()) return started.status();
+  return stream;
+}
+
+StatusOr<PruneSummary> Scheduler::prune(const std::string& tree_id,
+                                        const std::vector<std::string>& ids, bool retain_kv) {
+  if (ids.empty()) return InvalidArgument("branch_ids: name at least one branch");
+  return impl_->call<PruneSummary>(
+      [&](auto done) { done(impl_->cmd_prune(tree_id, ids, retain_kv)); });
+}
+
+StatusOr<VerifyResult> Scheduler::verify(const std::string& tree_id, const std::string& branch_id,
+                                         std::vector<int32_t> tokens, std::vector<int32_t> parents,
+                                         SamplingParams sampling) {
+  if (tokens.empty()) return InvalidArgument("tokens: must not be empty");
+  if (parents.size() != tokens.size()) {
+    return InvalidArgument("parents: needs one entry per token (" + std::to_string(tokens.size()) +
+                           "), got " + std::to_string(parents.size()));
+  }
+  for (size_t i = 0; i < parents.size(); ++i) {
+    if (parents[i] < -1 || parents[i] >= static_cast<int32_t>(i)) {
+      return InvalidArgument("parents[" + std::to_string(i) + "]: " + std::to_string(parents[i]) +
+                             " must be -1 or the index of an earlier token");
+    }
+  }
+  return impl_->call<VerifyResult>([&](std::function<void(StatusOr<VerifyResult>)> done) {
+    impl_->cmd_verify(tree_id, branch_id, std::move(tokens), std::move(parents), sampling,
+                      std::move(done));
+  });
+}
+
+StatusOr<TreeSummary> Scheduler::get_tree(const std::string& tree_id) {
+  return impl_->call<TreeSummary>([&](auto done) { done(impl_->cmd_get_tree(tree_id)); });
+}
+
+StatusOr<int64_t> Scheduler::delete_tree(const std::string& tree_id) {
+  return impl_->call<int64_t>([&](auto done) { done(impl_->cmd_delete_tree(tree_id)); });
+}
+
+SchedulerStats Scheduler::stats() {
+  StatusOr<SchedulerStats> s =
+      impl_->call<SchedulerStats>([&](auto done) { done(impl_->cmd_stats()); });
+  return s.ok() ? *s : SchedulerStats{};
+}
+
+}  // namespace treeserve

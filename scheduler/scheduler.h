@@ -1,0 +1,171 @@
+// Scheduler: decoding trees and their branches, driven by one step-loop thread that owns the
+// KV cache and the backend. Every public call is thread-safe: it becomes a command that the
+// loop runs between two steps, so tree state is only ever touched by the loop thread.
+//
+// Branch state. A branch's token sequence is its KV tokens (in kvcache/, computed) followed
+// by `pending` tokens whose KV the next step computes. The last token of a branch is always
+// pending: the step that computes its KV also yields the logits of the next token, so no
+// logits are kept between calls and a fork copies nothing but the pending list.
+//
+// Each step batches, for every tree: the prefill chunks of new trees and of appended text,
+// one decode row per generating branch, and whole speculative token trees (continuous
+// batching: work that arrives joins at the next step). Prefill chunks share a per-step token
+// budget; decode and verify rows always run.
+//
+// Memory. Work that cannot get KV pages (after evicting unlocked cached prefixes) waits for
+// a later step; when nothing at all can run, the waiting work is refused with
+// RESOURCE_EXHAUSTED and leaves nothing behind. A request larger than the whole pool is
+// refused at once.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/sampling.h"
+
+namespace treeserve {
+
+class Backend;
+class Tokenizer;
+struct ServerMetrics;
+
+struct SchedulerOptions {
+  int32_t max_step_tokens = 512;  // prefill tokens per step (decode/verify rows always run)
+  int32_t max_live_trees = 4096;
+  int32_t max_branches_per_tree = 4096;
+  bool prefix_sharing = true;  // false: no radix reuse across trees (for A/B measurements)
+  int32_t default_max_tokens = 16;
+};
+
+enum class FinishReason { kNone = 0, kLength, kStop, kEos, kPruned, kCancelled };
+
+struct TokenEvent {
+  std::string branch_id;
+  int32_t token_id = 0;
+  std::string text;  // the text this token completes (may be "" mid-character)
+  float logprob = 0;
+  std::vector<TokenLogprob> top_logprobs;
+  FinishReason finish = FinishReason::kNone;
+};
+
+// The events of one Generate call, produced by the step loop and consumed by one reader.
+class GenerateStream {
+ public:
+  enum class Wait { kEvent, kEnd, kTimeout };
+  // Next event, the end of the stream (*final_status set), or a timeout.
+  Wait next(TokenEvent* event, Status* final_status, std::chrono::milliseconds timeout);
+  // Stops the call's unfinished branches within one step (FINISH_CANCELLED events follow;
+  // their pages are released as Prune would). Idempotent.
+  void cancel();
+
+  // Producer side (the step loop).
+  void push(TokenEvent event);
+  void close(Status status);
+
+ private:
+  friend class Scheduler;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<TokenEvent> events_;
+  bool closed_ = false;
+  Status final_;
+  std::function<void()> on_cancel_;
+};
+
+struct CreateTreeResult {
+  std::string tree_id;
+  std::string root_branch_id;
+  int32_t prompt_tokens = 0;
+  int32_t cached_tokens = 0;
+};
+
+struct GenerateSpec {
+  std::string tree_id;  // empty: one-shot
+  std::vector<std::string> branch_ids;
+  std::vector<int32_t> append;  // appended to every listed branch first
+  std::vector<int32_t> prompt;  // one-shot
+  int32_t n = 1;                // one-shot
+  SamplingParams sampling;
+  int32_t max_tokens = 0;  // 0 = SchedulerOptions::default_max_tokens
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+};
+
+struct PruneSummary {
+  int32_t pruned_branches = 0;
+  int64_t freed_tokens = 0;
+};
+
+struct VerifyResult {
+  std::vector<int32_t> accepted_tokens;
+  int32_t bonus_token = 0;
+};
+
+struct BranchSummary {
+  std::string branch_id;
+  std::string parent_branch_id;
+  int32_t length = 0;
+  bool live = false;
+};
+
+struct TreeSummary {
+  std::string tree_id;
+  std::vector<BranchSummary> branches;
+  int64_t total_tokens = 0;
+  int64_t kv_pages = 0;
+};
+
+struct SchedulerStats {
+  int64_t kv_pages_total = 0;
+  int64_t kv_pages_free = 0;
+  int64_t kv_pages_evictable = 0;
+  int64_t radix_cached_tokens = 0;
+  int64_t radix_nodes = 0;
+  int32_t live_trees = 0;
+  int32_t live_branches = 0;
+  int32_t running_requests = 0;
+  int32_t waiting_requests = 0;
+  int64_t steps = 0;
+};
+
+class Scheduler {
+ public:
+  // The backend's pool (kv_layout) sizes the KV cache. metrics may be null.
+  static StatusOr<std::unique_ptr<Scheduler>> create(Backend* backend, const Tokenizer* tokenizer,
+                                                     const SchedulerOptions& options,
+                                                     ServerMetrics* metrics);
+  ~Scheduler();  // stops the loop; in-flight work ends CANCELLED
+
+  StatusOr<CreateTreeResult> create_tree(std::vector<int32_t> prompt);
+  StatusOr<std::vector<std::string>> branch(const std::string& tree_id,
+                                            const std::string& branch_id, int32_t n,
+                                            int32_t at_offset);
+  StatusOr<std::shared_ptr<GenerateStream>> generate(GenerateSpec spec);
+  StatusOr<PruneSummary> prune(const std::string& tree_id, const std::vector<std::string>& ids,
+                               bool retain_kv);
+  StatusOr<VerifyResult> verify(const std::string& tree_id, const std::string& branch_id,
+                                std::vector<int32_t> tokens, std::vector<int32_t> parents,
+                                SamplingParams sampling);
+  StatusOr<TreeSummary> get_tree(const std::string& tree_id);
+  StatusOr<int64_t> delete_tree(const std::string& tree_id);
+  SchedulerStats stats();
+
+  // Ends every in-flight call (CANCELLED) and stops the loop. Idempotent.
+  void shutdown();
+
+  class Impl;
+
+ private:
+  explicit Scheduler(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace treeserve

@@ -1,0 +1,475 @@
+// The step loop: between steps it runs queued commands; each step gathers the rows of every
+// active branch (verify trees, decode tokens, prefill chunks), runs one forward, and routes
+// the logits back: sampled tokens to streams, accepted paths to Verify calls, finished
+// prefills to CreateTree calls.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "common/metrics.h"
+#include "scheduler/detail/scheduler_impl.h"
+
+namespace treeserve {
+
+namespace {
+
+// Where a stop string first occurs in `text`, or npos.
+size_t find_stop(const std::string& text, const std::vector<std::string>& stops, size_t from) {
+  size_t best = std::string::npos;
+  for (const std::string& s : stops) {
+    if (s.empty()) continue;
+    size_t start = from >= s.size() ? from - s.size() + 1 : 0;
+    size_t at = text.find(s, start);
+    if (at != std::string::npos && (best == std::string::npos || at < best)) best = at;
+  }
+  return best;
+}
+
+}  // namespace
+
+void Scheduler::Impl::loop() {
+  for (;;) {
+    std::deque<std::function<void()>> commands;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !commands_.empty() || has_work(); });
+      if (stopping_) break;
+      commands.swap(commands_);
+    }
+    for (auto& c : commands) c();
+    if (has_work()) step();
+  }
+  // Shutdown: commands already queued run (their callers wait on them), then every piece of
+  // in-flight work ends.
+  std::deque<std::function<void()>> rest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rest.swap(commands_);
+  }
+  for (auto& c : rest) c();
+  const Status bye = Unavailable("the server is shutting down");
+  for (auto& p : prefills_) {
+    if (p->done) p->done(bye);
+    p->done = nullptr;
+  }
+  for (auto& v : verifies_) {
+    if (v->done) v->done(bye);
+    v->done = nullptr;
+  }
+  while (!jobs_.empty()) {
+    GenerateJob* job = jobs_.front().get();
+    if (job->waiting_prefill) {
+      job->stream->close(bye);
+      jobs_.erase(jobs_.begin());
+      continue;
+    }
+    job->one_shot = false;
+    maybe_close_job(job, bye);  // unfinished branches get FINISH_CANCELLED first
+  }
+}
+
+bool Scheduler::Impl::has_work() const {
+  if (!prefills_.empty() || !verifies_.empty()) return true;
+  for (const auto& j : jobs_) {
+    if (j->unfinished > 0) return true;
+  }
+  return false;
+}
+
+SampledToken Scheduler::Impl::sample(int32_t logit_index, const SamplingParams& params,
+                                     const SchedBranch* b, int64_t position) {
+  return sample_token(logits_.row(logit_index), logits_.vocab, params,
+                      static_cast<uint64_t>(b->index), position, &sampling_scratch_);
+}
+
+bool Scheduler::Impl::add_rows(SchedBranch* b, int32_t count, bool want_logits, StepEntry* e) {
+  e->branch = b;
+  e->kv_len_before = b->kv_len;
+  e->consumed.assign(b->pending.begin(), b->pending.begin() + count);
+  std::span<const int32_t> tokens(e->consumed);
+  slots_.clear();
+  int32_t cached = 0;
+  if (!b->kv) {
+    // First KV of this branch: create_branch reuses the radix cache's longest prefix (at
+    // most count - 1 tokens). Without prefix sharing only the first token is passed, so
+    // nothing can match, and the rest is appended.
+    const size_t first = options_.prefix_sharing ? tokens.size() : 1;
+    StatusOr<NewBranch> nb = kv_->create_branch(tokens.first(first));
+    if (!nb.ok()) return false;
+    if (first < tokens.size()) {
+      std::vector<KvSlot> more;
+      if (!kv_->append(nb->id, tokens.subspan(first), &more).ok()) {
+        (void)kv_->prune(nb->id, /*retain_kv=*/false);
+        return false;
+      }
+      nb->slots.insert(nb->slots.end(), more.begin(), more.end());
+    }
+    b->kv = nb->id;
+    e->created_kv = true;
+    cached = nb->cached_tokens;
+    slots_ = std::move(nb->slots);
+    for (const PageCopy& c : nb->copies) {
+      batch_.page_copies.push_back({c.src_page, c.dst_page, c.num_slots});
+    }
+    if (b->prefill) b->prefill->cached_tokens = cached;
+    if (metrics_ && cached > 0) metrics_->shared_kv_tokens_saved_total->inc(cached);
+  } else if (!kv_->append(*b->kv, tokens, &slots_).ok()) {
+    return false;
+  }
+  const int32_t ps = kv_->page_size();
+  e->first_row = batch_.num_rows();
+  e->num_rows = count - cached;
+  for (int32_t i = cached; i < count; ++i) {
+    const KvSlot& s = slots_[i - cached];
+    batch_.token_ids.push_back(tokens[i]);
+    batch_.positions.push_back(b->kv_len + i);
+    batch_.kv_slots.push_back(int64_t(s.page) * ps + s.slot);
+  }
+  b->kv_len += count;
+  b->pending.erase(b->pending.begin(), b->pending.begin() + count);
+  view_queries_.push_back({*b->kv, e->num_rows});
+  if (want_logits) {
+    e->logit_index = static_cast<int32_t>(batch_.logit_rows.size());
+    batch_.logit_rows.push_back(batch_.num_rows() - 1);
+  }
+  return true;
+}
+
+// Undoes add_rows (and a verify's drafts) after a failed forward or a failed draft append.
+void Scheduler::Impl::rollback(const StepEntry& e) {
+  SchedBranch* b = e.branch;
+  if (!b->kv) return;
+  if (e.draft_rows > 0) {
+    std::vector<SlotMove> none;
+    (void)kv_->accept(*b->kv, {}, &none);
+  }
+  if (e.created_kv) {
+    (void)kv_->prune(*b->kv, /*retain_kv=*/false);
+    b->kv.reset();
+    b->kv_len = 0;
+  } else {
+    (void)kv_->truncate(*b->kv, e.kv_len_before);
+    b->kv_len = e.kv_len_before;
+  }
+  b->pending.insert(b->pending.begin(), e.consumed.begin(), e.consumed.end());
+}
+
+bool Scheduler::Impl::step() {
+  // Drop the records of calls that ended between steps.
+  std::erase_if(prefills_, [](auto& p) { return !p->done; });
+  std::erase_if(verifies_, [](auto& v) { return !v->done; });
+
+  batch_.clear();
+  entries_.clear();
+  view_queries_.clear();
+  batch_.slot_moves = deferred_moves_;
+  batch_.page_copies = deferred_copies_;
+  int32_t budget = options_.max_step_tokens;
+  bool stalled = false;
+
+  // 1. Speculative token trees: the branch's pending tokens and the whole draft tree.
+  for (auto& v : verifies_) {
+    SchedBranch* b = v->branch;
+    StepEntry e;
+    if (!add_rows(b, static_cast<int32_t>(b->pending.size()), true, &e)) {
+      stalled = true;
+      continue;
+    }
+    slots_.clear();
+    if (!kv_->append_token_tree(*b->kv, v->tokens, v->parents, &slots_).ok()) {
+      rollback(e);
+      batch_.token_ids.resize(e.first_row);
+      batch_.positions.resize(e.first_row);
+      batch_.kv_slots.resize(e.first_row);
+      batch_.logit_rows.pop_back();
+      view_queries_.pop_back();
+      stalled = true;
+      continue;
+    }
+    std::vector<int32_t> depth(v->tokens.size(), 0);
+    const int32_t ps = kv_->page_size();
+    e.draft_rows = static_cast<int32_t>(v->tokens.size());
+    e.draft_logits = static_cast<int32_t>(batch_.logit_rows.size());
+    for (size_t i = 0; i < v->tokens.size(); ++i) {
+      depth[i] = v->parents[i] < 0 ? 0 : depth[v->parents[i]] + 1;
+      batch_.token_ids.push_back(v->tokens[i]);
+      batch_.positions.push_back(b->kv_len + depth[i]);
+      batch_.kv_slots.push_back(int64_t(slots_[i].page) * ps + slots_[i].slot);
+      batch_.logit_rows.push_back(batch_.num_rows() - 1);
+    }
+    entries_.push_back(std::move(e));
+  }
+  // 2. Generating branches: one decode row each, or a chunk of appended text.
+  for (auto& job : jobs_) {
+    if (job->waiting_prefill) continue;
+    for (GenerateBranchState& st : job->branches) {
+      if (st.finished || !st.branch) continue;
+      SchedBranch* b = st.branch;
+      int32_t want = static_cast<int32_t>(b->pending.size());
+      int32_t skip = 0;
+      if (!b->kv && options_.prefix_sharing && want > 1) {
+        skip = kv_->match_prefix_length(b->pending);
+      }
+      int32_t count = want - skip <= 1 ? want : std::min(want, skip + std::max(1, budget));
+      if (count - skip > 1) budget -= count - skip;
+      StepEntry e;
+      if (!add_rows(b, count, count == want, &e)) {
+        stalled = true;
+        continue;
+      }
+      entries_.push_back(std::move(e));
+    }
+  }
+  // 3. Prefill of new trees (all but the prompt's last token), in arrival order, within
+  //    the remaining budget.
+  for (auto& p : prefills_) {
+    SchedBranch* b = p->branch;
+    const int32_t want = static_cast<int32_t>(b->pending.size()) - 1;
+    if (want <= 0 || budget <= 0) continue;
+    int32_t skip = 0;
+    if (!b->kv && options_.prefix_sharing && want > 1) {
+      skip = kv_->match_prefix_length(std::span(b->pending.data(), want));
+    }
+    const int32_t count = std::min(want, skip + budget);
+    budget -= count - skip;
+    StepEntry e;
+    if (!add_rows(b, count, false, &e)) {
+      stalled = true;
+      continue;
+    }
+    entries_.push_back(std::move(e));
+  }
+
+  if (entries_.empty()) {
+    // Nothing could run. Everything active is waiting for KV pages that only idle trees
+    // hold (nothing running will free them): refuse the waiting work.
+    if (stalled) {
+      fail_stalled(ResourceExhausted(
+          "KV pool exhausted: the request cannot fit even after evicting every unused "
+          "cached prefix (pages are held by live branches; prune or delete trees)"));
+    } else {
+      // Only zero-row work was listed (e.g. a one-token prompt's prefill): settle it.
+      for (auto& p : prefills_) {
+        if (p->done && p->branch->pending.size() <= 1) {
+          StepEntry e;
+          e.branch = p->branch;
+          after_prefill(e);
+        }
+      }
+    }
+    return false;
+  }
+
+  Status built = kv_->build_attention_view(view_queries_, &batch_.view);
+  Status ran = built.ok() ? backend_->forward(batch_, &logits_) : built;
+  ++steps_;
+  if (!ran.ok()) {
+    spdlog::error("step {} failed ({} rows): {}", steps_, batch_.num_rows(), ran.message());
+    const Status err = Internal("decode step failed: " + ran.message());
+    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) rollback(*it);
+    for (StepEntry& e : entries_) {
+      SchedBranch* b = e.branch;
+      if (b->verify) {
+        b->verify->done(err);
+        b->verify->done = nullptr;
+        b->verify = nullptr;
+        b->activity = Activity::kIdle;
+      } else if (b->prefill) {
+        b->prefill->done(err);
+        b->prefill->done = nullptr;
+        b->prefill = nullptr;
+      } else if (b->job) {
+        GenerateJob* job = b->job;
+        maybe_close_job(job, err);
+      }
+    }
+    return false;
+  }
+  deferred_moves_.clear();
+  deferred_copies_.clear();
+
+  for (StepEntry& e : entries_) {
+    SchedBranch* b = e.branch;
+    if (!b->live) continue;
+    switch (b->activity) {
+      case Activity::kVerify:
+        after_verify(e);
+        break;
+      case Activity::kGenerate:
+        after_generate(e);
+        break;
+      case Activity::kPrefill:
+        after_prefill(e);
+        break;
+      case Activity::kIdle:
+        break;
+    }
+  }
+  // Close the streams whose branches all finished this step.
+  std::vector<GenerateJob*> done;
+  for (auto& j : jobs_) {
+    if (j->unfinished == 0 && !j->waiting_prefill) done.push_back(j.get());
+  }
+  for (GenerateJob* j : done) maybe_close_job(j, Status::Ok());
+  update_gauges();
+  return true;
+}
+
+void Scheduler::Impl::fail_stalled(const Status& status) {
+  for (auto& v : verifies_) {
+    if (!v->done) continue;
+    v->branch->activity = Activity::kIdle;
+    v->branch->verify = nullptr;
+    v->done(status);
+    v->done = nullptr;
+  }
+  // New trees that cannot be prefilled leave nothing behind.
+  std::vector<std::string> doomed;
+  for (auto& p : prefills_) {
+    if (!p->done) continue;
+    SchedBranch* b = p->branch;
+    auto done = std::move(p->done);
+    p->done = nullptr;
+    b->prefill = nullptr;
+    b->activity = Activity::kIdle;
+    doomed.push_back(b->tree->id);
+    done(status);
+  }
+  for (const std::string& id : doomed) {
+    auto it = trees_.find(id);
+    if (it == trees_.end()) continue;
+    int64_t freed = 0;
+    remove_tree(it->second.get(), /*retain_kv=*/false, &freed);
+  }
+  std::vector<GenerateJob*> jobs;
+  for (auto& j : jobs_) {
+    if (j->unfinished > 0) jobs.push_back(j.get());
+  }
+  for (GenerateJob* j : jobs) maybe_close_job(j, status);
+  update_gauges();
+}
+
+void Scheduler::Impl::after_prefill(StepEntry& e) {
+  SchedBranch* b = e.branch;
+  PrefillJob* p = b->prefill;
+  if (!p || b->pending.size() > 1) return;  // more chunks to go
+  b->prefill = nullptr;
+  b->activity = Activity::kIdle;
+  auto done = std::move(p->done);
+  p->done = nullptr;
+  done(CreateTreeResult{b->tree->id, b->id, p->prompt_tokens, p->cached_tokens});
+}
+
+void Scheduler::Impl::after_generate(StepEntry& e) {
+  if (e.logit_index < 0) return;  // a chunk of appended text; the logits come later
+  SchedBranch* b = e.branch;
+  GenerateJob* job = b->job;
+  if (!job) return;
+  GenerateBranchState* st = nullptr;
+  for (GenerateBranchState& s : job->branches) {
+    if (s.branch == b && !s.finished) st = &s;
+  }
+  if (!st) return;
+  const SampledToken t = sample(e.logit_index, job->sampling, b, b->kv_len);
+  b->pending.assign(1, t.token);
+  ++st->generated;
+  if (metrics_) {
+    const auto now = std::chrono::steady_clock::now();
+    metrics_->generation_tokens_total->inc();
+    if (st->generated == 1) {
+      if (!job->first_token_seen) {
+        metrics_->time_to_first_token_seconds->observe(
+            std::chrono::duration<double>(now - job->start).count());
+        job->first_token_seen = true;
+      }
+    } else {
+      metrics_->inter_token_latency_seconds->observe(
+          std::chrono::duration<double>(now - st->last_token_time).count());
+    }
+    st->last_token_time = now;
+  }
+
+  TokenEvent ev;
+  ev.branch_id = st->branch_id;
+  ev.token_id = t.token;
+  ev.logprob = t.logprob;
+  ev.top_logprobs = t.top;
+  StatusOr<std::string> piece = st->detok->push(t.token);
+  if (piece.ok()) ev.text = *piece;
+  const size_t before = st->text.size();
+  st->text += ev.text;
+
+  FinishReason reason = FinishReason::kNone;
+  if (std::find(eos_ids_.begin(), eos_ids_.end(), t.token) != eos_ids_.end()) {
+    reason = FinishReason::kEos;
+  } else if (std::find(job->stop_token_ids.begin(), job->stop_token_ids.end(), t.token) !=
+             job->stop_token_ids.end()) {
+    reason = FinishReason::kStop;
+  } else if (size_t at = find_stop(st->text, job->stop, before); at != std::string::npos) {
+    // The stop string itself is not returned: cut this token's text where it begins.
+    reason = FinishReason::kStop;
+    ev.text = at > before ? st->text.substr(before, at - before) : "";
+  } else if (st->generated >= job->max_tokens) {
+    reason = FinishReason::kLength;
+  }
+  if (reason == FinishReason::kNone) {
+    job->stream->push(std::move(ev));
+  } else {
+    finish_job_branch(job, *st, reason, &ev);
+  }
+}
+
+void Scheduler::Impl::after_verify(StepEntry& e) {
+  SchedBranch* b = e.branch;
+  VerifyJob* v = b->verify;
+  if (!v) return;
+  // Walk down the token tree: sample the model's token at the current node (greedy at
+  // temperature 0); if a child draft carries it, accept that child and continue from it.
+  // Sampling from the target distribution and matching against the drafts keeps the output
+  // distributed exactly as plain decoding would.
+  std::vector<int32_t> path;
+  int32_t node = -1;
+  int32_t logit = e.logit_index;
+  int32_t bonus = 0;
+  for (;;) {
+    const SampledToken t = sample(logit, v->sampling, b, b->kv_len + int64_t(path.size()));
+    int32_t next = -1;
+    for (size_t i = 0; i < v->tokens.size(); ++i) {
+      if (v->parents[i] == node && v->tokens[i] == t.token) {
+        next = static_cast<int32_t>(i);
+        break;
+      }
+    }
+    if (next < 0) {
+      bonus = t.token;
+      break;
+    }
+    path.push_back(next);
+    node = next;
+    logit = e.draft_logits + next;
+  }
+  std::vector<SlotMove> moves;
+  Status accepted = kv_->accept(*b->kv, path, &moves);
+  b->verify = nullptr;
+  b->activity = Activity::kIdle;
+  auto done = std::move(v->done);
+  v->done = nullptr;
+  if (!accepted.ok()) {
+    done(Internal("accepting the verified path failed: " + accepted.message()));
+    return;
+  }
+  for (const SlotMove& m : moves) {
+    const int32_t ps = kv_->page_size();
+    deferred_moves_.push_back(
+        {int64_t(m.src.page) * ps + m.src.slot, int64_t(m.dst.page) * ps + m.dst.slot});
+  }
+  VerifyResult r;
+  for (int32_t i : path) r.accepted_tokens.push_back(v->tokens[i]);
+  r.bonus_token = bonus;
+  b->kv_len += static_cast<int32_t>(path.size());
+  b->pending.assign(1, bonus);
+  if (metrics_) metrics_->verify_accepted_tokens->observe(static_cast<double>(path.size()));
+  done(std::move(r));
+}
+
+}  // namespace treeserve

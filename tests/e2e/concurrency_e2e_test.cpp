@@ -1,0 +1,231 @@
+// Concurrency soak: 32 client threads issue random tree operations against one server
+// (CPU backend, tiny model, a small KV pool so exhaustion happens) for a fixed time.
+// Passes when the server never crashes, every error is one the API documents for the
+// situation, and after deleting every tree the pool is idle (pages balance).
+// TREESERVE_SOAK_SECONDS overrides the duration (default 60).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "proto/treeserve.grpc.pb.h"
+#include "tests/e2e/server_process.h"
+
+namespace treeserve::testing {
+namespace {
+
+namespace v1 = ::treeserve::v1;
+using grpc::StatusCode;
+
+struct Shared {
+  std::mutex mu;
+  std::vector<std::string> trees;
+  std::atomic<int64_t> ops{0}, tokens{0}, errors_ok{0};
+  std::mutex bad_mu;
+  std::vector<std::string> bad;  // undocumented errors
+
+  std::string pick(std::mt19937& rng) {
+    std::lock_guard<std::mutex> l(mu);
+    if (trees.empty()) return "";
+    return trees[rng() % trees.size()];
+  }
+  void add(const std::string& t) {
+    std::lock_guard<std::mutex> l(mu);
+    trees.push_back(t);
+  }
+  void remove(const std::string& t) {
+    std::lock_guard<std::mutex> l(mu);
+    std::erase(trees, t);
+  }
+  // The codes a racing client may legitimately see: ids deleted or pruned by another
+  // thread, busy branches, a full pool, its own cancellation or deadline.
+  void check(const grpc::Status& s, const char* op) {
+    ++ops;
+    if (s.ok()) return;
+    switch (s.error_code()) {
+      case StatusCode::NOT_FOUND:
+      case StatusCode::FAILED_PRECONDITION:
+      case StatusCode::RESOURCE_EXHAUSTED:
+      case StatusCode::CANCELLED:
+      case StatusCode::DEADLINE_EXCEEDED:
+        ++errors_ok;
+        return;
+      default: {
+        std::lock_guard<std::mutex> l(bad_mu);
+        bad.push_back(std::string(op) + ": " + std::to_string(s.error_code()) + " " +
+                      s.error_message());
+      }
+    }
+  }
+};
+
+void client_thread(int id, std::shared_ptr<grpc::Channel> channel, Shared* shared,
+                   std::chrono::steady_clock::time_point end) {
+  auto stub = v1::TreeServe::NewStub(channel);
+  std::mt19937 rng(1234 + id);
+  const std::vector<std::string> prefixes = {
+      "You are a careful assistant. Think step by step about the puzzle below.",
+      "Few-shot examples: apple is a fruit; carrot is a vegetable; tomato is",
+      "Document one: the harbour was quiet. Document two: the ships came back at dawn."};
+  auto rand_branch = [&](const std::string& tree) -> std::string {
+    grpc::ClientContext ctx;
+    v1::GetTreeRequest req;
+    req.set_tree_id(tree);
+    v1::TreeInfo info;
+    grpc::Status s = stub->GetTree(&ctx, req, &info);
+    shared->check(s, "GetTree");
+    if (!s.ok() || info.branches_size() == 0) return "";
+    return info.branches(rng() % info.branches_size()).branch_id();
+  };
+  while (std::chrono::steady_clock::now() < end) {
+    const int op = rng() % 100;
+    if (op < 12) {  // CreateTree over a shared prefix
+      grpc::ClientContext ctx;
+      v1::CreateTreeRequest req;
+      req.mutable_prompt()->set_text(prefixes[rng() % prefixes.size()] + " #" +
+                                     std::to_string(rng() % 50));
+      v1::CreateTreeResponse resp;
+      grpc::Status s = stub->CreateTree(&ctx, req, &resp);
+      shared->check(s, "CreateTree");
+      if (s.ok()) shared->add(resp.tree_id());
+    } else if (op < 30) {  // Branch
+      std::string tree = shared->pick(rng);
+      if (tree.empty()) continue;
+      std::string b = rand_branch(tree);
+      if (b.empty()) continue;
+      grpc::ClientContext ctx;
+      v1::BranchRequest req;
+      req.set_tree_id(tree);
+      req.set_branch_id(b);
+      req.set_n(1 + rng() % 4);
+      v1::BranchResponse resp;
+      shared->check(stub->Branch(&ctx, req, &resp), "Branch");
+    } else if (op < 65) {  // Generate: run out, cancel midway, or hit a deadline
+      v1::GenerateRequest req;
+      req.mutable_sampling()->set_max_tokens(1 + rng() % 24);
+      req.mutable_sampling()->set_temperature((rng() % 2) ? 0.8f : 0.0f);
+      req.mutable_sampling()->set_seed(rng());
+      if (rng() % 5 == 0) {
+        req.mutable_prompt()->set_text(prefixes[rng() % prefixes.size()]);
+        req.set_n(1 + rng() % 4);
+      } else {
+        std::string tree = shared->pick(rng);
+        if (tree.empty()) continue;
+        std::string b = rand_branch(tree);
+        if (b.empty()) continue;
+        req.set_tree_id(tree);
+        req.add_branch_ids(b);
+        if (rng() % 3 == 0) req.mutable_append()->set_text(" and then");
+      }
+      grpc::ClientContext ctx;
+      const int mode = rng() % 6;
+      if (mode == 0) {
+        ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(5 + rng() % 50));
+      }
+      auto reader = stub->Generate(&ctx, req);
+      v1::GenerateResponse r;
+      int n = 0;
+      while (reader->Read(&r)) {
+        ++shared->tokens;
+        if (mode == 1 && ++n == 3) ctx.TryCancel();
+      }
+      shared->check(reader->Finish(), "Generate");
+    } else if (op < 75) {  // Prune (sometimes retaining KV)
+      std::string tree = shared->pick(rng);
+      if (tree.empty()) continue;
+      std::string b = rand_branch(tree);
+      if (b.empty() || b == "b0") continue;
+      grpc::ClientContext ctx;
+      v1::PruneRequest req;
+      req.set_tree_id(tree);
+      req.add_branch_ids(b);
+      req.set_retain_kv(rng() % 2);
+      v1::PruneResponse resp;
+      shared->check(stub->Prune(&ctx, req, &resp), "Prune");
+    } else if (op < 85) {  // Verify a small random token tree
+      std::string tree = shared->pick(rng);
+      if (tree.empty()) continue;
+      std::string b = rand_branch(tree);
+      if (b.empty()) continue;
+      grpc::ClientContext ctx;
+      v1::VerifyRequest req;
+      req.set_tree_id(tree);
+      req.set_branch_id(b);
+      const int t = 1 + rng() % 12;
+      for (int i = 0; i < t; ++i) {
+        req.add_tokens(3 + rng() % 500);
+        req.add_parents(i == 0 ? -1 : static_cast<int32_t>(rng() % (i + 1)) - 1);
+      }
+      v1::VerifyResponse resp;
+      shared->check(stub->Verify(&ctx, req, &resp), "Verify");
+    } else if (op < 92) {  // DeleteTree
+      std::string tree = shared->pick(rng);
+      if (tree.empty()) continue;
+      grpc::ClientContext ctx;
+      v1::DeleteTreeRequest req;
+      req.set_tree_id(tree);
+      v1::DeleteTreeResponse resp;
+      grpc::Status s = stub->DeleteTree(&ctx, req, &resp);
+      shared->check(s, "DeleteTree");
+      shared->remove(tree);
+    } else {  // GetServerInfo
+      grpc::ClientContext ctx;
+      v1::ServerInfo info;
+      grpc::Status s = stub->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info);
+      shared->check(s, "GetServerInfo");
+      if (s.ok() && info.kv_pages_free() > info.kv_pages_total()) {
+        std::lock_guard<std::mutex> l(shared->bad_mu);
+        shared->bad.push_back("free pages above total");
+      }
+    }
+  }
+}
+
+TEST(Concurrency, ThirtyTwoClientsRandomTreeOperations) {
+  int seconds = 60;
+  if (const char* env = std::getenv("TREESERVE_SOAK_SECONDS")) seconds = std::atoi(env);
+  // 96 pages x 16 tokens: small enough that trees compete for pages.
+  ServerProcess server({"--backend", "cpu", "--kv-cache-bytes", std::to_string(96 * 16 * 4096)});
+  ASSERT_TRUE(server.wait_ready()) << server.output();
+  Shared shared;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 32; ++i) {
+    threads.emplace_back(client_thread, i, server.channel(), &shared, end);
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& b : shared.bad) ADD_FAILURE() << "undocumented error: " << b;
+  EXPECT_GT(shared.ops.load(), 500);
+  EXPECT_GT(shared.tokens.load(), 500);
+  std::printf("soak: %lld calls, %lld streamed tokens, %lld documented errors in %d s\n",
+              static_cast<long long>(shared.ops.load()),
+              static_cast<long long>(shared.tokens.load()),
+              static_cast<long long>(shared.errors_ok.load()), seconds);
+
+  // Delete every tree that is left; the pool must be back to idle.
+  auto stub = v1::TreeServe::NewStub(server.channel());
+  for (const std::string& t : shared.trees) {
+    grpc::ClientContext ctx;
+    v1::DeleteTreeRequest req;
+    req.set_tree_id(t);
+    v1::DeleteTreeResponse resp;
+    grpc::Status s = stub->DeleteTree(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok() || s.error_code() == StatusCode::NOT_FOUND) << s.error_message();
+  }
+  grpc::ClientContext ctx;
+  v1::ServerInfo info;
+  ASSERT_TRUE(stub->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.live_trees(), 0);
+  EXPECT_EQ(info.live_branches(), 0);
+  EXPECT_EQ(info.kv_pages_free() + info.kv_pages_evictable(), info.kv_pages_total());
+  EXPECT_EQ(server.terminate(), 0) << server.output();
+}
+
+}  // namespace
+}  // namespace treeserve::testing
