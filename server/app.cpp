@@ -15,6 +15,9 @@
 
 #include "common/metrics.h"
 #include "engine/backend.h"
+#ifdef TREESERVE_HAVE_CUDA
+#include "engine/cuda_backend.h"
+#endif
 #include "kernels/kv_layout.h"
 #include "models/llama_weights.h"
 #include "models/model_config.h"
@@ -53,14 +56,28 @@ sigset_t shutdown_signals() {
   return set;
 }
 
+// auto: CUDA when this build has it and a device is present, else the CPU.
 Status resolve_backend(const std::string& requested, std::string* backend) {
-  // The CUDA engine is issue 6; until it exists this build serves on the CPU only.
+#ifdef TREESERVE_HAVE_CUDA
+  const int32_t devices = cuda_device_count();
+#else
+  const int32_t devices = 0;
+#endif
   if (requested == "cuda") {
+#ifndef TREESERVE_HAVE_CUDA
     return Unavailable(
-        "backend 'cuda' is not available in this build yet (the CUDA engine is not "
-        "implemented); use --backend cpu or auto");
+        "backend 'cuda': this build has no CUDA support (configure with "
+        "-DTREESERVE_CUDA=ON); use --backend cpu");
+#endif
+    if (devices == 0) {
+      return Unavailable("backend 'cuda': no CUDA device is visible; use --backend cpu");
+    }
+    *backend = "cuda";
+  } else if (requested == "auto") {
+    *backend = devices > 0 ? "cuda" : "cpu";
+  } else {
+    *backend = "cpu";
   }
-  *backend = "cpu";
   return Status::Ok();
 }
 
@@ -159,11 +176,22 @@ int run_treeserve(int argc, char** argv) {
     if (!reader.ok()) return fail(reader.status());
     auto weights = load_llama_weights(*model_config, *reader);
     if (!weights.ok()) return fail(weights.status());
-    CpuBackendOptions cpu;
-    cpu.num_pages = pages;
-    cpu.page_size = config.kv_cache.page_size;
-    cpu.num_threads = config.engine.cpu_threads;
-    auto created = create_cpu_backend(*model_config, *weights, cpu);
+    StatusOr<std::unique_ptr<Backend>> created = Unavailable("no backend");
+    if (backend == "cuda") {
+#ifdef TREESERVE_HAVE_CUDA
+      CudaBackendOptions cuda;
+      cuda.num_pages = pages;
+      cuda.page_size = config.kv_cache.page_size;
+      cuda.bfloat16 = model_config->torch_dtype == "bfloat16";
+      created = create_cuda_backend(*model_config, *weights, cuda);
+#endif
+    } else {
+      CpuBackendOptions cpu;
+      cpu.num_pages = pages;
+      cpu.page_size = config.kv_cache.page_size;
+      cpu.num_threads = config.engine.cpu_threads;
+      created = create_cpu_backend(*model_config, *weights, cpu);
+    }
     if (!created.ok()) return fail(created.status());
     engine = std::move(*created);
   }

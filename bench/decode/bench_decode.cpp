@@ -1,0 +1,382 @@
+// Decode-step benchmark of the CUDA engine on one GPU: a model shape (default Llama-3-8B,
+// random fp16 weights: the shape is what matters for timing) runs DESIGN.md's decoding
+// workloads for a fixed number of steps. Per workload it prints the mean step time, tokens/s,
+// the roofline step time ((weight bytes + unique KV bytes) / measured copy bandwidth), and
+// the same steps with attention forced to the prefix-unaware baseline, in the same run.
+//
+//   bench_decode [--config configs/models/llama-3-8b.json] [--steps 16] [--json FILE]
+//                [--workloads fewshot,spec,tot] [--kv-gib 6]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/cuda_backend.h"
+#include "kvcache/kv_cache.h"
+#include "models/model_config.h"
+
+namespace treeserve {
+namespace {
+
+struct Args {
+  std::string config = "configs/models/llama-3-8b.json";
+  int steps = 16;
+  std::string json;
+  std::string workloads = "fewshot,spec,tot";
+  double kv_gib = 6.0;
+};
+
+double copy_bandwidth_bytes_per_s() {
+  const size_t bytes = size_t(1) << 30;
+  void *a = nullptr, *b = nullptr;
+  cudaMalloc(&a, bytes);
+  cudaMalloc(&b, bytes);
+  cudaMemset(a, 1, bytes);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  float best = 1e30f;
+  for (int i = 0; i < 10; ++i) {
+    cudaEventRecord(e0);
+    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    best = std::min(best, ms);
+  }
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * double(bytes) / (double(best) * 1e-3);  // read + write
+}
+
+// Weights one decode step streams: every layer matrix and the LM head (embedding rows are
+// gathered, negligible).
+double weight_bytes(const ModelConfig& c) {
+  const double h = double(c.hidden_size), q = double(c.q_size()), kv = double(c.kv_size());
+  const double im = double(c.intermediate_size);
+  const double layer = (q + 2 * kv) * h + h * q + 3 * im * h + 2 * h;
+  return 2.0 * (layer * double(c.num_hidden_layers) + double(c.vocab_size) * h);
+}
+
+// One measured workload: a KvCache state with `branches` live, each decoding `rows_per_branch`
+// rows per step (1 for decode; 1 + drafts for speculative verify).
+struct Workload {
+  std::string name;
+  std::vector<BranchId> branches;
+  int32_t drafts = 0;  // speculative: token-tree size per step
+  std::vector<int32_t> draft_parents;
+  int64_t unique_kv_tokens = 0;
+};
+
+class Runner {
+ public:
+  Runner(const ModelConfig& config, Backend* backend, KvCache* kv)
+      : config_(config), backend_(backend), kv_(kv) {}
+
+  // Prefills `tokens` on a new branch in chunks of up to 1024 tokens; returns the branch.
+  BranchId prefill(const std::vector<int32_t>& tokens) {
+    BranchId id = 0;
+    size_t done = 0;
+    while (done < tokens.size()) {
+      const size_t n = std::min<size_t>(1024, tokens.size() - done);
+      std::vector<int32_t> chunk(tokens.begin() + done, tokens.begin() + done + n);
+      std::vector<KvSlot> slots;
+      if (done == 0) {
+        auto nb = kv_->create_branch(chunk);
+        check(nb.status());
+        id = nb->id;
+        slots = nb->slots;
+      } else {
+        check(kv_->append(id, chunk, &slots));
+      }
+      batch_.clear();
+      add(id, chunk, slots, int32_t(done), false);
+      step({{id, int32_t(n)}});
+      done += n;
+    }
+    return id;
+  }
+
+  // Appends `len` tokens to each branch (suffixes), in batches of up to 1024 rows.
+  void extend(const std::vector<BranchId>& ids, int32_t len, uint32_t seed) {
+    const size_t per_batch = std::max<size_t>(1, 1024 / size_t(len));
+    for (size_t first = 0; first < ids.size(); first += per_batch) {
+      batch_.clear();
+      std::vector<ViewQuery> q;
+      for (size_t i = first; i < std::min(ids.size(), first + per_batch); ++i) {
+        const BranchId b = ids[i];
+        std::vector<int32_t> toks(static_cast<size_t>(len));
+        for (auto& t : toks) t = int32_t((seed = seed * 1664525u + 1013904223u) % 1000) + 10;
+        std::vector<KvSlot> slots;
+        const int32_t pos = kv_->branch_length(b).value();
+        check(kv_->append(b, toks, &slots));
+        add(b, toks, slots, pos, false);
+        q.push_back({b, len});
+      }
+      step(q);
+    }
+  }
+
+  // Mean milliseconds of `steps` decode steps (each branch +1 token, or a token tree).
+  double measure(Workload& w, int steps) {
+    double total = 0;
+    for (int s = 0; s < steps + 1; ++s) {  // the first step warms up
+      batch_.clear();
+      std::vector<ViewQuery> q;
+      for (BranchId b : w.branches) {
+        const int32_t pos = kv_->branch_length(b).value();
+        std::vector<KvSlot> slots;
+        std::vector<int32_t> tok = {int32_t(100 + s)};
+        check(kv_->append(b, tok, &slots));
+        add(b, tok, slots, pos, true);
+        q.push_back({b, 1});
+        if (w.drafts > 0) {
+          std::vector<int32_t> drafts(static_cast<size_t>(w.drafts));
+          for (int32_t i = 0; i < w.drafts; ++i) drafts[i] = 200 + i;
+          std::vector<KvSlot> ds;
+          check(kv_->append_token_tree(b, drafts, w.draft_parents, &ds));
+          std::vector<int32_t> depth(drafts.size());
+          for (size_t i = 0; i < drafts.size(); ++i) {
+            depth[i] = w.draft_parents[i] < 0 ? 0 : depth[w.draft_parents[i]] + 1;
+            batch_.token_ids.push_back(drafts[i]);
+            batch_.positions.push_back(pos + 1 + depth[i]);
+            batch_.kv_slots.push_back(int64_t(ds[i].page) * kv_->page_size() + ds[i].slot);
+            batch_.logit_rows.push_back(batch_.num_rows() - 1);
+          }
+        }
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      step(q);
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (s > 0) total += ms;
+      if (w.drafts > 0) {
+        for (BranchId b : w.branches) {
+          std::vector<SlotMove> none;
+          check(kv_->accept(b, {}, &none));  // reject all: the next step starts the same
+        }
+      }
+    }
+    return total / steps;
+  }
+
+ private:
+  void add(BranchId b, const std::vector<int32_t>& toks, const std::vector<KvSlot>& slots,
+           int32_t pos, bool logits) {
+    (void)b;
+    for (size_t i = 0; i < toks.size(); ++i) {
+      batch_.token_ids.push_back(toks[i]);
+      batch_.positions.push_back(pos + int32_t(i));
+      batch_.kv_slots.push_back(int64_t(slots[i].page) * kv_->page_size() + slots[i].slot);
+    }
+    if (logits) batch_.logit_rows.push_back(batch_.num_rows() - 1);
+  }
+  void step(const std::vector<ViewQuery>& q) {
+    check(kv_->build_attention_view(q, &batch_.view));
+    check(backend_->forward(batch_, &logits_));
+  }
+  static void check(const Status& s) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "error: %s\n", s.message().c_str());
+      std::exit(1);
+    }
+  }
+
+  const ModelConfig& config_;
+  Backend* backend_;
+  KvCache* kv_;
+  StepBatch batch_;
+  Logits logits_;
+};
+
+std::vector<int32_t> tokens(int n, uint32_t seed) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t((seed = seed * 1664525u + 1013904223u) % 30000) + 10;
+  return t;
+}
+
+// Medusa-like token tree: wide near the root, narrow deeper (t tokens).
+std::vector<int32_t> medusa_parents(int32_t t) {
+  std::vector<int32_t> parents;
+  std::vector<int32_t> level = {-1};
+  int32_t width = 8;
+  while (int32_t(parents.size()) < t) {
+    std::vector<int32_t> next;
+    for (int32_t p : level) {
+      for (int32_t k = 0; k < width && int32_t(parents.size()) < t; ++k) {
+        parents.push_back(p);
+        next.push_back(int32_t(parents.size()) - 1);
+      }
+    }
+    level = next;
+    width = std::max(1, width / 2);
+  }
+  return parents;
+}
+
+struct Result {
+  std::string name;
+  int64_t rows = 0;
+  double ms = 0, baseline_ms = 0, roofline_ms = 0, unique_kv_gb = 0;
+};
+
+int run(const Args& args) {
+  std::ifstream f(args.config);
+  if (!f) {
+    std::fprintf(stderr, "cannot open %s\n", args.config.c_str());
+    return 1;
+  }
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto config = parse_model_config(ss.str(), args.config);
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", config.status().message().c_str());
+    return 1;
+  }
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "bench_decode: no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  const double bw = copy_bandwidth_bytes_per_s();
+  std::printf("device: %s, copy bandwidth %.2f TB/s\n", prop.name, bw / 1e12);
+  const double wbytes = weight_bytes(*config);
+  std::printf("model: %s shape, %lld layers, hidden %lld, fp16 weights streamed per step %.2f GB\n",
+              args.config.c_str(), (long long)config->num_hidden_layers,
+              (long long)config->hidden_size, wbytes / 1e9);
+  const int64_t kv_token_bytes = config->num_hidden_layers * 2 * config->kv_size() * 2;
+
+  std::vector<Result> results;
+  for (bool baseline : {false, true}) {
+    CudaBackendOptions opt;
+    opt.page_size = 16;
+    opt.num_pages = int64_t(args.kv_gib * (1ull << 30)) / (kv_token_bytes * opt.page_size);
+    opt.baseline_attention = baseline;
+    auto backend = create_cuda_backend_random(*config, opt, 42);
+    if (!backend.ok()) {
+      std::fprintf(stderr, "%s\n", backend.status().message().c_str());
+      return 1;
+    }
+    size_t index = 0;
+    auto record = [&](const std::string& name, int64_t rows, int64_t unique_tokens, double ms) {
+      if (!baseline) {
+        Result r;
+        r.name = name;
+        r.rows = rows;
+        r.ms = ms;
+        r.unique_kv_gb = double(unique_tokens * kv_token_bytes) / 1e9;
+        r.roofline_ms = (wbytes + double(unique_tokens * kv_token_bytes)) / bw * 1e3;
+        results.push_back(r);
+      } else {
+        results[index++].baseline_ms = ms;
+      }
+    };
+    auto want = [&](const char* w) { return args.workloads.find(w) != std::string::npos; };
+    if (want("fewshot")) {
+      for (int b : {20, 30, 50}) {
+        KvCacheConfig kc{16, int32_t(opt.num_pages)};
+        auto kv = KvCache::create(kc);
+        Runner r(*config, backend->get(), kv->get());
+        BranchId root = r.prefill(tokens(4000, 1));
+        auto forked = (*kv)->fork(root, b);
+        Workload w;
+        w.name = "fewshot P=4000 b=" + std::to_string(b) + " +200";
+        w.branches = forked->branches;
+        r.extend(w.branches, 200, 7);
+        const double ms = r.measure(w, args.steps);
+        record(w.name, b, 4000 + int64_t(b) * 200, ms);
+      }
+    }
+    if (want("spec")) {
+      for (int t : {32, 64, 128, 256}) {
+        KvCacheConfig kc{16, int32_t(opt.num_pages)};
+        auto kv = KvCache::create(kc);
+        Runner r(*config, backend->get(), kv->get());
+        Workload w;
+        w.name = "speculative t=" + std::to_string(t) + " over 4000";
+        w.branches = {r.prefill(tokens(4000, 2))};
+        w.drafts = t;
+        w.draft_parents = medusa_parents(t);
+        const double ms = r.measure(w, args.steps);
+        record(w.name, 1 + t, 4000 + t, ms);
+      }
+    }
+    if (want("tot")) {
+      // Tree-of-thought-like: prompt 1000, 10 thoughts of 100, 10 more each of 50 (100 leaves).
+      KvCacheConfig kc{16, int32_t(opt.num_pages)};
+      auto kv = KvCache::create(kc);
+      Runner r(*config, backend->get(), kv->get());
+      BranchId root = r.prefill(tokens(1000, 3));
+      auto l1 = (*kv)->fork(root, 10);
+      r.extend(l1->branches, 100, 9);
+      Workload w;
+      w.name = "tot 1000 -> 10 x 100 -> 100 x 50";
+      for (BranchId b : l1->branches) {
+        auto l2 = (*kv)->fork(b, 10);
+        for (BranchId c : l2->branches) w.branches.push_back(c);
+      }
+      r.extend(w.branches, 50, 11);
+      const double ms = r.measure(w, args.steps);
+      record(w.name, 100, 1000 + 10 * 100 + 100 * 50, ms);
+    }
+  }
+  std::printf("\n%-36s %6s %10s %10s %12s %12s %10s\n", "workload", "rows", "step ms", "tok/s",
+              "roofline ms", "baseline ms", "speedup");
+  for (const Result& r : results) {
+    std::printf("%-36s %6lld %10.3f %10.0f %12.3f %12.3f %9.2fx\n", r.name.c_str(),
+                (long long)r.rows, r.ms, double(r.rows) / (r.ms * 1e-3), r.roofline_ms,
+                r.baseline_ms, r.baseline_ms / r.ms);
+  }
+  if (!args.json.empty()) {
+    std::ofstream out(args.json);
+    out << "{\"device\": \"" << prop.name << "\", \"copy_bandwidth_tbps\": " << bw / 1e12
+        << ", \"results\": [";
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      out << (i ? ", " : "") << "{\"name\": \"" << r.name << "\", \"rows\": " << r.rows
+          << ", \"step_ms\": " << r.ms << ", \"roofline_ms\": " << r.roofline_ms
+          << ", \"baseline_ms\": " << r.baseline_ms << ", \"unique_kv_gb\": " << r.unique_kv_gb
+          << "}";
+    }
+    out << "]}\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace treeserve
+
+int main(int argc, char** argv) {
+  treeserve::Args args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--config")
+      args.config = next();
+    else if (a == "--steps")
+      args.steps = std::stoi(next());
+    else if (a == "--json")
+      args.json = next();
+    else if (a == "--workloads")
+      args.workloads = next();
+    else if (a == "--kv-gib")
+      args.kv_gib = std::stod(next());
+    else {
+      std::fprintf(stderr,
+                   "usage: bench_decode [--config F] [--steps N] [--json F] "
+                   "[--workloads fewshot,spec,tot] [--kv-gib G]\n");
+      return 2;
+    }
+  }
+  return treeserve::run(args);
+}

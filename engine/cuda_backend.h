@@ -1,0 +1,43 @@
+// The CUDA backend: Llama layers on one GPU in fp16 or bf16 — cuBLAS GEMMs (fused QKV, O,
+// fused gate/up, down, LM head), the row kernels of cuda_ops.cu, and the tree-attention
+// kernel (kernels/tree_attention.h) running the step's plan over the paged pool. Logits of
+// the requested rows come back to the host as float32 (sampling is on the host for now).
+// Plain C++ header: no CUDA types.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "common/status.h"
+#include "engine/backend.h"
+
+namespace treeserve {
+
+struct LlamaWeights;
+
+struct CudaBackendOptions {
+  int64_t num_pages = 1024;
+  int32_t page_size = 16;
+  bool bfloat16 = false;  // false: fp16
+  int32_t device = 0;
+  // Force the prefix-unaware baseline schedule for attention (per-query flash-decoding over
+  // each query's whole path): for A/B benchmarks only.
+  bool baseline_attention = false;
+};
+
+// Number of usable CUDA devices (0 when there is no driver or device).
+int32_t cuda_device_count();
+
+// Uploads the checkpoint (any of F32/F16/BF16, converted on the device) and allocates the
+// pool. UNAVAILABLE without a device; RESOURCE_EXHAUSTED when memory is short.
+StatusOr<std::unique_ptr<Backend>> create_cuda_backend(const ModelConfig& config,
+                                                       const LlamaWeights& weights,
+                                                       const CudaBackendOptions& options);
+
+// Same model shape with random weights drawn on the device (for benchmarks of a shape,
+// e.g. Llama-3-8B, without its checkpoint).
+StatusOr<std::unique_ptr<Backend>> create_cuda_backend_random(const ModelConfig& config,
+                                                              const CudaBackendOptions& options,
+                                                              uint64_t seed);
+
+}  // namespace treeserve

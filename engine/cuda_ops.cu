@@ -1,0 +1,290 @@
+// Row and elementwise kernels of the CUDA backend: embedding, fused residual-add + RMSNorm,
+// RoPE with the K/V append into the paged pool, SwiGLU, page copies and slot moves, weight
+// conversion. Each is memory-bound; one block per row where a row reduction is needed.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "engine/cuda_ops.h"
+
+namespace treeserve::cuda {
+namespace {
+
+template <typename T>
+__device__ __forceinline__ float to_f(T v);
+template <>
+__device__ __forceinline__ float to_f<__half>(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ __half from_f<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+constexpr int kRowThreads = 256;
+
+template <typename T>
+__global__ void embed_kernel(const int32_t* ids, const T* table, int64_t hidden, float* out) {
+  const int64_t r = blockIdx.x;
+  const T* src = table + int64_t(ids[r]) * hidden;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) out[r * hidden + i] = to_f(src[i]);
+}
+
+__device__ float block_sum(float v) {
+  __shared__ float warp_sums[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) / 32;
+  v = threadIdx.x < warps ? warp_sums[threadIdx.x] : 0.0f;
+  if (warp == 0) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) warp_sums[0] = v;
+  }
+  __syncthreads();
+  const float total = warp_sums[0];
+  __syncthreads();
+  return total;
+}
+
+// HF LlamaRMSNorm: float statistics, normalised value cast to the dtype, times the weight.
+template <typename T>
+__global__ void add_rms_norm_kernel(float* residual, const T* delta, const T* weight, float eps,
+                                    int64_t hidden, T* out) {
+  const int64_t r = blockIdx.x;
+  float* x = residual + r * hidden;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    float v = x[i];
+    if (delta) {
+      v += to_f(delta[r * hidden + i]);
+      x[i] = v;
+    }
+    ss += v * v;
+  }
+  if (!out) return;
+  const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const T normed = from_f<T>(x[i] * inv);
+    out[r * hidden + i] = from_f<T>(to_f(normed) * to_f(weight[i]));
+  }
+}
+
+__global__ void gather_rows_kernel(const float* src, const int32_t* rows, int64_t hidden,
+                                   float* out) {
+  const int64_t i = blockIdx.x;
+  const float* s = src + int64_t(rows[i]) * hidden;
+  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) out[i * hidden + j] = s[j];
+}
+
+// One block per row; thread t handles rotation pairs (head, i) with i < d/2.
+template <typename T>
+__global__ void rope_store_kernel(const T* qkv, const int32_t* positions, const float* inv_freq,
+                                  const int64_t* kv_slots, int32_t nh, int32_t nkv, int32_t d,
+                                  int32_t page_size, T* q_out, T* k_pool, T* v_pool) {
+  const int64_t r = blockIdx.x;
+  const int32_t half = d / 2;
+  const int64_t stride = int64_t(nh + 2 * nkv) * d;
+  const T* row = qkv + r * stride;
+  const float pos = float(positions[r]);
+  const int64_t slot_id = kv_slots[r];
+  const int64_t page = slot_id / page_size;
+  const int32_t slot = int32_t(slot_id % page_size);
+  const int64_t page_elems = int64_t(nkv) * page_size * d;
+  for (int32_t t = threadIdx.x; t < (nh + nkv) * half; t += blockDim.x) {
+    const int32_t head = t / half, i = t % half;
+    // Same op order as the CPU reference: float angle, then cos/sin of it.
+    float s, c;
+    sincosf(pos * inv_freq[i], &s, &c);
+    const T* src = row + int64_t(head) * d;
+    const float a = to_f(src[i]), b = to_f(src[i + half]);
+    const T lo = from_f<T>(a * c - b * s), hi = from_f<T>(b * c + a * s);
+    if (head < nh) {
+      T* dst = q_out + (r * nh + head) * d;
+      dst[i] = lo;
+      dst[i + half] = hi;
+    } else {
+      const int32_t kh = head - nh;
+      T* dst = k_pool + page * page_elems + (int64_t(kh) * page_size + slot) * d;
+      dst[i] = lo;
+      dst[i + half] = hi;
+    }
+  }
+  const T* v = row + int64_t(nh + nkv) * d;
+  for (int32_t t = threadIdx.x; t < nkv * d; t += blockDim.x) {
+    const int32_t kh = t / d, j = t % d;
+    v_pool[page * page_elems + (int64_t(kh) * page_size + slot) * d + j] = v[t];
+  }
+}
+
+template <typename T>
+__global__ void swiglu_kernel(const T* gu, int64_t rows, int64_t im, T* out) {
+  const int64_t n = rows * im;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / im, j = idx % im;
+    const float g = to_f(gu[r * 2 * im + j]);
+    const float u = to_f(gu[r * 2 * im + im + j]);
+    // silu in float, cast like torch (act(gate) in dtype, then * up in dtype).
+    const T act = from_f<T>(g / (1.0f + __expf(-g)));
+    out[idx] = from_f<T>(to_f(act) * u);
+  }
+}
+
+// grid (copy, layer, K|V); threads over the head-major slots of the page.
+template <typename T>
+__global__ void copy_pages_kernel(T* k_all, T* v_all, int64_t layer_elems, int64_t page_elems,
+                                  int32_t nkv, int32_t page_size, int32_t d, const int32_t* src,
+                                  const int32_t* dst, const int32_t* num_slots) {
+  const int32_t c = blockIdx.x, l = blockIdx.y;
+  T* base = (blockIdx.z == 0 ? k_all : v_all) + int64_t(l) * layer_elems;
+  const T* s = base + int64_t(src[c]) * page_elems;
+  T* t = base + int64_t(dst[c]) * page_elems;
+  const int64_t per_head = int64_t(num_slots[c]) * d;
+  for (int64_t idx = threadIdx.x; idx < per_head * nkv; idx += blockDim.x) {
+    const int64_t h = idx / per_head, j = idx % per_head;
+    t[h * page_size * d + j] = s[h * page_size * d + j];
+  }
+}
+
+// grid (layer, K|V): one block walks the moves in order.
+template <typename T>
+__global__ void move_slots_kernel(T* k_all, T* v_all, int64_t layer_elems, int64_t page_elems,
+                                  int32_t nkv, int32_t page_size, int32_t d, const int64_t* src,
+                                  const int64_t* dst, int32_t n) {
+  const int32_t l = blockIdx.x;
+  T* base = (blockIdx.y == 0 ? k_all : v_all) + int64_t(l) * layer_elems;
+  for (int32_t m = 0; m < n; ++m) {
+    const int64_t sp = src[m] / page_size, dp = dst[m] / page_size;
+    const int32_t ss = int32_t(src[m] % page_size), ds = int32_t(dst[m] % page_size);
+    for (int32_t idx = threadIdx.x; idx < nkv * d; idx += blockDim.x) {
+      const int32_t h = idx / d, j = idx % d;
+      base[dp * page_elems + (int64_t(h) * page_size + ds) * d + j] =
+          base[sp * page_elems + (int64_t(h) * page_size + ss) * d + j];
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T>
+__global__ void convert_kernel(const float* src, int64_t n, T* dst) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    dst[i] = from_f<T>(src[i]);
+  }
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+template <typename T>
+__global__ void fill_random_kernel(T* dst, int64_t n, uint64_t seed, float scale, float offset) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t h = mix64(seed * 0x9e3779b97f4a7c15ull + uint64_t(i));
+    const float u = float(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    dst[i] = from_f<T>(offset + scale * (2.0f * u - 1.0f));
+  }
+}
+
+int grid_for(int64_t n) {
+  const int64_t blocks = (n + 255) / 256;
+  return int(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
+}
+
+}  // namespace
+
+#define TS_DISPATCH(dt, ...)     \
+  if ((dt) == Dtype::kFloat16) { \
+    using T = __half;            \
+    __VA_ARGS__;                 \
+  } else {                       \
+    using T = __nv_bfloat16;     \
+    __VA_ARGS__;                 \
+  }
+
+void embed(Dtype dt, const int32_t* ids, int64_t rows, const void* table, int64_t hidden,
+           float* residual, cudaStream_t stream) {
+  if (rows == 0) return;
+  TS_DISPATCH(dt, embed_kernel<T><<<rows, kRowThreads, 0, stream>>>(
+                      ids, static_cast<const T*>(table), hidden, residual));
+}
+
+void add_rms_norm(Dtype dt, float* residual, const void* delta, const void* weight, float eps,
+                  int64_t rows, int64_t hidden, void* out, cudaStream_t stream) {
+  if (rows == 0) return;
+  TS_DISPATCH(dt, add_rms_norm_kernel<T><<<rows, kRowThreads, 0, stream>>>(
+                      residual, static_cast<const T*>(delta), static_cast<const T*>(weight), eps,
+                      hidden, static_cast<T*>(out)));
+}
+
+void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t hidden, float* out,
+                 cudaStream_t stream) {
+  if (n == 0) return;
+  gather_rows_kernel<<<n, kRowThreads, 0, stream>>>(src, rows, hidden, out);
+}
+
+void rope_and_store_kv(Dtype dt, const void* qkv, const int32_t* positions, const float* inv_freq,
+                       const int64_t* kv_slots, int64_t rows, int32_t nh, int32_t nkv, int32_t d,
+                       int32_t page_size, void* q_out, void* k_pool, void* v_pool,
+                       cudaStream_t stream) {
+  if (rows == 0) return;
+  TS_DISPATCH(dt,
+              rope_store_kernel<T><<<rows, kRowThreads, 0, stream>>>(
+                  static_cast<const T*>(qkv), positions, inv_freq, kv_slots, nh, nkv, d, page_size,
+                  static_cast<T*>(q_out), static_cast<T*>(k_pool), static_cast<T*>(v_pool)));
+}
+
+void swiglu(Dtype dt, const void* gu, int64_t rows, int64_t im, void* out, cudaStream_t stream) {
+  if (rows == 0) return;
+  TS_DISPATCH(dt, swiglu_kernel<T><<<grid_for(rows * im), 256, 0, stream>>>(
+                      static_cast<const T*>(gu), rows, im, static_cast<T*>(out)));
+}
+
+void copy_pages(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t layer_elems,
+                int64_t page_elems, int32_t nkv, int32_t page_size, int32_t d, const int32_t* src,
+                const int32_t* dst, const int32_t* num_slots, int32_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  dim3 grid(n, layers, 2);
+  TS_DISPATCH(dt, copy_pages_kernel<T><<<grid, 256, 0, stream>>>(
+                      static_cast<T*>(k_all), static_cast<T*>(v_all), layer_elems, page_elems, nkv,
+                      page_size, d, src, dst, num_slots));
+}
+
+void move_slots(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t layer_elems,
+                int64_t page_elems, int32_t nkv, int32_t page_size, int32_t d, const int64_t* src,
+                const int64_t* dst, int32_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  dim3 grid(layers, 2);
+  TS_DISPATCH(dt, move_slots_kernel<T>
+              <<<grid, 256, 0, stream>>>(static_cast<T*>(k_all), static_cast<T*>(v_all),
+                                         layer_elems, page_elems, nkv, page_size, d, src, dst, n));
+}
+
+void convert_from_f32(Dtype dt, const float* src, int64_t n, void* dst, cudaStream_t stream) {
+  if (n == 0) return;
+  TS_DISPATCH(dt, convert_kernel<T><<<grid_for(n), 256, 0, stream>>>(src, n, static_cast<T*>(dst)));
+}
+
+void fill_random(Dtype dt, void* dst, int64_t n, uint64_t seed, float scale, float offset,
+                 cudaStream_t stream) {
+  if (n == 0) return;
+  TS_DISPATCH(dt, fill_random_kernel<T>
+              <<<grid_for(n), 256, 0, stream>>>(static_cast<T*>(dst), n, seed, scale, offset));
+}
+
+}  // namespace treeserve::cuda

@@ -1,0 +1,60 @@
+// Elementwise and row kernels of the CUDA backend (cuda_ops.cu), behind plain C++ launchers:
+// no CUDA types here except the forward-declared stream. Every launcher takes the model dtype
+// as a flag (fp16 or bf16; "T" below) and enqueues on `stream`; none allocates.
+#pragma once
+
+#include <cstdint>
+
+typedef struct CUstream_st* cudaStream_t;
+
+namespace treeserve::cuda {
+
+enum class Dtype : int32_t { kFloat16 = 0, kBFloat16 = 1 };
+
+// residual [rows][hidden] float = table[ids[r]] (T [vocab][hidden]).
+void embed(Dtype dt, const int32_t* ids, int64_t rows, const void* table, int64_t hidden,
+           float* residual, cudaStream_t stream);
+
+// With delta != null first residual += delta (T [rows][hidden]); then
+// out (T [rows][hidden]) = rmsnorm(residual) * weight (T [hidden]), float statistics.
+// out may be null (residual update only).
+void add_rms_norm(Dtype dt, float* residual, const void* delta, const void* weight, float eps,
+                  int64_t rows, int64_t hidden, void* out, cudaStream_t stream);
+
+// out (float [n][hidden]) = src[rows[i]] (float [*][hidden]).
+void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t hidden, float* out,
+                 cudaStream_t stream);
+
+// qkv T [rows][(nh + 2 nkv) * d] (q | k | v): RoPE (rotate-half, angle = position *
+// inv_freq[i], inv_freq float [d/2]) on q and k; q goes to q_out T [rows][nh][d]; k and v go
+// to the layer's pool (T [pages][nkv][page_size][d]) at slot kv_slots[r] (page * ps + slot).
+void rope_and_store_kv(Dtype dt, const void* qkv, const int32_t* positions, const float* inv_freq,
+                       const int64_t* kv_slots, int64_t rows, int32_t nh, int32_t nkv, int32_t d,
+                       int32_t page_size, void* q_out, void* k_pool, void* v_pool,
+                       cudaStream_t stream);
+
+// out T [rows][im] = silu(gu[:, :im]) * gu[:, im:]  (gu T [rows][2 im]).
+void swiglu(Dtype dt, const void* gu, int64_t rows, int64_t im, void* out, cudaStream_t stream);
+
+// For every layer l (pools at k_all + l * layer_elems): slots [0, num_slots[i]) of page
+// src[i] copied to page dst[i], every head. n copies.
+void copy_pages(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t layer_elems,
+                int64_t page_elems, int32_t nkv, int32_t page_size, int32_t d, const int32_t* src,
+                const int32_t* dst, const int32_t* num_slots, int32_t n, cudaStream_t stream);
+
+// Slot moves (speculative accept), sequentially in the given order: src/dst slot ids
+// (page * ps + slot), every layer and head. One block does them in order (a later move may
+// read an earlier one's destination).
+void move_slots(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t layer_elems,
+                int64_t page_elems, int32_t nkv, int32_t page_size, int32_t d, const int64_t* src,
+                const int64_t* dst, int32_t n, cudaStream_t stream);
+
+// dst (T [n]) = src (float [n]).
+void convert_from_f32(Dtype dt, const float* src, int64_t n, void* dst, cudaStream_t stream);
+
+// dst (T [n]) = uniform(-scale, scale) from a hash of (seed, index): random weights for
+// shape benchmarks without a checkpoint. With scale == 0, every element is `offset`.
+void fill_random(Dtype dt, void* dst, int64_t n, uint64_t seed, float scale, float offset,
+                 cudaStream_t stream);
+
+}  // namespace treeserve::cuda

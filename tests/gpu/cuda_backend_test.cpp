@@ -1,0 +1,249 @@
+// The CUDA backend against the float32 CPU backend on the tiny test model (label gpu): the
+// same step batches (built by one KvCache, so both pools hold the same pages) must give
+// logits within 2e-2 in fp16 and the same greedy tokens — for one sequence (prefill + 32
+// decode steps), a forked tree decoding in one batch, and a speculative token tree with its
+// accept (slot moves) followed by more decoding.
+#include "engine/cuda_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "engine/backend.h"
+#include "kvcache/kv_cache.h"
+#include "models/llama_weights.h"
+#include "models/model_config.h"
+#include "models/safetensors.h"
+
+namespace treeserve {
+namespace {
+
+constexpr int64_t kPages = 256;
+constexpr int32_t kPageSize = 16;
+
+struct Models {
+  ModelConfig config;
+  std::unique_ptr<Backend> cpu, gpu;
+};
+
+void require_gpu() {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+}
+
+// The build's tiny model, or $TREESERVE_TINY_MODEL_DIR (a copy carried to a GPU machine).
+std::string tiny_dir() {
+  const char* env = std::getenv("TREESERVE_TINY_MODEL_DIR");
+  return env ? env : TREESERVE_TINY_MODEL_DIR;
+}
+
+Models load(bool bf16) {
+  Models m;
+  auto config = load_model_config(tiny_dir());
+  EXPECT_TRUE(config.ok()) << config.status().message();
+  m.config = *config;
+  auto reader = SafetensorsReader::open_dir(tiny_dir());
+  EXPECT_TRUE(reader.ok()) << reader.status().message();
+  auto weights = load_llama_weights(m.config, *reader);
+  EXPECT_TRUE(weights.ok()) << weights.status().message();
+  CpuBackendOptions co;
+  co.num_pages = kPages;
+  co.page_size = kPageSize;
+  auto cpu = create_cpu_backend(m.config, *weights, co);
+  EXPECT_TRUE(cpu.ok()) << cpu.status().message();
+  m.cpu = std::move(*cpu);
+  CudaBackendOptions go;
+  go.num_pages = kPages;
+  go.page_size = kPageSize;
+  go.bfloat16 = bf16;
+  auto gpu = create_cuda_backend(m.config, *weights, go);
+  EXPECT_TRUE(gpu.ok()) << gpu.status().message();
+  m.gpu = std::move(*gpu);
+  return m;
+}
+
+// Builds step batches from one KvCache and runs them on both backends.
+class Lockstep {
+ public:
+  explicit Lockstep(Models* m) : m_(m) {
+    KvCacheConfig kc;
+    kc.page_size = kPageSize;
+    kc.num_pages = int32_t(kPages);
+    kv_ = std::move(KvCache::create(kc).value());
+  }
+  KvCache& kv() { return *kv_; }
+
+  // Queues tokens of `branch` (already appended; slots given) as rows; logits for the last.
+  void add_rows(BranchId branch, const std::vector<int32_t>& tokens,
+                const std::vector<KvSlot>& slots, int32_t first_position, bool logits) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      batch_.token_ids.push_back(tokens[i]);
+      batch_.positions.push_back(first_position + int32_t(i));
+      batch_.kv_slots.push_back(int64_t(slots[i].page) * kPageSize + slots[i].slot);
+    }
+    if (logits) batch_.logit_rows.push_back(batch_.num_rows() - 1);
+    queries_.push_back({branch, int32_t(tokens.size())});
+  }
+  StepBatch& batch() { return batch_; }
+  std::vector<ViewQuery>& queries() { return queries_; }
+
+  // Runs the step on both; returns max |cpu - gpu| over all logits and checks argmaxes.
+  float run(std::vector<int32_t>* greedy_cpu, std::vector<int32_t>* greedy_gpu) {
+    EXPECT_TRUE(kv_->build_attention_view(queries_, &batch_.view).ok());
+    Logits a, b;
+    Status sa = m_->cpu->forward(batch_, &a);
+    Status sb = m_->gpu->forward(batch_, &b);
+    EXPECT_TRUE(sa.ok()) << sa.message();
+    EXPECT_TRUE(sb.ok()) << sb.message();
+    float err = 0.0f;
+    greedy_cpu->clear();
+    greedy_gpu->clear();
+    for (int32_t r = 0; r < a.num_rows; ++r) {
+      const float* x = a.row(r);
+      const float* y = b.row(r);
+      for (int64_t v = 0; v < a.vocab; ++v) err = std::max(err, std::fabs(x[v] - y[v]));
+      greedy_cpu->push_back(int32_t(std::max_element(x, x + a.vocab) - x));
+      greedy_gpu->push_back(int32_t(std::max_element(y, y + b.vocab) - y));
+    }
+    batch_.clear();
+    queries_.clear();
+    return err;
+  }
+
+ private:
+  Models* m_;
+  std::unique_ptr<KvCache> kv_;
+  StepBatch batch_;
+  std::vector<ViewQuery> queries_;
+};
+
+std::vector<int32_t> prompt_tokens(int n) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(1 + (i * 53 + 7) % 500);
+  return p;
+}
+
+void run_single_sequence(bool bf16, float tol) {
+  Models m = load(bf16);
+  ASSERT_TRUE(m.gpu && m.cpu);
+  Lockstep ls(&m);
+  std::vector<int32_t> prompt = prompt_tokens(37);
+  auto nb = ls.kv().create_branch(prompt);
+  ASSERT_TRUE(nb.ok());
+  ls.add_rows(nb->id, prompt, nb->slots, 0, true);
+  std::vector<int32_t> gc, gg;
+  float err = ls.run(&gc, &gg);
+  EXPECT_LE(err, tol) << "prefill";
+  int32_t pos = int32_t(prompt.size());
+  int mismatches = 0;
+  for (int step = 0; step < 32; ++step) {
+    mismatches += gc[0] != gg[0];
+    const int32_t next = gc[0];  // both follow the CPU's greedy token
+    std::vector<KvSlot> slots;
+    ASSERT_TRUE(ls.kv().append(nb->id, std::vector<int32_t>{next}, &slots).ok());
+    ls.add_rows(nb->id, {next}, slots, pos++, true);
+    err = ls.run(&gc, &gg);
+    EXPECT_LE(err, tol) << "decode step " << step;
+  }
+  if (!bf16) EXPECT_EQ(mismatches, 0) << "greedy tokens differ";
+}
+
+TEST(CudaBackend, SingleSequenceMatchesCpuFp16) {
+  require_gpu();
+  run_single_sequence(false, 2e-2f);
+}
+
+TEST(CudaBackend, SingleSequenceMatchesCpuBf16) {
+  require_gpu();
+  run_single_sequence(true, 1.5e-1f);
+}
+
+TEST(CudaBackend, ForkedTreeMatchesCpu) {
+  require_gpu();
+  Models m = load(false);
+  ASSERT_TRUE(m.gpu && m.cpu);
+  Lockstep ls(&m);
+  std::vector<int32_t> prompt = prompt_tokens(45);  // ends mid-page: forks copy a page
+  auto root = ls.kv().create_branch(prompt);
+  ASSERT_TRUE(root.ok());
+  ls.add_rows(root->id, prompt, root->slots, 0, false);
+  std::vector<int32_t> gc, gg;
+  ls.run(&gc, &gg);
+  auto forked = ls.kv().fork(root->id, 6);
+  ASSERT_TRUE(forked.ok());
+  for (const PageCopy& c : forked->copies) {
+    ls.batch().page_copies.push_back({c.src_page, c.dst_page, c.num_slots});
+  }
+  std::vector<int32_t> len(6, int32_t(prompt.size()));
+  std::vector<int32_t> next(6);
+  for (int i = 0; i < 6; ++i) next[i] = 10 + 17 * i;
+  for (int step = 0; step < 12; ++step) {
+    for (int i = 0; i < 6; ++i) {
+      std::vector<KvSlot> slots;
+      std::vector<int32_t> toks = {next[i]};
+      if (step == 0 && i % 2 == 1) toks.push_back(300 + i);  // some branches append two
+      ASSERT_TRUE(ls.kv().append(forked->branches[i], toks, &slots).ok());
+      ls.add_rows(forked->branches[i], toks, slots, len[i], true);
+      len[i] += int32_t(toks.size());
+    }
+    float err = ls.run(&gc, &gg);
+    EXPECT_LE(err, 2e-2f) << "step " << step;
+    EXPECT_EQ(gc, gg) << "step " << step;
+    next = gc;
+  }
+}
+
+TEST(CudaBackend, SpeculativeTokenTreeAndAcceptMatchCpu) {
+  require_gpu();
+  Models m = load(false);
+  ASSERT_TRUE(m.gpu && m.cpu);
+  Lockstep ls(&m);
+  std::vector<int32_t> prompt = prompt_tokens(30);
+  // The prompt but its last token first; then the last token with a token tree of drafts.
+  std::vector<int32_t> head(prompt.begin(), prompt.end() - 1);
+  auto b = ls.kv().create_branch(head);
+  ASSERT_TRUE(b.ok());
+  ls.add_rows(b->id, head, b->slots, 0, false);
+  std::vector<int32_t> gc, gg;
+  ls.run(&gc, &gg);
+  std::vector<KvSlot> slots;
+  ASSERT_TRUE(ls.kv().append(b->id, std::vector<int32_t>{prompt.back()}, &slots).ok());
+  ls.add_rows(b->id, {prompt.back()}, slots, int32_t(head.size()), true);
+  slots.clear();
+  std::vector<int32_t> drafts = {5, 6, 7, 8, 9, 10, 11};
+  std::vector<int32_t> parents = {-1, -1, 0, 0, 2, 1, 4};
+  ASSERT_TRUE(ls.kv().append_token_tree(b->id, drafts, parents, &slots).ok());
+  std::vector<int32_t> depth(drafts.size());
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    depth[i] = parents[i] < 0 ? 0 : depth[parents[i]] + 1;
+    ls.batch().token_ids.push_back(drafts[i]);
+    ls.batch().positions.push_back(int32_t(prompt.size()) + depth[i]);
+    ls.batch().kv_slots.push_back(int64_t(slots[i].page) * kPageSize + slots[i].slot);
+    ls.batch().logit_rows.push_back(ls.batch().num_rows() - 1);
+  }
+  float err = ls.run(&gc, &gg);
+  EXPECT_LE(err, 2e-2f);
+  EXPECT_EQ(gc, gg);
+  // Accept the chain 0 -> 2 -> 4 -> 6; its KV moves into place; decoding continues.
+  std::vector<SlotMove> moves;
+  ASSERT_TRUE(ls.kv().accept(b->id, std::vector<int32_t>{0, 2, 4, 6}, &moves).ok());
+  for (const SlotMove& mv : moves) {
+    ls.batch().slot_moves.push_back({int64_t(mv.src.page) * kPageSize + mv.src.slot,
+                                     int64_t(mv.dst.page) * kPageSize + mv.dst.slot});
+  }
+  int32_t pos = int32_t(prompt.size()) + 4;
+  for (int step = 0; step < 8; ++step) {
+    std::vector<KvSlot> s;
+    const int32_t tok = 40 + step;
+    ASSERT_TRUE(ls.kv().append(b->id, std::vector<int32_t>{tok}, &s).ok());
+    ls.add_rows(b->id, {tok}, s, pos++, true);
+    err = ls.run(&gc, &gg);
+    EXPECT_LE(err, 2e-2f) << "after accept, step " << step;
+    EXPECT_EQ(gc, gg);
+  }
+}
+
+}  // namespace
+}  // namespace treeserve
