@@ -24,7 +24,11 @@ struct LlamaWeights;
 struct Logits {
   int32_t num_rows = 0;
   int64_t vocab = 0;
-  std::vector<float> data;
+  std::vector<float> data;  // empty when only the argmax was returned (see below)
+  // Filled by backends that honour StepBatch::full_logits == false (then data is empty):
+  // per logit row, the most likely token (lowest id on ties) and its log-softmax.
+  std::vector<int32_t> argmax;
+  std::vector<float> argmax_logprob;
 
   const float* row(int32_t i) const { return data.data() + int64_t(i) * vocab; }
   float* row(int32_t i) { return data.data() + int64_t(i) * vocab; }

@@ -252,7 +252,6 @@ class CudaBackend final : public Backend {
     // Final norm + LM head on the logit rows only: logits float [n][vocab].
     out->num_rows = int32_t(n_logits);
     out->vocab = config_.vocab_size;
-    out->data.resize(size_t(n_logits * config_.vocab_size));
     if (n_logits > 0) {
       cuda::gather_rows(residual_.as<float>(), d_logit_rows_, n_logits, h, final_.as<float>(),
                         stream_);
@@ -260,14 +259,38 @@ class CudaBackend final : public Backend {
                          stream_);
       TS_RETURN_IF_ERROR(
           gemm(x_.ptr, lm_head_, logits_.ptr, n_logits, config_.vocab_size, h, true));
-      const size_t bytes = size_t(n_logits * config_.vocab_size) * 4;
-      TS_RETURN_IF_ERROR(reserve_host_logits(bytes));
-      TS_CUDA(cudaMemcpyAsync(host_logits_, logits_.ptr, bytes, cudaMemcpyDeviceToHost, stream_),
-              "logits download");
-      TS_CUDA(cudaStreamSynchronize(stream_), "step");
-      std::memcpy(out->data.data(), host_logits_, bytes);
+      if (batch.full_logits) {
+        const size_t bytes = size_t(n_logits * config_.vocab_size) * 4;
+        TS_RETURN_IF_ERROR(reserve_host_logits(bytes));
+        TS_CUDA(cudaMemcpyAsync(host_logits_, logits_.ptr, bytes, cudaMemcpyDeviceToHost, stream_),
+                "logits download");
+        TS_CUDA(cudaStreamSynchronize(stream_), "step");
+        out->data.resize(size_t(n_logits * config_.vocab_size));
+        std::memcpy(out->data.data(), host_logits_, bytes);
+        out->argmax.clear();
+        out->argmax_logprob.clear();
+      } else {
+        // Greedy rows only: the argmax and its logprob per row (8 bytes, not the vocab).
+        TS_RETURN_IF_ERROR(argmax_.reserve(size_t(n_logits) * 8, "argmax"));
+        int32_t* ids = argmax_.as<int32_t>();
+        float* lps = reinterpret_cast<float*>(ids + n_logits);
+        cuda::argmax_logprob(logits_.as<float>(), n_logits, config_.vocab_size, ids, lps, stream_);
+        TS_RETURN_IF_ERROR(reserve_host_logits(size_t(n_logits) * 8));
+        TS_CUDA(cudaMemcpyAsync(host_logits_, argmax_.ptr, size_t(n_logits) * 8,
+                                cudaMemcpyDeviceToHost, stream_),
+                "argmax download");
+        TS_CUDA(cudaStreamSynchronize(stream_), "step");
+        out->data.clear();
+        const int32_t* hid = static_cast<const int32_t*>(host_logits_);
+        out->argmax.assign(hid, hid + n_logits);
+        const float* hlp = reinterpret_cast<const float*>(hid + n_logits);
+        out->argmax_logprob.assign(hlp, hlp + n_logits);
+      }
     } else {
       TS_CUDA(cudaStreamSynchronize(stream_), "step");
+      out->data.clear();
+      out->argmax.clear();
+      out->argmax_logprob.clear();
     }
     TS_CUDA(cudaGetLastError(), "kernel launch");
     return Status::Ok();
@@ -410,7 +433,8 @@ class CudaBackend final : public Backend {
   AttentionPlan plan_;
   StepBatchCheckScratch check_;
 
-  DeviceBuffer staging_, residual_, x_, tmp_, qkv_, q_, attn_, gu_, act_, final_, logits_, meta_;
+  DeviceBuffer argmax_, staging_, residual_, x_, tmp_, qkv_, q_, attn_, gu_, act_, final_, logits_,
+      meta_;
   void* host_meta_ = nullptr;
   size_t host_meta_bytes_ = 0;
   void* host_logits_ = nullptr;

@@ -177,6 +177,55 @@ __global__ void move_slots_kernel(T* k_all, T* v_all, int64_t layer_elems, int64
   }
 }
 
+// One block per row: max and argmax, then the sum of exp(x - max).
+__global__ void argmax_logprob_kernel(const float* logits, int64_t vocab, int32_t* ids,
+                                      float* logprobs) {
+  const float* x = logits + int64_t(blockIdx.x) * vocab;
+  float best = -INFINITY;
+  int32_t best_id = INT32_MAX;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = x[i];
+    if (v > best || (v == best && int32_t(i) < best_id)) {
+      best = v;
+      best_id = int32_t(i);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, best_id, o);
+    if (ov > best || (ov == best && oi < best_id)) {
+      best = ov;
+      best_id = oi;
+    }
+  }
+  __shared__ float warp_best[32];
+  __shared__ int32_t warp_id[32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    warp_best[warp] = best;
+    warp_id[warp] = best_id;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < int(blockDim.x / 32); ++w) {
+      if (warp_best[w] > warp_best[0] ||
+          (warp_best[w] == warp_best[0] && warp_id[w] < warp_id[0])) {
+        warp_best[0] = warp_best[w];
+        warp_id[0] = warp_id[w];
+      }
+    }
+  }
+  __syncthreads();
+  const float m = warp_best[0];
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += __expf(x[i] - m);
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) {
+    ids[blockIdx.x] = warp_id[0];
+    logprobs[blockIdx.x] = -logf(sum);
+  }
+}
+
 template <typename T>
 __global__ void convert_kernel(const float* src, int64_t n, T* dst) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -273,6 +322,12 @@ void move_slots(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t laye
   TS_DISPATCH(dt, move_slots_kernel<T>
               <<<grid, 256, 0, stream>>>(static_cast<T*>(k_all), static_cast<T*>(v_all),
                                          layer_elems, page_elems, nkv, page_size, d, src, dst, n));
+}
+
+void argmax_logprob(const float* logits, int64_t n, int64_t vocab, int32_t* ids, float* logprobs,
+                    cudaStream_t stream) {
+  if (n == 0) return;
+  argmax_logprob_kernel<<<n, 1024, 0, stream>>>(logits, vocab, ids, logprobs);
 }
 
 void convert_from_f32(Dtype dt, const float* src, int64_t n, void* dst, cudaStream_t stream) {

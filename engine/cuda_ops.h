@@ -49,6 +49,10 @@ void move_slots(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t laye
                 int64_t page_elems, int32_t nkv, int32_t page_size, int32_t d, const int64_t* src,
                 const int64_t* dst, int32_t n, cudaStream_t stream);
 
+// Per row of logits (float [n][vocab]): the argmax (lowest id on ties) and its log-softmax.
+void argmax_logprob(const float* logits, int64_t n, int64_t vocab, int32_t* ids, float* logprobs,
+                    cudaStream_t stream);
+
 // dst (T [n]) = src (float [n]).
 void convert_from_f32(Dtype dt, const float* src, int64_t n, void* dst, cudaStream_t stream);
 

@@ -35,12 +35,16 @@ struct StepSlotMove {
 };
 
 struct StepBatch {
-  std::vector<int32_t> token_ids;        // [num_rows] token id of each row
-  std::vector<int32_t> positions;        // [num_rows] sequence position (RoPE angle) of each row
-  std::vector<int64_t> kv_slots;         // [num_rows] page * page_size + slot the row's K/V goes to
-  AttentionView view;                    // what each row's query sees (rows' own tokens included)
-  std::vector<int32_t> logit_rows;       // rows whose logits are wanted, in output order
-  std::vector<StepSlotMove> slot_moves;  // done first, in order
+  std::vector<int32_t> token_ids;   // [num_rows] token id of each row
+  std::vector<int32_t> positions;   // [num_rows] sequence position (RoPE angle) of each row
+  std::vector<int64_t> kv_slots;    // [num_rows] page * page_size + slot the row's K/V goes to
+  AttentionView view;               // what each row's query sees (rows' own tokens included)
+  std::vector<int32_t> logit_rows;  // rows whose logits are wanted, in output order
+  // false: every logit row is sampled greedily without logprob alternatives, so a backend
+  // may return only each row's argmax and its logprob (Logits::argmax) instead of the full
+  // [rows][vocab] logits (a GPU backend then copies a few bytes per row, not the vocab).
+  bool full_logits = true;
+  std::vector<StepSlotMove> slot_moves;   // done first, in order
   std::vector<StepPageCopy> page_copies;  // done next, in order; then the forward
 
   int32_t num_rows() const { return static_cast<int32_t>(token_ids.size()); }
@@ -51,6 +55,7 @@ struct StepBatch {
     kv_slots.clear();
     view.clear();
     logit_rows.clear();
+    full_logits = true;
     slot_moves.clear();
     page_copies.clear();
   }

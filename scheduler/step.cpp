@@ -78,6 +78,13 @@ bool Scheduler::Impl::has_work() const {
 
 SampledToken Scheduler::Impl::sample(int32_t logit_index, const SamplingParams& params,
                                      const SchedBranch* b, int64_t position) {
+  if (logits_.data.empty()) {
+    // The backend returned only argmaxes (every row of the step is greedy, no alternatives).
+    SampledToken t;
+    t.token = logits_.argmax.at(logit_index);
+    t.logprob = logits_.argmax_logprob.at(logit_index);
+    return t;
+  }
   return sample_token(logits_.row(logit_index), logits_.vocab, params,
                       static_cast<uint64_t>(b->index), position, &sampling_scratch_);
 }
@@ -260,6 +267,11 @@ bool Scheduler::Impl::step() {
     return false;
   }
 
+  // Full logits only when some row samples with temperature or reports alternatives.
+  bool full = false;
+  for (auto& v : verifies_) full |= v->done && v->sampling.temperature > 0;
+  for (auto& j : jobs_) full |= j->sampling.temperature > 0 || j->sampling.logprobs > 0;
+  batch_.full_logits = full;
   Status built = kv_->build_attention_view(view_queries_, &batch_.view);
   Status ran = built.ok() ? backend_->forward(batch_, &logits_) : built;
   ++steps_;

@@ -181,6 +181,7 @@ class Runner {
     if (logits) batch_.logit_rows.push_back(batch_.num_rows() - 1);
   }
   void step(const std::vector<ViewQuery>& q) {
+    batch_.full_logits = false;  // greedy decoding: argmax on the device
     check(kv_->build_attention_view(q, &batch_.view));
     check(backend_->forward(batch_, &logits_));
   }

@@ -18,6 +18,16 @@
 
 namespace treeserve::testing {
 
+std::vector<std::string> backend_args() {
+  const char* backend = std::getenv("TREESERVE_E2E_BACKEND");
+  std::vector<std::string> args = {"--backend", backend ? backend : "cpu"};
+  if (const char* model = std::getenv("TREESERVE_E2E_MODEL")) {
+    args.push_back("--model");
+    args.push_back(model);
+  }
+  return args;
+}
+
 int pick_free_port() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -48,7 +58,9 @@ pid_t spawn(const std::vector<std::string>& args, const std::string& log_path) {
     dup2(fd, 1);
     dup2(fd, 2);
     std::vector<char*> argv;
-    std::string bin = TREESERVE_BINARY;
+    // $TREESERVE_E2E_BINARY: a copy of the binary carried to another machine (GPU runs).
+    const char* env_bin = std::getenv("TREESERVE_E2E_BINARY");
+    std::string bin = env_bin ? env_bin : TREESERVE_BINARY;
     argv.push_back(bin.data());
     std::vector<std::string> copy = args;
     for (auto& a : copy) argv.push_back(a.data());

@@ -215,7 +215,7 @@ v1::GenerateRequest one_shot(const v1::Prompt& prompt, int n, int max_tokens, fl
 class TreeApi : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    server_ = new ServerProcess({"--backend", "cpu"});
+    server_ = new ServerProcess(backend_args());
     ASSERT_TRUE(server_->wait_ready()) << server_->output();
   }
   static void TearDownTestSuite() {

@@ -160,6 +160,56 @@ TEST(CudaBackend, SingleSequenceMatchesCpuBf16) {
   run_single_sequence(true, 1.5e-1f);
 }
 
+// Greedy-only steps return each row's argmax and logprob computed on the device.
+TEST(CudaBackend, ArgmaxOnlyStepsMatchCpuGreedy) {
+  require_gpu();
+  Models m = load(false);
+  ASSERT_TRUE(m.gpu && m.cpu);
+  KvCacheConfig kc;
+  kc.page_size = kPageSize;
+  kc.num_pages = int32_t(kPages);
+  auto kv = std::move(KvCache::create(kc).value());
+  std::vector<int32_t> prompt = prompt_tokens(21);
+  auto nb = kv->create_branch(prompt);
+  ASSERT_TRUE(nb.ok());
+  auto forked = kv->fork(nb->id, 3);
+  ASSERT_TRUE(forked.ok());
+  StepBatch batch;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    batch.token_ids.push_back(prompt[i]);
+    batch.positions.push_back(int32_t(i));
+    batch.kv_slots.push_back(int64_t(nb->slots[i].page) * kPageSize + nb->slots[i].slot);
+  }
+  std::vector<ViewQuery> q = {{nb->id, int32_t(prompt.size())}};
+  for (const PageCopy& c : forked->copies)
+    batch.page_copies.push_back({c.src_page, c.dst_page, c.num_slots});
+  // The three forks each decode one different token in the same step.
+  for (int i = 0; i < 3; ++i) {
+    std::vector<KvSlot> slots;
+    ASSERT_TRUE(kv->append(forked->branches[i], std::vector<int32_t>{50 + i}, &slots).ok());
+    batch.token_ids.push_back(50 + i);
+    batch.positions.push_back(int32_t(prompt.size()));
+    batch.kv_slots.push_back(int64_t(slots[0].page) * kPageSize + slots[0].slot);
+    batch.logit_rows.push_back(batch.num_rows() - 1);
+    q.push_back({forked->branches[i], 1});
+  }
+  ASSERT_TRUE(kv->build_attention_view(q, &batch.view).ok());
+  batch.full_logits = false;
+  Logits a, b;
+  ASSERT_TRUE(m.cpu->forward(batch, &a).ok());
+  ASSERT_TRUE(m.gpu->forward(batch, &b).ok());
+  ASSERT_TRUE(b.data.empty());
+  ASSERT_EQ(b.argmax.size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    const float* x = a.row(r);
+    const int32_t best = int32_t(std::max_element(x, x + a.vocab) - x);
+    double sum = 0;
+    for (int64_t v = 0; v < a.vocab; ++v) sum += std::exp(double(x[v]) - double(x[best]));
+    EXPECT_EQ(b.argmax[r], best) << "row " << r;
+    EXPECT_NEAR(b.argmax_logprob[r], -std::log(sum), 2e-2) << "row " << r;
+  }
+}
+
 TEST(CudaBackend, ForkedTreeMatchesCpu) {
   require_gpu();
   Models m = load(false);

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Smoke test of clients/loadtest.py: every workload at --scale small (with a time budget)
+# against a live CPU treeserve; checks exit codes, the JSON results (sane figures, no errors,
+# the pool back to idle) and that the server stops on SIGTERM with exit 0.
+# usage: loadtest_smoke.sh TREESERVE_BINARY PYTHON3 SOURCE_DIR
+# The DeFT templates are looked for in SOURCE_DIR/../shared/workloads (or $TREESERVE_WORKLOADS);
+# without them tot and speculative are skipped, after checking that they fail with a clear
+# message.
+set -euo pipefail
+bin=$1 py=$2 src=$3
+workloads_dir=${TREESERVE_WORKLOADS:-$src/../shared/workloads}
+tmp=$(mktemp -d)
+port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+log=$tmp/server.log
+"$bin" --backend cpu --listen "127.0.0.1:$port" >"$log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null || true; rm -rf "$tmp"' EXIT
+for _ in $(seq 1 300); do
+  grep -q "ready" "$log" && break
+  kill -0 $pid 2>/dev/null || { cat "$log"; echo "server exited early"; exit 1; }
+  sleep 0.1
+done
+export TREESERVE_PY_STUBS=$tmp/stubs
+lt=("$py" "$src/clients/loadtest.py" --target "127.0.0.1:$port" --scale small --time-budget 5)
+
+passed=0 failed=0 skipped=0
+check() {  # check NAME JSON: the results file has sane fields
+  "$py" - "$2" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+problems = []
+def need(cond, what):
+    if not cond: problems.append(what)
+need(r["requests_completed"] >= 1, "no request completed")
+need(not r["errors"], "errors: %s" % r["errors"][:3])
+need(r["generated_tokens"] > 0 and r["throughput_tok_s"] > 0, "no tokens generated")
+need(r["ttft_s"]["count"] >= 1 and 0 < r["ttft_s"]["p50"] <= r["ttft_s"]["p99"], "bad TTFT")
+need(r["request_latency_s"]["p50"] >= r["ttft_s"]["p50"], "latency below TTFT")
+need(r["itl_s"]["count"] == 0 or 0 <= r["itl_s"]["p50"] <= r["itl_s"]["p99"], "bad ITL")
+kv = r["kv_pages"]
+need(kv["samples"] >= 1 and 0 <= kv["min"] <= kv["mean"] <= kv["max"] <= kv["total"],
+     "bad KV page figures %s" % kv)
+need(r["idle_after"], "server not idle after the run: %s" % r["idle_state"])
+need(r["server"]["backend"] == "cpu", "backend %s" % r["server"]["backend"])
+if r["workload"] == "speculative":
+    need(r["speculative"]["verify_steps"] >= 1, "no verify step")
+if r["workload"] == "tot":
+    need(r["counters"].get("tot_pruned", 0) >= 1, "tot pruned nothing")
+if problems:
+    print("; ".join(problems)); sys.exit(1)
+print("%s: %d requests, %.1f tok/s, TTFT p50 %.1f ms, KV pages max %d" % (
+    r["workload"], r["requests_completed"], r["throughput_tok_s"],
+    1000 * r["ttft_s"]["p50"], kv["max"]))
+EOF
+}
+
+for w in fewshot tot speculative multilevel multidoc multichain multifewshot; do
+  if [[ $w == tot || $w == speculative ]] && [[ ! -d $workloads_dir/deft-templates ]]; then
+    rc=0
+    "${lt[@]}" --workload $w --workloads-dir "$workloads_dir" >"$tmp/$w.out" 2>&1 || rc=$?
+    if [[ $rc -ne 0 ]] && grep -q "deft-templates" "$tmp/$w.out"; then
+      echo "SKIP $w: no $workloads_dir/deft-templates (clear error checked)"
+      skipped=$((skipped + 1))
+    else
+      echo "FAIL $w: expected a clear error without the templates"; cat "$tmp/$w.out"
+      failed=$((failed + 1))
+    fi
+    continue
+  fi
+  rc=0
+  "${lt[@]}" --workload $w --workloads-dir "$workloads_dir" --json "$tmp/$w.json" \
+    >"$tmp/$w.out" 2>&1 || rc=$?
+  if [[ $rc -eq 0 ]] && check $w "$tmp/$w.json"; then
+    passed=$((passed + 1))
+  else
+    echo "FAIL $w (exit $rc)"; cat "$tmp/$w.out"
+    failed=$((failed + 1))
+  fi
+done
+
+# --plot without matplotlib must fail with a clear message (and not run the load).
+if ! "$py" -c 'import matplotlib' 2>/dev/null; then
+  rc=0
+  "${lt[@]}" --workload fewshot --plot "$tmp/x.png" >"$tmp/plot.out" 2>&1 || rc=$?
+  if [[ $rc -ne 0 ]] && grep -q "matplotlib" "$tmp/plot.out"; then
+    passed=$((passed + 1))
+  else
+    echo "FAIL --plot without matplotlib"; cat "$tmp/plot.out"; failed=$((failed + 1))
+  fi
+fi
+
+kill -TERM $pid
+rc=0
+wait $pid || rc=$?
+if [[ $rc -eq 0 ]]; then
+  passed=$((passed + 1)); echo "server exited cleanly"
+else
+  echo "FAIL server exit status $rc"; tail -n 20 "$log"; failed=$((failed + 1))
+fi
+echo "loadtest smoke: $passed passed, $failed failed, $skipped skipped"
+[[ $failed -eq 0 ]]
