@@ -102,3 +102,94 @@ class TreeServeClient:
 
     def delete_tree(self, tree_id):
         return self._call(self.stub.DeleteTree, pb.DeleteTreeRequest(tree_id=tree_id))
+
+    def vocab_size(self):
+        """The model's vocabulary size, found by probing Detokenize (ids outside the vocabulary
+        are INVALID_ARGUMENT). ServerInfo has no vocab field, so this is the portable way."""
+        import grpc
+
+        def valid(i):
+            try:
+                self.detokenize([i])
+                return True
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    return False
+                raise
+        lo, hi = 0, 1 << 22   # invariant: valid(lo), not valid(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if valid(mid):
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+    def generate_collect(self, tree_id="", branch_ids=(), **kwargs):
+        """generate() drained with collect_stream(); returns {branch_id: BranchStream}."""
+        return collect_stream(self.generate(tree_id, branch_ids, **kwargs))
+
+    def wait_idle(self, timeout=5.0, interval=0.1):
+        """Polls GetServerInfo until the pool is idle (free + evictable == total) or `timeout`
+        passes; returns the last ServerInfo."""
+        import time
+        end = time.monotonic() + timeout
+        while True:
+            info = self.server_info()
+            if is_idle(info) or time.monotonic() >= end:
+                return info
+            time.sleep(interval)
+
+
+class BranchStream:
+    """What one branch of a Generate stream produced: token ids, the perf_counter time each
+    arrived, and the finish reason of its last message (finish-only messages, token_id -1,
+    carry no token)."""
+
+    __slots__ = ("branch_id", "token_ids", "times", "text", "finish_reason")
+
+    def __init__(self, branch_id):
+        self.branch_id = branch_id
+        self.token_ids = []
+        self.times = []
+        self.text = []
+        self.finish_reason = pb.FINISH_NONE
+
+    def gaps(self):
+        """Seconds between consecutive tokens of this branch (inter-token latency)."""
+        return [b - a for a, b in zip(self.times, self.times[1:])]
+
+
+def collect_stream(responses, clock=None):
+    """Drains a Generate stream into {branch_id: BranchStream} (insertion-ordered).
+
+    `clock` (default time.perf_counter) timestamps each message as it arrives, so the caller
+    can derive time to first token and inter-token latency per branch."""
+    import time
+    clock = clock or time.perf_counter
+    out = {}
+    for m in responses:
+        now = clock()
+        s = out.get(m.branch_id)
+        if s is None:
+            s = out[m.branch_id] = BranchStream(m.branch_id)
+        if m.token_id >= 0:
+            s.token_ids.append(m.token_id)
+            s.times.append(now)
+            s.text.append(m.text)
+        if m.finish_reason != pb.FINISH_NONE:
+            s.finish_reason = m.finish_reason
+    return out
+
+
+def finish_reason_name(value):
+    return pb.FinishReason.Name(value)
+
+
+def kv_pages_in_use(info):
+    """Pages referenced by live trees/branches: neither free nor evictable radix cache."""
+    return info.kv_pages_total - info.kv_pages_free - info.kv_pages_evictable
+
+
+def is_idle(info):
+    return info.kv_pages_free + info.kv_pages_evictable == info.kv_pages_total

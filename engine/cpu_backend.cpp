@@ -74,10 +74,11 @@ class CpuBackend final : public Backend {
   Status forward_unchecked(const StepBatch& batch, Logits* out) {
     TS_RETURN_IF_ERROR(validate_step_batch(batch, layout_, config_.vocab_size, &check_));
     TS_RETURN_IF_ERROR(build_attention_plan(batch.view, plan_config_, &plan_));
-    move_slots(batch);
-    copy_pages(batch);
+    // Scratch first: if it cannot grow (RESOURCE_EXHAUSTED) the pool is still untouched.
     const int64_t rows = batch.num_rows();
     resize_scratch(rows);
+    move_slots(batch);
+    copy_pages(batch);
     embed_rows(weights_.embed.data(), batch.token_ids.data(), rows, config_.hidden_size, x_.data());
     rope_cos_sin(batch.positions.data(), rows, inv_freq_.data(), config_.head_dim / 2, cos_.data(),
                  sin_.data());

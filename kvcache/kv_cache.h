@@ -25,9 +25,10 @@
 // exactly its ancestors. accept(branch, path) keeps one root-to-node path as ordinary tail
 // tokens and returns the slot moves that compact it; every other draft slot is released.
 //
-// Failure behaviour: a call that needs pages first evicts unlocked cached prefixes (LRU); if
-// still short it returns RESOURCE_EXHAUSTED and changes nothing. Unknown ids are NOT_FOUND,
-// ids of pruned branches FAILED_PRECONDITION, bad arguments INVALID_ARGUMENT naming the field.
+// Failure behaviour: a call that needs pages first evicts unlocked cached prefixes (LRU, in
+// batches of up to 1/64 of the pool); if still short it returns RESOURCE_EXHAUSTED and
+// changes nothing. Unknown ids are NOT_FOUND, ids of pruned branches FAILED_PRECONDITION,
+// bad arguments INVALID_ARGUMENT naming the field.
 #pragma once
 
 #include <cstdint>
@@ -128,6 +129,10 @@ class KvCache {
   StatusOr<ForkResult> fork(BranchId branch, int32_t n, int32_t at_length = 0);
   // Drops tokens [new_length, length), releasing their KV; 1 <= new_length <= length.
   StatusOr<TruncateResult> truncate(BranchId branch, int32_t new_length);
+  // Puts the branch's private tail into the radix tree without ending the branch, so any
+  // later create_branch (of any tree) can reuse it: e.g. a prompt, once prefilled. The branch
+  // stays the only writer of its partly filled last page. FAILED_PRECONDITION with drafts.
+  Status commit(BranchId branch);
   // Ends the branch. Pages nothing else references are freed, or with retain_kv kept as
   // evictable cached prefixes. Pending drafts are always dropped.
   StatusOr<PruneResult> prune(BranchId branch, bool retain_kv);
@@ -149,7 +154,7 @@ class KvCache {
   int32_t match_prefix_length(std::span<const int32_t> tokens) const;
 
   // Evicts unlocked cached prefixes (LRU) until `pages` more are free; all or nothing.
-  bool evict(int32_t pages) { return tree_.evict(pages - pool_.num_free()); }
+  bool evict(int32_t pages) { return tree_.evict(pages); }
   int32_t evict_all() { return tree_.evict_all(); }
 
   // Fills *out (its vectors are reused: no allocation in steady state). Rows are assigned in
@@ -157,6 +162,8 @@ class KvCache {
   Status build_attention_view(std::span<const ViewQuery> queries, AttentionView* out);
 
   int32_t page_size() const { return pool_.page_size(); }
+  // Read-only view of the pool's reference counts, for diagnostics and tests.
+  const PagePool& pool() const { return pool_; }
   KvCacheStats stats() const;
   // Pool and tree invariants, and that every page's reference count equals the number of
   // radix nodes and branch tails listing it.
@@ -198,8 +205,9 @@ class KvCache {
   // Pages the tail needs to cover positions up to `end` (exclusive).
   int32_t tail_pages_for(const Branch& b, int32_t end) const;
   KvSlot slot_of(const Branch& b, int32_t position) const;
-  // Inserts tail tokens [base_len, position) into the tree and rebases the branch there.
-  void commit_tail(Branch& b, int32_t position);
+  // Inserts tail tokens [base_len, position) into the tree and rebases the branch there;
+  // returns the pages freed (tail pages duplicating KV the tree already held).
+  int32_t commit_tail(Branch& b, int32_t position);
   // Releases tail pages beyond those covering positions up to `end`; returns pages freed.
   int32_t shrink_tail(Branch& b, int32_t end);
   // Gives a branch based at `node` its private copy of the node's last page if needed.

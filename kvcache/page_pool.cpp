@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace treeserve {
 
@@ -12,14 +13,26 @@ StatusOr<int32_t> PagePool::pages_for_budget(const KvLayout& model, int64_t budg
   if (model.page_size < 1 || model.page_size > kMaxPageSize) {
     return InvalidArgument("page_size must be in [1, 256], got " + std::to_string(model.page_size));
   }
-  const int64_t bytes_per_token = model.bytes_per_token();
-  if (bytes_per_token <= 0) {
-    return InvalidArgument(
-        "model shape (num_layers, num_kv_heads, head_dim, dtype_bytes) "
-        "must be positive");
+  // Each field on its own: two negative fields would multiply to a positive size.
+  const std::pair<const char*, int32_t> fields[] = {{"num_layers", model.num_layers},
+                                                    {"num_kv_heads", model.num_kv_heads},
+                                                    {"head_dim", model.head_dim},
+                                                    {"dtype_bytes", model.dtype_bytes}};
+  for (const auto& [name, value] : fields) {
+    if (value < 1) {
+      return InvalidArgument(std::string(name) + " must be positive, got " + std::to_string(value));
+    }
   }
   if (budget_bytes <= 0) return InvalidArgument("budget_bytes must be positive");
-  const int64_t pages = KvLayout::pages_for_budget(budget_bytes, bytes_per_token, model.page_size);
+  // Bytes of one page across all layers, K and V; checked so absurd shapes cannot overflow.
+  int64_t bytes_per_page = int64_t{2} * model.page_size;
+  for (const auto& [name, value] : fields) {
+    if (__builtin_mul_overflow(bytes_per_page, int64_t{value}, &bytes_per_page)) {
+      return InvalidArgument("model shape is too large: bytes per page overflow at " +
+                             std::string(name));
+    }
+  }
+  const int64_t pages = budget_bytes / bytes_per_page;
   if (pages < 1) return InvalidArgument("budget_bytes holds no page");
   // Page ids are int32 (AttentionView::pages); clamp rather than overflow.
   return static_cast<int32_t>(std::min<int64_t>(pages, INT32_MAX));

@@ -11,10 +11,18 @@ namespace treeserve {
 RadixTree::RadixTree(PagePool* pool) : pool_(pool), scratch_refs_(pool->num_pages(), 0) {}
 
 RadixTree::~RadixTree() {
-  // Return every page the cache holds; children are destroyed by their unique_ptrs.
-  for_each_node([this](const RadixNode& n) {
-    for (int32_t page : n.pages) pool_->release(page);
-  });
+  // Return every page the cache holds. Nodes are torn down from an explicit stack: letting
+  // the unique_ptrs recurse would take one stack frame per level of a deep (long-chain) tree.
+  std::vector<std::unique_ptr<RadixNode>> doomed;
+  for (auto& [token, child] : root_.children) doomed.push_back(std::move(child));
+  root_.children.clear();
+  while (!doomed.empty()) {
+    std::unique_ptr<RadixNode> n = std::move(doomed.back());
+    doomed.pop_back();
+    for (int32_t page : n->pages) pool_->release(page);
+    for (auto& [token, child] : n->children) doomed.push_back(std::move(child));
+    n->children.clear();
+  }
 }
 
 int32_t RadixTree::pages_spanned(int32_t start, int32_t end) const {
@@ -157,8 +165,9 @@ void RadixTree::remove_leaf(RadixNode* leaf) {
   leaf->parent->children.erase(leaf->tokens[0]);  // destroys leaf
 }
 
-bool RadixTree::evict(int32_t pages_needed) {
+bool RadixTree::evict(int32_t pages_needed, int32_t pages_wanted) {
   if (pages_needed <= 0) return true;
+  const int32_t target = std::max(pages_needed, pages_wanted);
   // Dry run first (LRU order, parents become candidates once their children are gone), so a
   // request that cannot be satisfied evicts nothing.
   using Entry = std::pair<uint64_t, RadixNode*>;
@@ -174,7 +183,7 @@ bool RadixTree::evict(int32_t pages_needed) {
   std::vector<RadixNode*> victims;
   std::vector<int32_t> touched;
   int32_t freed = 0;
-  while (freed < pages_needed && !heap.empty()) {
+  while (freed < target && !heap.empty()) {
     RadixNode* leaf = heap.top().second;
     heap.pop();
     victims.push_back(leaf);

@@ -77,8 +77,10 @@ class RadixTree {
   void touch(RadixNode* node);
 
   // Frees at least `pages_needed` more pages by evicting unlocked leaves, least recently
-  // used first. All or nothing: returns false and evicts nothing when that is impossible.
-  bool evict(int32_t pages_needed);
+  // used first, going on up to `pages_wanted` when that many are evictable (every call scans
+  // the whole tree, so callers under steady memory pressure evict in batches). All or
+  // nothing: returns false and evicts nothing when `pages_needed` is impossible.
+  bool evict(int32_t pages_needed, int32_t pages_wanted = 0);
   // Evicts every unlocked node; returns the pages freed.
   int32_t evict_all();
 

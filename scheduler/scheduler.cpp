@@ -244,7 +244,7 @@ void Scheduler::Impl::maybe_close_job(GenerateJob* job, Status status) {
   if (it != jobs_.end()) jobs_.erase(it);
   if (tree) {
     int64_t freed = 0;
-    remove_tree(tree, /*retain_kv=*/true, &freed);
+    remove_tree(tree, options_.prefix_sharing, &freed);
   }
 }
 
@@ -435,6 +435,15 @@ Status Scheduler::Impl::cmd_generate(GenerateSpec spec, std::shared_ptr<Generate
       }
       targets.push_back(*b);
     }
+    if (options_.max_sequence_tokens > 0) {
+      for (SchedBranch* b : targets) {
+        if (b->length() + int64_t(spec.append.size()) >= options_.max_sequence_tokens) {
+          return InvalidArgument("append: branch " + b->id +
+                                 " would reach the model's context of " +
+                                 std::to_string(options_.max_sequence_tokens) + " tokens");
+        }
+      }
+    }
     for (SchedBranch* b : targets) {
       b->pending.insert(b->pending.end(), spec.append.begin(), spec.append.end());
     }
@@ -495,7 +504,7 @@ void Scheduler::Impl::start_one_shot(GenerateJob* job, Tree* tree, SchedBranch* 
     auto t = trees_.find(tree_id);
     if (t == trees_.end()) return;
     int64_t freed = 0;
-    remove_tree(t->second.get(), /*retain_kv=*/true, &freed);
+    remove_tree(t->second.get(), options_.prefix_sharing, &freed);
     update_gauges();
   });
 }
@@ -570,6 +579,11 @@ void Scheduler::Impl::cmd_verify(const std::string& tree_id, const std::string& 
   if (b->activity != Activity::kIdle) {
     return done(FailedPrecondition("branch_id: branch " + branch_id + " is busy"));
   }
+  if (options_.max_sequence_tokens > 0 &&
+      b->length() + int64_t(tokens.size()) >= options_.max_sequence_tokens) {
+    return done(InvalidArgument("tokens: the token tree could pass the model's context of " +
+                                std::to_string(options_.max_sequence_tokens) + " tokens"));
+  }
   if (pages_for(b->length() + int64_t(tokens.size())) > kv_->stats().pages_total) {
     return done(ResourceExhausted("the token tree does not fit in the KV pool"));
   }
@@ -628,7 +642,8 @@ StatusOr<int64_t> Scheduler::Impl::cmd_delete_tree(const std::string& tree_id) {
                               " belongs to a one-shot Generate and ends with it");
   }
   int64_t freed = 0;
-  remove_tree(*found, /*retain_kv=*/true, &freed);
+  // Its KV stays as evictable cache for later prompts (unless prefix sharing is off).
+  remove_tree(*found, options_.prefix_sharing, &freed);
   std::vector<GenerateJob*> done;
   for (auto& j : jobs_) {
     if (j->unfinished == 0 && !j->waiting_prefill) done.push_back(j.get());

@@ -43,6 +43,10 @@ struct SchedulerOptions {
   int32_t max_branches_per_tree = 4096;
   bool prefix_sharing = true;  // false: no radix reuse across trees (for A/B measurements)
   int32_t default_max_tokens = 16;
+  // The model's context (max_position_embeddings): a branch never grows past it (its
+  // generation ends FINISH_LENGTH; appends and token trees that would pass it are refused).
+  // 0 = unlimited.
+  int64_t max_sequence_tokens = 0;
 };
 
 enum class FinishReason { kNone = 0, kLength, kStop, kEos, kPruned, kCancelled };

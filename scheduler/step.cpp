@@ -367,6 +367,8 @@ void Scheduler::Impl::after_prefill(StepEntry& e) {
   if (!p || b->pending.size() > 1) return;  // more chunks to go
   b->prefill = nullptr;
   b->activity = Activity::kIdle;
+  // The prompt becomes matchable at once: trees created while this one lives reuse it.
+  if (options_.prefix_sharing && b->kv) (void)kv_->commit(*b->kv);
   auto done = std::move(p->done);
   p->done = nullptr;
   done(CreateTreeResult{b->tree->id, b->id, p->prompt_tokens, p->cached_tokens});
@@ -421,7 +423,8 @@ void Scheduler::Impl::after_generate(StepEntry& e) {
     // The stop string itself is not returned: cut this token's text where it begins.
     reason = FinishReason::kStop;
     ev.text = at > before ? st->text.substr(before, at - before) : "";
-  } else if (st->generated >= job->max_tokens) {
+  } else if (st->generated >= job->max_tokens ||
+             (options_.max_sequence_tokens > 0 && b->length() >= options_.max_sequence_tokens)) {
     reason = FinishReason::kLength;
   }
   if (reason == FinishReason::kNone) {

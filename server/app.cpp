@@ -166,6 +166,7 @@ int run_treeserve(int argc, char** argv) {
   info.tensor_parallel = config.engine.tensor_parallel;
   info.page_size = config.kv_cache.page_size;
   info.kv_pages_total = pages;
+  info.max_sequence_tokens = model_config->max_position_embeddings;
 
   // The model runtime and the scheduler that drives it.
   MetricsRegistry metrics_registry;
@@ -198,6 +199,7 @@ int run_treeserve(int argc, char** argv) {
   SchedulerOptions sched;
   sched.max_live_trees = config.limits.max_live_trees;
   sched.prefix_sharing = config.kv_cache.prefix_sharing;
+  sched.max_sequence_tokens = model_config->max_position_embeddings;
   auto scheduler = Scheduler::create(engine.get(), tokenizer->get(), sched, &metrics);
   if (!scheduler.ok()) return fail(scheduler.status());
 

@@ -101,6 +101,12 @@ StatusOr<std::vector<int32_t>> TreeServeService::resolve_prompt(const std::strin
                            " tokens is over the limit of " +
                            std::to_string(config_.limits.max_prompt_tokens));
   }
+  if (info_.max_sequence_tokens > 0 &&
+      static_cast<int64_t>(ids.size()) >= info_.max_sequence_tokens) {
+    return InvalidArgument(field + ": " + std::to_string(ids.size()) +
+                           " tokens leave no room in the model's context of " +
+                           std::to_string(info_.max_sequence_tokens) + " tokens");
+  }
   return ids;
 }
 

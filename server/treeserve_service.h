@@ -22,6 +22,7 @@ struct ServingInfo {
   int32_t tensor_parallel = 1;
   int32_t page_size = 16;
   int64_t kv_pages_total = 0;
+  int64_t max_sequence_tokens = 0;  // the model's context; 0 = unlimited
 };
 
 class TreeServeService final : public treeserve::v1::TreeServe::Service {

@@ -341,6 +341,15 @@ TEST_F(TreeApi, StopConditionsAndLogprobs) {
   }
 }
 
+TEST_F(TreeApi, GenerationStopsAtTheModelContext) {
+  std::vector<int32_t> prompt(2040);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = 3 + int32_t(i * 29 % 500);
+  Streamed s = client_->generate(one_shot(Client::token_prompt(prompt), 1, 50));
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  EXPECT_EQ(s.finish["b0"], v1::FINISH_LENGTH);
+  EXPECT_EQ(s.tokens["b0"].size(), 8u);  // 2040 + 8 = 2048 positions
+}
+
 TEST_F(TreeApi, PruneMidStreamStopsOnlyThatBranch) {
   auto tree = client_->create_tree(kPromptText);
   auto ids = client_->branch(tree.tree_id(), tree.root_branch_id(), 2);
@@ -513,6 +522,10 @@ TEST_F(TreeApi, ErrorTable) {
   expect_invalid(st, "prompt.tokens.ids[1]");
   client_->create_tree(Client::token_prompt(std::vector<int32_t>(9000, 5)), &st);
   expect_invalid(st, "prompt");
+  // The tiny model's context is 2048 positions.
+  client_->create_tree(Client::token_prompt(std::vector<int32_t>(2048, 5)), &st);
+  expect_invalid(st, "prompt");
+  EXPECT_NE(st.error_message().find("context"), std::string::npos) << st.error_message();
   client_->branch(tree.tree_id(), "b0", 0, 0, &st);
   expect_invalid(st, "n");
   client_->branch(tree.tree_id(), "b0", 100000, 0, &st);

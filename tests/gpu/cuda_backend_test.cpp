@@ -29,9 +29,11 @@ struct Models {
   std::unique_ptr<Backend> cpu, gpu;
 };
 
-void require_gpu() {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
-}
+// GTEST_SKIP returns from the function it is in: a macro, so it leaves the test itself.
+#define REQUIRE_GPU()                                                                 \
+  do {                                                                                \
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped"; \
+  } while (0)
 
 // The build's tiny model, or $TREESERVE_TINY_MODEL_DIR (a copy carried to a GPU machine).
 std::string tiny_dir() {
@@ -147,22 +149,24 @@ void run_single_sequence(bool bf16, float tol) {
     err = ls.run(&gc, &gg);
     EXPECT_LE(err, tol) << "decode step " << step;
   }
-  if (!bf16) EXPECT_EQ(mismatches, 0) << "greedy tokens differ";
+  if (!bf16) {
+    EXPECT_EQ(mismatches, 0) << "greedy tokens differ";
+  }
 }
 
 TEST(CudaBackend, SingleSequenceMatchesCpuFp16) {
-  require_gpu();
+  REQUIRE_GPU();
   run_single_sequence(false, 2e-2f);
 }
 
 TEST(CudaBackend, SingleSequenceMatchesCpuBf16) {
-  require_gpu();
+  REQUIRE_GPU();
   run_single_sequence(true, 1.5e-1f);
 }
 
 // Greedy-only steps return each row's argmax and logprob computed on the device.
 TEST(CudaBackend, ArgmaxOnlyStepsMatchCpuGreedy) {
-  require_gpu();
+  REQUIRE_GPU();
   Models m = load(false);
   ASSERT_TRUE(m.gpu && m.cpu);
   KvCacheConfig kc;
@@ -211,7 +215,7 @@ TEST(CudaBackend, ArgmaxOnlyStepsMatchCpuGreedy) {
 }
 
 TEST(CudaBackend, ForkedTreeMatchesCpu) {
-  require_gpu();
+  REQUIRE_GPU();
   Models m = load(false);
   ASSERT_TRUE(m.gpu && m.cpu);
   Lockstep ls(&m);
@@ -246,7 +250,7 @@ TEST(CudaBackend, ForkedTreeMatchesCpu) {
 }
 
 TEST(CudaBackend, SpeculativeTokenTreeAndAcceptMatchCpu) {
-  require_gpu();
+  REQUIRE_GPU();
   Models m = load(false);
   ASSERT_TRUE(m.gpu && m.cpu);
   Lockstep ls(&m);

@@ -1,0 +1,393 @@
+// bench_tree_attention: the tree-attention kernels on DESIGN.md's kernel-shape and decoding
+// workloads, one layer, fp16, Llama-3-8B heads (32 q / 8 kv, head_dim 128) and GQA 1 (32/32).
+// Per case: median kernel time (stage 1 + merge, L2 flushed before each repetition), the IO
+// lower bound (unique KV bytes / device-to-device copy bandwidth measured in this run), the
+// achieved unique-KV bandwidth, the prefix-unaware baseline (per-query split-KV flash
+// decoding, same kernels) and the speedup over it, CPU plan-build time, and the max abs error
+// against a float32 CPU reference (the plan executor, or the naive reference on a sample of
+// queries for large cases).
+//
+// usage: bench_tree_attention [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush]
+//                             [--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/attention_plan.h"
+#include "kernels/testing/gpu_attention_harness.h"
+#include "kernels/testing/random_tree.h"
+#include "kernels/tree_attention.h"
+
+namespace treeserve {
+namespace {
+
+#define CHECK_CUDA(expr)                                                                         \
+  do {                                                                                           \
+    const cudaError_t _e = (expr);                                                               \
+    if (_e != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(_e)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+
+#define CHECK_OK(expr)                                                                          \
+  do {                                                                                          \
+    const Status _s = (expr);                                                                   \
+    if (!_s.ok()) {                                                                             \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, _s.ToString().c_str()); \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+struct Options {
+  std::string json_path;
+  std::string filter;
+  int reps = 50;
+  bool flush_l2 = true;
+  int chunk = 0;  // 0: tree_attention_plan_config's default
+  int min_split = 0;
+  double items_per_sm = 0;
+};
+
+struct Case {
+  std::string name;
+  std::string family;
+  testing::TreeCase tree;
+};
+
+struct Result {
+  std::string name, family;
+  int32_t num_q_heads = 0, num_kv_heads = 0, queries = 0, items = 0, baseline_items = 0;
+  double unique_mb = 0, plan_kv_mb = 0, plan_build_us = 0;
+  double median_us = 0, bound_us = 0, tbps = 0, copy_fraction = 0;
+  double baseline_us = 0, speedup = 0;
+  float max_err = 0, baseline_err = 0;
+  bool sampled = false;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Device-to-device copy bandwidth, bytes read + written per second (as the issue quotes it).
+double copy_bandwidth(int reps) {
+  const size_t bytes = size_t(1) << 30;
+  void *a, *b;
+  CHECK_CUDA(cudaMalloc(&a, bytes));
+  CHECK_CUDA(cudaMalloc(&b, bytes));
+  CHECK_CUDA(cudaMemset(a, 1, bytes));
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  std::vector<double> times;
+  for (int i = 0; i < reps + 2; ++i) {
+    CHECK_CUDA(cudaEventRecord(start));
+    CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 2) times.push_back(ms * 1e-3);
+  }
+  CHECK_CUDA(cudaFree(a));
+  CHECK_CUDA(cudaFree(b));
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  return 2.0 * double(bytes) / median(times);
+}
+
+// Tree-of-thought BFS tree: a prompt, then `depth` levels; each of `keep` surviving thoughts
+// of a level branches `width` ways (thoughts of thought_tokens), the rest are pruned; every
+// thought of the last level is a live branch decoding (one query each).
+testing::TreeCase tot_case(int32_t prompt, int32_t depth, int32_t width, int32_t keep,
+                           int32_t thought_tokens, uint64_t seed) {
+  testing::TreeViewBuilder b(16);
+  std::vector<int32_t> survivors{b.add_run(-1, prompt)};
+  std::vector<int32_t> level;
+  for (int32_t d = 0; d < depth; ++d) {
+    level.clear();
+    for (int32_t s : survivors) {
+      for (int32_t w = 0; w < width; ++w) level.push_back(b.add_run(s, thought_tokens));
+    }
+    survivors.assign(level.begin(), level.begin() + std::min<size_t>(keep, level.size()));
+  }
+  for (int32_t leaf : level) b.add_query(leaf);
+  return b.build(seed);
+}
+
+std::vector<Case> make_cases() {
+  std::vector<Case> cases;
+  cases.push_back({"fasttree N=1,10 C=4000,400", "fasttree",
+                   testing::fasttree_case({1, 10}, {4000, 400}, 16, 1)});
+  cases.push_back({"fasttree N=1,4,16 C=1024,256,64", "fasttree",
+                   testing::fasttree_case({1, 4, 16}, {1024, 256, 64}, 16, 2)});
+  cases.push_back({"fasttree N=1,2,4,8 C=512,128x3", "fasttree",
+                   testing::fasttree_case({1, 2, 4, 8}, {512, 128, 128, 128}, 16, 3)});
+  for (int32_t b : {20, 30, 50}) {
+    cases.push_back({"few-shot P=4000 + " + std::to_string(b) + "x200", "few-shot",
+                     testing::few_shot_case(4000, b, 200, 16, 4)});
+  }
+  cases.push_back(
+      {"few-shot P=16000 + 64x200", "few-shot", testing::few_shot_case(16000, 64, 200, 16, 5)});
+  cases.push_back({"tot sorting d10 w10", "tot", tot_case(600, 10, 10, 1, 120, 6)});
+  cases.push_back({"tot doc-merge d3 w10 k2", "tot", tot_case(1500, 3, 10, 2, 300, 7)});
+  cases.push_back({"tot keyword d5 w10 k2", "tot", tot_case(800, 5, 10, 2, 150, 8)});
+  cases.push_back({"tot set-inter d8 w10", "tot", tot_case(700, 8, 10, 1, 100, 9)});
+  for (int32_t t : {32, 64, 128, 256}) {
+    // medusa_like_paths(t - 1) candidates plus the last accepted token: t queries.
+    cases.push_back({"speculative t=" + std::to_string(t) + " over 4000", "speculative",
+                     testing::speculative_case(4000, testing::medusa_like_paths(t - 1), 16, 10)});
+  }
+  return cases;
+}
+
+TreeAttentionLimits limits_for(const AttentionPlan& plan, int32_t num_q_heads) {
+  TreeAttentionLimits l;
+  l.max_work_items = std::max(1, plan.num_items());
+  l.max_partials = std::max(1, plan.num_partials());
+  l.max_segments = std::max(1, plan.num_segments());
+  l.max_mask_words = std::max<int32_t>(1, int32_t(plan.mask_words.size()));
+  l.max_queries = std::max(1, plan.num_queries());
+  l.max_view_pages = std::max<int32_t>(1, int32_t(plan.page_table.size()));
+  l.max_item_tokens = std::max(1, plan.max_item_tokens);
+  l.max_num_q_heads = num_q_heads;
+  l.max_head_dim = 128;
+  return l;
+}
+
+class Timer {
+ public:
+  explicit Timer(bool flush) : flush_(flush) {
+    CHECK_CUDA(cudaEventCreate(&start_));
+    CHECK_CUDA(cudaEventCreate(&stop_));
+    if (flush_) {
+      CHECK_CUDA(cudaMalloc(&scratch_, kFlushBytes + 16));
+      CHECK_CUDA(cudaMemset(scratch_, 1, kFlushBytes + 16));
+    }
+  }
+  ~Timer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    if (scratch_ != nullptr) cudaFree(scratch_);
+  }
+  // Median microseconds of launch() over reps (after 3 warm-ups).
+  template <typename F>
+  double median_us(int reps, F launch) {
+    std::vector<double> us;
+    for (int i = 0; i < reps + 3; ++i) {
+      // Flushing L2 (50 MB on an H100) makes every repetition read KV from HBM, as a decode
+      // step does after the rest of the layer; it also queues the launches behind the flush.
+      if (flush_) {
+        testing::flush_l2_by_reading(scratch_, kFlushBytes,
+                                     static_cast<char*>(scratch_) + kFlushBytes, nullptr);
+      }
+      CHECK_CUDA(cudaEventRecord(start_));
+      launch();
+      CHECK_CUDA(cudaEventRecord(stop_));
+      CHECK_CUDA(cudaEventSynchronize(stop_));
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
+      if (i >= 3) us.push_back(ms * 1e3);
+    }
+    return median(us);
+  }
+
+ private:
+  static constexpr size_t kFlushBytes = size_t(256) << 20;
+  bool flush_;
+  cudaEvent_t start_, stop_;
+  void* scratch_ = nullptr;
+};
+
+double plan_build_us(const testing::TreeCase& tree, const AttentionPlanConfig& config) {
+  AttentionPlan plan;
+  std::vector<double> us;
+  for (int i = 0; i < 30; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_OK(build_attention_plan(tree.view, config, &plan));
+    const auto t1 = std::chrono::steady_clock::now();
+    us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  return median(us);
+}
+
+Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_t num_sms,
+                double copy_bw, const Options& opt, Timer* timer) {
+  constexpr int32_t kHeadDim = 128;
+  Result r;
+  r.name = c.name;
+  r.family = c.family;
+  r.num_q_heads = num_q_heads;
+  r.num_kv_heads = num_kv_heads;
+  r.queries = int32_t(c.tree.view.queries.size());
+  AttentionPlanConfig config =
+      tree_attention_plan_config(num_q_heads, num_kv_heads, kHeadDim, num_sms);
+  if (opt.chunk > 0) config.kv_chunk_tokens = opt.chunk;
+  if (opt.min_split > 0) config.min_split_tokens = opt.min_split;
+  if (opt.items_per_sm > 0)
+    config.num_sms = std::max(1, int32_t(opt.items_per_sm * num_sms / num_kv_heads));
+  AttentionPlan plan, baseline;
+  CHECK_OK(build_attention_plan(c.tree.view, config, &plan));
+  CHECK_OK(build_baseline_plan(c.tree.view, config, &baseline));
+  r.plan_build_us = plan_build_us(c.tree, config);
+  r.items = plan.num_items();
+  r.baseline_items = baseline.num_items();
+  const int64_t unique = view_unique_kv_bytes(c.tree.view, num_kv_heads, kHeadDim, 2);
+  r.unique_mb = double(unique) / 1e6;
+  r.plan_kv_mb = double(plan_kv_bytes(plan, num_kv_heads, kHeadDim, 2)) / 1e6;
+
+  testing::GpuAttentionProblem problem;
+  CHECK_OK(problem.init(c.tree, num_q_heads, num_kv_heads, kHeadDim, TreeAttentionDtype::kFloat16,
+                        1234, 2.f));
+  TreeAttentionWorkspace ws, ws_base;
+  CHECK_OK(ws.init(limits_for(plan, num_q_heads)));
+  CHECK_OK(ws_base.init(limits_for(baseline, num_q_heads)));
+  CHECK_OK(ws.upload(plan, nullptr));
+  CHECK_OK(ws_base.upload(baseline, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+
+  // Errors first (the timed runs below overwrite out with the same values).
+  std::vector<float> gpu, gpu_base, ref;
+  CHECK_OK(problem.launch_uploaded(ws_base, nullptr));
+  CHECK_OK(problem.download_out(&gpu_base));
+  CHECK_OK(problem.launch_uploaded(ws, nullptr));
+  CHECK_OK(problem.download_out(&gpu));
+  // CPU plan executor when it is cheap enough, else the naive reference on 8 queries.
+  double work = 0;
+  for (int32_t i = 0; i < plan.num_items(); ++i) {
+    work += double(plan.item_num_tokens[i]) * (plan.item_query_end[i] - plan.item_query_begin[i]);
+  }
+  work *= double(num_q_heads) * kHeadDim * 4;
+  std::vector<int32_t> sample;
+  if (work < 4e9) {
+    CHECK_OK(problem.reference_plan(plan, &ref));
+  } else {
+    r.sampled = true;
+    for (int32_t k = 0; k < 8; ++k) sample.push_back(int32_t(int64_t(k) * r.queries / 8));
+    sample.push_back(r.queries - 1);
+    CHECK_OK(problem.reference_naive(sample, &ref));
+  }
+  r.max_err = problem.max_abs_diff(gpu, ref, sample);
+  r.baseline_err = problem.max_abs_diff(gpu_base, ref, sample);
+
+  r.median_us = timer->median_us(opt.reps, [&] { CHECK_OK(problem.launch_uploaded(ws, nullptr)); });
+  r.baseline_us =
+      timer->median_us(opt.reps, [&] { CHECK_OK(problem.launch_uploaded(ws_base, nullptr)); });
+  r.bound_us = double(unique) / copy_bw * 1e6;
+  r.tbps = double(unique) / (r.median_us * 1e-6) / 1e12;
+  r.copy_fraction = double(unique) / (r.median_us * 1e-6) / copy_bw;
+  r.speedup = r.baseline_us / r.median_us;
+  return r;
+}
+
+void write_json(const std::string& path, const std::string& device, double copy_bw,
+                const std::vector<Result>& results) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return;
+  }
+  std::fprintf(f, "{\n  \"device\": \"%s\",\n  \"copy_bandwidth_tbps\": %.4f,\n  \"cases\": [\n",
+               device.c_str(), copy_bw / 1e12);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    std::fprintf(f,
+                 "    {\"name\": \"%s\", \"family\": \"%s\", \"num_q_heads\": %d, "
+                 "\"num_kv_heads\": %d, \"head_dim\": 128, \"dtype\": \"fp16\", \"queries\": %d, "
+                 "\"items\": %d, \"baseline_items\": %d, \"unique_kv_mb\": %.3f, "
+                 "\"plan_kv_mb\": %.3f, \"plan_build_us\": %.2f, \"median_us\": %.2f, "
+                 "\"io_bound_us\": %.2f, \"unique_kv_tbps\": %.3f, \"copy_bw_fraction\": %.3f, "
+                 "\"baseline_us\": %.2f, \"speedup\": %.2f, \"max_abs_err\": %.3g, "
+                 "\"baseline_max_abs_err\": %.3g, \"error_reference\": \"%s\"}%s\n",
+                 r.name.c_str(), r.family.c_str(), r.num_q_heads, r.num_kv_heads, r.queries,
+                 r.items, r.baseline_items, r.unique_mb, r.plan_kv_mb, r.plan_build_us, r.median_us,
+                 r.bound_us, r.tbps, r.copy_fraction, r.baseline_us, r.speedup, r.max_err,
+                 r.baseline_err,
+                 r.sampled ? "naive fp64, 9 sampled queries" : "cpu plan executor fp32",
+                 i + 1 < results.size() ? "," : "");
+  }
+  std::fprintf(f, "  ]\n}\n");
+  std::fclose(f);
+}
+
+int main_impl(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--json") {
+      opt.json_path = next();
+    } else if (a == "--reps") {
+      opt.reps = std::max(1, std::atoi(next().c_str()));
+    } else if (a == "--filter") {
+      opt.filter = next();
+    } else if (a == "--no-flush") {
+      opt.flush_l2 = false;
+    } else if (a == "--chunk") {
+      opt.chunk = std::atoi(next().c_str());
+    } else if (a == "--min-split") {
+      opt.min_split = std::atoi(next().c_str());
+    } else if (a == "--items-per-sm") {
+      opt.items_per_sm = std::atof(next().c_str());
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush] "
+                   "[--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (!testing::cuda_device_available()) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const double copy_bw = copy_bandwidth(10);
+  std::printf("device: %s, %d SMs, L2 %.0f MB; d2d copy bandwidth %.3f TB/s (read + write)\n",
+              prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_bw / 1e12);
+  std::printf("fp16, head_dim 128, one layer, page 16, L2 %s before each rep, median of %d\n\n",
+              opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps);
+  std::printf("%-34s %5s %5s %6s %8s %7s %8s %8s %6s %5s %9s %7s %9s %9s\n", "case", "heads", "q",
+              "items", "uniqMB", "plan_us", "us", "bound", "TB/s", "%cp", "base_us", "speedup",
+              "max_err", "base_err");
+  Timer timer(opt.flush_l2);
+  std::vector<Result> results;
+  for (const Case& c : make_cases()) {
+    if (!opt.filter.empty() && c.name.find(opt.filter) == std::string::npos) continue;
+    for (const auto& [q_heads, kv_heads] : {std::pair{32, 8}, std::pair{32, 32}}) {
+      const Result r =
+          run_case(c, q_heads, kv_heads, prop.multiProcessorCount, copy_bw, opt, &timer);
+      std::printf(
+          "%-34s %2d/%-2d %5d %6d %8.2f %7.1f %8.2f %8.2f %6.2f %5.0f %9.2f %7.2f %9.2e %9.2e%s\n",
+          r.name.c_str(), r.num_q_heads, r.num_kv_heads, r.queries, r.items, r.unique_mb,
+          r.plan_build_us, r.median_us, r.bound_us, r.tbps, 100 * r.copy_fraction, r.baseline_us,
+          r.speedup, r.max_err, r.baseline_err, r.sampled ? " (s)" : "");
+      std::fflush(stdout);
+      results.push_back(r);
+    }
+  }
+  std::printf(
+      "\n(s): error vs the naive fp64 reference on 9 sampled queries; else vs the CPU "
+      "plan executor (fp32) on all queries. bound = unique KV bytes / copy bandwidth.\n");
+  if (!opt.json_path.empty()) write_json(opt.json_path, prop.name, copy_bw, results);
+  return 0;
+}
+
+}  // namespace
+}  // namespace treeserve
+
+int main(int argc, char** argv) { return treeserve::main_impl(argc, argv); }

@@ -1,0 +1,727 @@
+// Tree-attention kernels (tree_attention.h): stage 1 runs the plan's work items, stage 2 merges
+// the partials per query. Both read the plan from TreeAttentionWorkspace's device buffer
+// (layout: detail/tree_attention_layout.h).
+//
+// Stage 1, one block of 4 warps per (work item, kv head), FlashAttention-2 style:
+//  - rows of the 64-row query tile are (item query, q head of the kv head's GQA group),
+//    row = local_query * gqa + g (FastTree: GQA heads packed as rows, so one KV tile feeds
+//    every head of the group), in 16-row slabs;
+//  - the item's tokens (the concatenation of its page-table segments) are first resolved to
+//    pool offsets in shared memory, then kKvTile-token K and V tiles stream in with cp.async,
+//    kStages deep, into XOR-swizzled shared memory (ldmatrix without bank conflicts);
+//  - S = Q K^T and O += P V with mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulate), online
+//    softmax in base 2, mask words applied per (row, token) where the item has them;
+//  - with 64 rows every warp owns a slab; with <= 32 rows (decode items: one query = gqa
+//    rows) the warps of a slab split each tile's tokens and merge their states at the end;
+//  - the partial O (fp32, normalised) and its LSE (base 2) go to the workspace, at the slot
+//    the reduction map gives them (each query's partials contiguous).
+// Stage 2, one warp per (query, q head): log-sum-exp merge of the query's contiguous partials
+// in reduction-map order, written to out in the model dtype. It is launched as a programmatic
+// dependent grid: it reads its plan entries while stage 1 drains, then waits for it.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/detail/tree_attention_layout.h"
+#include "kernels/tree_attention.h"
+
+namespace treeserve {
+namespace {
+
+using namespace detail;  // NOLINT: header field names
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTileRows = kTreeAttentionTileRows;  // 16 rows per warp
+// 64-token tiles, double-buffered: 2 blocks (8 warps) per SM at ~85 KB of shared memory and
+// ~240 registers (head_dim 128). Measured on H100 the same as 32-token tiles 4 deep for the
+// tree plans, and faster for decode-shaped items (4-way token split needs 64-token tiles).
+#ifndef TA_KV_TILE
+#define TA_KV_TILE 64
+#endif
+#ifndef TA_STAGES
+#define TA_STAGES 2
+#endif
+#ifndef TA_MIN_BLOCKS
+#define TA_MIN_BLOCKS 2
+#endif
+#ifndef TA_Q_SMEM
+#define TA_Q_SMEM 0
+#endif
+constexpr int kKvTile = TA_KV_TILE;          // tokens per K/V tile (32 or 64)
+constexpr int kStages = TA_STAGES;           // K/V tiles resident (kStages - 1 in flight)
+constexpr int kMinBlocks = TA_MIN_BLOCKS;
+constexpr bool kQFromSmem = TA_Q_SMEM;
+constexpr int kSegBatch = kThreads;  // segments resolved per pass
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kTileRows == 16 * kWarps, "one 16-row MMA slab per warp");
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers.
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; src_bytes = 0 fills the destination with zeros (tile tails, pad rows).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// 2^x by the SFU (ex2.approx: ~2 ulp, -inf -> 0); exp2f adds range handling we do not need.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T>
+struct Dtype;
+
+template <>
+struct Dtype<__half> {
+  __device__ static uint32_t pack(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  __device__ static __half from_float(float x) { return __float2half_rn(x); }
+  // d += a * b, 16x8x16, fp32 accumulators.
+  __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <>
+struct Dtype<__nv_bfloat16> {
+  __device__ static uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
+        "%7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][D] tile: chunk
+// c of row r lives at c ^ (r % 8), so the 8 rows one ldmatrix reads hit 8 different banks.
+template <int D>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+// The plan header (counts and array offsets), by value or read from the device buffer.
+struct PlanHeaderArg {
+  int32_t w[kHeaderWords];
+};
+static_assert(kHeaderWords == TreeAttentionWorkspace::kPlanHeaderWords, "header size");
+
+__device__ __forceinline__ PlanHeaderArg load_header(const PlanHeaderArg& arg, const int32_t* plan,
+                                                     bool on_device) {
+  if (!on_device) return arg;
+  PlanHeaderArg h;
+#pragma unroll
+  for (int i = 0; i < kHeaderWords; ++i) h.w[i] = plan[i];
+  return h;
+}
+
+struct Stage1Params {
+  PlanHeaderArg header;
+  int32_t header_on_device;  // fixed-grid launches: read the header from plan
+  const int32_t* plan;
+  const void* q;  // [rows][num_q_heads][D]
+  const void* k;  // [pages][num_kv_heads][page_size][D]
+  const void* v;
+  float* partial_o;    // [partials][num_q_heads][D]
+  float* partial_lse;  // [partials][num_q_heads]
+  int32_t num_q_heads;
+  int32_t num_kv_heads;
+  float scale_log2;  // sm_scale * log2(e)
+};
+
+template <int D>
+constexpr int stage1_smem_bytes_fixed() {
+  // Q tile, kStages K and V tiles, segment scratch (start, first slot, page, warp sums x2);
+  // the token table (4 bytes a token) comes on top.
+  return (kTileRows + 2 * kStages * kKvTile) * D * 2 + (3 * kSegBatch + 2 * kWarps) * 4;
+}
+
+// Fills tok[t] = row of item token t in the K (or V) pool viewed as [rows][head_dim], for this
+// block's kv head (head_row = kv_head * page_size), for all tokens of segments
+// [seg_begin, seg_end); int32 rows halve the table (a pool of 2^31 rows is 512 GB of fp16 at
+// head_dim 128, far beyond one layer). Returns the item's token count.
+__device__ int resolve_tokens(const int32_t* plan, const PlanHeaderArg& h, int seg_begin,
+                              int seg_end, int rows_per_page, int page_size, int64_t head_row,
+                              int32_t* tok, int32_t* seg_start, int32_t* seg_slot,
+                              int32_t* seg_page, int32_t* warp_sums) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int32_t* seg_page_begin = plan + h.w[kSegPageBegin];
+  const int32_t* seg_first_slot = plan + h.w[kSegFirstSlot];
+  const int32_t* seg_num_tokens = plan + h.w[kSegNumTokens];
+  const int32_t* page_table = plan + h.w[kPageTable];
+  int pos = 0;
+  for (int base = seg_begin; base < seg_end; base += kSegBatch) {
+    const int count = min(kSegBatch, seg_end - base);
+    int len = 0, slot = 0, page = 0;
+    if (tid < count) {
+      len = seg_num_tokens[base + tid];
+      slot = seg_first_slot[base + tid];
+      page = seg_page_begin[base + tid];
+    }
+    int incl = len;  // block-wide inclusive scan of the segment lengths
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int x = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += x;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    int before = 0, total = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      before += w < warp ? warp_sums[w] : 0;
+      total += warp_sums[w];
+    }
+    if (tid < count) {
+      seg_start[tid] = pos + before + incl - len;
+      seg_slot[tid] = slot;
+      seg_page[tid] = page;
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int t = pos + tid; t < pos + total; t += kThreads) {
+      int lo = 0, hi = count - 1;  // last segment starting at or before t
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (seg_start[mid] <= t) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      const int s = seg_slot[lo] + (t - seg_start[lo]);
+      tok[t] = int32_t(int64_t(page_table[seg_page[lo] + s / page_size]) * rows_per_page +
+                       s % page_size + head_row);
+    }
+    pos += total;
+    __syncthreads();  // scratch reused by the next pass; tok complete for the caller
+  }
+  return pos;
+}
+
+// What the main loop needs about its block's item.
+struct ItemTile {
+  int num_rows;     // valid rows of the query tile
+  int num_tokens;   // tokens of the item
+  int num_tiles;    // K/V tiles
+  int query_begin;  // first partial slot
+  int kv_head;
+  int gqa;
+  int mask_offset;  // -1: no mask
+  int words_per_row;
+  const int32_t* partial_slot;  // where partial (query_begin + local query) is stored
+};
+
+// Main loop and epilogue of stage 1. kSplit warps share each 16-row slab and split every
+// 64-token tile between them (kKvTile / kSplit tokens each), so an item with few rows (a
+// decode branch: gqa rows) still spreads its MMAs over all four warps (and the SM's four
+// schedulers); their softmax states are merged through shared memory at the end.
+template <int D, typename T, int kSplit, typename LoadTile>
+__device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it,
+                                       const uint32_t* mask_words, T* s_q, T* s_k, T* s_v,
+                                       LoadTile&& load_tile) {
+  constexpr int kTok = kKvTile / kSplit;  // tokens of a tile this warp scores
+  constexpr int kN = kTok / 8;            // n-tiles of S
+  static_assert(kTok % 16 == 0, "P V needs 16-token k-steps");
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int slab = warp / kSplit, part = warp % kSplit;
+  const int tok0 = part * kTok;  // this warp's first token inside a tile
+  // Per thread: rows r0 = 16 * slab + lane / 4 and r0 + 8; accumulator columns 2 * (lane % 4).
+  const int r0 = slab * 16 + (lane >> 2);
+  const bool warp_active = slab * 16 < it.num_rows;
+  const uint32_t* row_mask[2] = {nullptr, nullptr};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = r0 + 8 * i;
+    if (it.mask_offset >= 0 && r < it.num_rows) {
+      row_mask[i] = mask_words + it.mask_offset + (r / it.gqa) * it.words_per_row;
+    }
+  }
+  uint32_t q_frag[kQFromSmem ? 1 : D / 16][4];
+  float o_acc[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+
+  for (int tile = 0; tile < it.num_tiles; ++tile) {
+    // Refill the stage consumed in the previous iteration (freed by its trailing barrier).
+    const int ahead = tile + kStages - 1;
+    if (ahead < it.num_tiles) load_tile(ahead, ahead % kStages);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+    if (warp_active) {
+      const T* k_tile = s_k + (tile % kStages) * kKvTile * D;
+      const T* v_tile = s_v + (tile % kStages) * kKvTile * D;
+      if (!kQFromSmem && tile == 0) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const int r = slab * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+          ldmatrix_x4(q_frag[kk], smem_u32(s_q + swz<D>(r, 2 * kk + (lane >> 4))));
+        }
+      }
+      // S = Q K^T over this warp's kTok tokens: 16 rows x kTok, kN n-tiles of 8 tokens.
+      float s[kN][4];
+#pragma unroll
+      for (int j = 0; j < kN; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t q_smem[4];
+        if constexpr (kQFromSmem) {
+          const int r = slab * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+          ldmatrix_x4(q_smem, smem_u32(s_q + swz<D>(r, 2 * kk + (lane >> 4))));
+        }
+        const uint32_t(&qa)[4] = kQFromSmem ? q_smem : q_frag[kQFromSmem ? 0 : kk];
+#pragma unroll
+        for (int jj = 0; jj < kN / 2; ++jj) {
+          uint32_t b[4];
+          const int r = tok0 + 16 * jj + (lane & 7) + ((lane >> 4) << 3);
+          ldmatrix_x4(b, smem_u32(k_tile + swz<D>(r, 2 * kk + ((lane >> 3) & 1))));
+          Dtype<T>::mma(s[2 * jj], qa, b[0], b[1]);
+          Dtype<T>::mma(s[2 * jj + 1], qa, b[2], b[3]);
+        }
+      }
+      // Scale to base 2, mask, online softmax.
+      const int tile_begin = tile * kKvTile;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        uint64_t visible = ~uint64_t(0);  // bit c: token tile_begin + c is visible
+        const int remaining = it.num_tokens - tile_begin;
+        if (remaining < 64) visible = (uint64_t(1) << remaining) - 1;
+        if (row_mask[i] != nullptr) {
+          const int w = tile_begin >> 5;  // tiles start on mask-word boundaries
+          uint64_t bits = row_mask[i][w];
+          if (kKvTile > 32 && w + 1 < it.words_per_row) bits |= uint64_t(row_mask[i][w + 1]) << 32;
+          visible &= bits;
+        }
+        visible >>= tok0;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = 8 * j + 2 * (lane & 3) + e;
+            // Raw scores here; the scale (> 0) is folded into the exponent below.
+            const float x = ((visible >> c) & 1) ? s[j][2 * i + e] : -INFINITY;
+            s[j][2 * i + e] = x;
+            mx = fmaxf(mx, x);
+          }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float new_max = fmaxf(row_max[i], mx * p.scale_log2);
+        const float base = new_max == -INFINITY ? 0.f : new_max;  // all masked so far
+        const float alpha = fast_exp2(row_max[i] - base);
+        row_max[i] = new_max;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pr = fast_exp2(fmaf(s[j][2 * i + e], p.scale_log2, -base));
+            s[j][2 * i + e] = pr;
+            sum += pr;
+          }
+        }
+        row_sum[i] = row_sum[i] * alpha + sum;  // per-thread share; quad-reduced at the end
+        // Rescaling O costs D / 4 multiplies per row pair: skip it (warp-uniformly) once the
+        // row maxima have settled, which after the first tiles is the common case.
+        if (__any_sync(0xffffffffu, alpha != 1.f)) {
+#pragma unroll
+          for (int j = 0; j < D / 8; ++j) {
+            o_acc[j][2 * i] *= alpha;
+            o_acc[j][2 * i + 1] *= alpha;
+          }
+        }
+      }
+      // O += P V: P's accumulator layout is the A-fragment layout of the next MMA.
+#pragma unroll
+      for (int kk = 0; kk < kTok / 16; ++kk) {
+        uint32_t a[4];
+        a[0] = Dtype<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+        a[1] = Dtype<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+        a[2] = Dtype<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[3] = Dtype<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+        for (int jd = 0; jd < D / 16; ++jd) {
+          uint32_t b[4];
+          const int r = tok0 + 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3);
+          ldmatrix_x4_trans(b, smem_u32(v_tile + swz<D>(r, 2 * jd + (lane >> 4))));
+          Dtype<T>::mma(o_acc[2 * jd], a, b[0], b[1]);
+          Dtype<T>::mma(o_acc[2 * jd + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // this stage is overwritten by the next iteration's load
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
+    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
+  }
+  if constexpr (kSplit == 1) {
+    // Normalise and write the valid rows' partials straight from registers.
+    if (!warp_active) return;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float sum = row_sum[i];
+      const int r = r0 + 8 * i;
+      if (r >= it.num_rows) continue;
+      const int64_t out_row =
+          int64_t(it.partial_slot[it.query_begin + r / it.gqa]) * p.num_q_heads +
+          it.kv_head * it.gqa + r % it.gqa;
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      float* dst = p.partial_o + out_row * D + 2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(o_acc[j][2 * i] * inv, o_acc[j][2 * i + 1] * inv);
+      }
+      if ((lane & 3) == 0) {
+        p.partial_lse[out_row] = sum > 0.f ? row_max[i] + log2f(sum) : -INFINITY;
+      }
+    }
+  } else {
+    // Each warp parks its (unnormalised O, max, sum) in the now idle K/V buffers; then the
+    // block merges the kSplit states of every row and writes the partials coalesced.
+    constexpr int kStride = D + 4;  // floats per parked row (padding against bank conflicts)
+    float* park_o = reinterpret_cast<float*>(s_k);   // [warps][16][kStride]
+    float* park_m = park_o + kWarps * 16 * kStride;  // [warps][16]
+    float* park_l = park_m + kWarps * 16;
+    if (warp_active) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = (lane >> 2) + 8 * i;
+        float* dst = park_o + (warp * 16 + row) * kStride + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          *reinterpret_cast<float2*>(dst + 8 * j) =
+              make_float2(o_acc[j][2 * i], o_acc[j][2 * i + 1]);
+        }
+        if ((lane & 3) == 0) {
+          park_m[warp * 16 + row] = row_max[i];
+          park_l[warp * 16 + row] = row_sum[i];
+        }
+      }
+    }
+    __syncthreads();
+    constexpr int kSlabs = kWarps / kSplit;
+    constexpr int kVec = D / 4;  // float4 columns per row
+    for (int idx = tid; idx < kSlabs * 16 * kVec; idx += kThreads) {
+      const int v = idx % kVec, row16 = (idx / kVec) % 16, sl = idx / (16 * kVec);
+      const int r = sl * 16 + row16;
+      if (r >= it.num_rows) continue;
+      float m = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kSplit; ++w) m = fmaxf(m, park_m[(sl * kSplit + w) * 16 + row16]);
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+      float l = 0.f;
+#pragma unroll
+      for (int w = 0; w < kSplit; ++w) {
+        const int at = (sl * kSplit + w) * 16 + row16;
+        const float scale = park_m[at] == -INFINITY ? 0.f : exp2f(park_m[at] - m);
+        const float4 x = *reinterpret_cast<const float4*>(park_o + at * kStride + 4 * v);
+        o.x += scale * x.x, o.y += scale * x.y, o.z += scale * x.z, o.w += scale * x.w;
+        l += scale * park_l[at];
+      }
+      const int64_t out_row =
+          int64_t(it.partial_slot[it.query_begin + r / it.gqa]) * p.num_q_heads +
+          it.kv_head * it.gqa + r % it.gqa;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      *reinterpret_cast<float4*>(p.partial_o + out_row * D + 4 * v) =
+          make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+      if (v == 0) p.partial_lse[out_row] = l > 0.f ? m + log2f(l) : -INFINITY;
+    }
+  }
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) tree_attention_stage1(Stage1Params p) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  const int32_t* plan = p.plan;
+  const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
+  const int item = blockIdx.x;
+  if (item >= h.w[kNumItems]) return;
+  const int tid = threadIdx.x;
+  ItemTile it;
+  it.kv_head = blockIdx.y;
+  it.gqa = h.w[kGqaGroupSize];
+  const int page_size = h.w[kPageSize];
+  it.query_begin = plan[h.w[kItemQueryBegin] + item];
+  it.num_rows = (plan[h.w[kItemQueryEnd] + item] - it.query_begin) * it.gqa;
+  it.num_tokens = plan[h.w[kItemNumTokens] + item];
+  it.num_tiles = (it.num_tokens + kKvTile - 1) / kKvTile;
+  it.mask_offset = plan[h.w[kItemMaskOffset] + item];
+  it.words_per_row = (it.num_tokens + 31) >> 5;
+  it.partial_slot = plan + h.w[kPartialSlot];
+  const int32_t* item_queries = plan + h.w[kItemQueries];
+  const int32_t* query_rows = plan + h.w[kQueryRows];
+  const uint32_t* mask_words = reinterpret_cast<const uint32_t*>(plan + h.w[kMaskWords]);
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* s_q = reinterpret_cast<T*>(smem);
+  T* s_k = s_q + kTileRows * D;  // [kStages][kKvTile][D]
+  T* s_v = s_k + kStages * kKvTile * D;
+  int32_t* seg_start = reinterpret_cast<int32_t*>(s_v + kStages * kKvTile * D);
+  int32_t* seg_slot = seg_start + kSegBatch;
+  int32_t* seg_page = seg_slot + kSegBatch;
+  int32_t* warp_sums = seg_page + kSegBatch;
+  int32_t* tok = warp_sums + 2 * kWarps;  // [max_item_tokens]
+
+  // Q tile: row r = local query r / gqa, q head kv_head * gqa + r % gqa; pad rows are zero.
+  const T* q = static_cast<const T*>(p.q);
+#pragma unroll
+  for (int i_ = 0; i_ < kTileRows * kChunks / kThreads; ++i_) {
+    const int i = tid + i_ * kThreads;
+    const int r = i / kChunks, c = i % kChunks;
+    const bool valid = r < it.num_rows;
+    const T* src = q;
+    if (valid) {
+      const int row = query_rows[item_queries[it.query_begin + r / it.gqa]];
+      const int head = it.kv_head * it.gqa + r % it.gqa;
+      src = q + (int64_t(row) * p.num_q_heads + head) * D + c * 8;
+    }
+    cp_async_16(smem_u32(s_q + swz<D>(r, c)), src, valid);
+  }
+
+  resolve_tokens(plan, h, plan[h.w[kItemSegmentBegin] + item], plan[h.w[kItemSegmentEnd] + item],
+                 p.num_kv_heads * page_size, page_size, int64_t(it.kv_head) * page_size, tok,
+                 seg_start, seg_slot, seg_page, warp_sums);
+
+  const T* k_pool = static_cast<const T*>(p.k);
+  const T* v_pool = static_cast<const T*>(p.v);
+  const int num_tokens = it.num_tokens;
+  auto load_tile = [&](int tile, int stage) {
+    T* dk = s_k + stage * kKvTile * D;
+    T* dv = s_v + stage * kKvTile * D;
+#pragma unroll
+    for (int i_ = 0; i_ < kKvTile * kChunks / kThreads; ++i_) {
+      const int i = tid + i_ * kThreads;
+      const int r = i / kChunks, c = i % kChunks;
+      const int t = tile * kKvTile + r;
+      const bool valid = t < num_tokens;
+      const int64_t off = valid ? int64_t(tok[t]) * D + c * 8 : 0;
+      cp_async_16(smem_u32(dk + swz<D>(r, c)), k_pool + off, valid);
+      cp_async_16(smem_u32(dv + swz<D>(r, c)), v_pool + off, valid);
+    }
+  };
+  // Groups 0 .. kStages - 2: Q with the first tile, then one tile each (possibly empty).
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < it.num_tiles) load_tile(t, t);
+    cp_async_commit();
+  }
+
+  constexpr int kMaxSplit = kKvTile / 16 < kWarps ? kKvTile / 16 : kWarps;
+  if (it.num_rows <= 16) {
+    attend<D, T, kMaxSplit>(p, it, mask_words, s_q, s_k, s_v, load_tile);
+  } else if (it.num_rows <= 32) {
+    attend<D, T, 2>(p, it, mask_words, s_q, s_k, s_v, load_tile);
+  } else {
+    attend<D, T, 1>(p, it, mask_words, s_q, s_k, s_v, load_tile);
+  }
+  // The merge grid (programmatic dependent launch) may start once every block got here.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// One warp per (query, q head): out[row][head] = sum_i w_i o_i / sum_i w_i, w_i = 2^(lse_i - max),
+// over the query's partials, which stage 1 stored in the contiguous slots [begin, end). Up to
+// kBatch partials' loads are in flight at once; the plan reads happen before the wait for
+// stage 1 (programmatic dependent launch).
+template <int D, typename T>
+__global__ void __launch_bounds__(kThreads)
+    tree_attention_merge(PlanHeaderArg header, int32_t header_on_device, const int32_t* plan,
+                         const float* partial_o, const float* partial_lse, T* out,
+                         int num_q_heads) {
+  constexpr int kPerLane = D / 32;
+  constexpr int kBatch = 8;
+  const PlanHeaderArg h = load_header(header, plan, header_on_device);
+  const int lane = threadIdx.x & 31;
+  const int pair = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int query = pair / num_q_heads, head = pair % num_q_heads;
+  if (query >= h.w[kNumQueries]) return;
+  const int begin = plan[h.w[kQueryMergeBegin] + query];
+  const int end = plan[h.w[kQueryMergeBegin] + query + 1];
+  const int row = plan[h.w[kQueryRows] + query];
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // stage 1's partials are complete
+  float acc[kPerLane] = {};
+  float run_max = -INFINITY, run_sum = 0.f;
+  for (int base = begin; base < end; base += kBatch) {
+    float lse[kBatch];
+    float x[kBatch][kPerLane];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t at = int64_t(base + j) * num_q_heads + head;
+      const bool valid = base + j < end;
+      lse[j] = valid ? partial_lse[at] : -INFINITY;
+      const float* src = partial_o + at * D + lane * kPerLane;
+      if constexpr (kPerLane == 4) {
+        const float4 v = valid ? *reinterpret_cast<const float4*>(src) : make_float4(0, 0, 0, 0);
+        x[j][0] = v.x, x[j][1] = v.y, x[j][2] = v.z, x[j][3] = v.w;
+      } else {
+        const float2 v = valid ? *reinterpret_cast<const float2*>(src) : make_float2(0, 0);
+        x[j][0] = v.x, x[j][1] = v.y;
+      }
+    }
+    float batch_max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) batch_max = fmaxf(batch_max, lse[j]);
+    const float new_max = fmaxf(run_max, batch_max);
+    if (new_max == -INFINITY) continue;  // nothing visible yet (warp-uniform)
+    const float rescale = fast_exp2(run_max - new_max);
+    run_sum *= rescale;
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) acc[e] *= rescale;
+    run_max = new_max;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const float w = fast_exp2(lse[j] - new_max);  // -inf (padding, empty) -> 0
+      run_sum += w;
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) acc[e] += w * x[j][e];
+    }
+  }
+  const float inv = run_sum > 0.f ? 1.f / run_sum : 0.f;
+  T* dst = out + (int64_t(row) * num_q_heads + head) * D + lane * kPerLane;
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) dst[e] = Dtype<T>::from_float(acc[e] * inv);
+}
+
+Status cuda_status(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return Status::Ok();
+  return Internal(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+template <int D, typename T>
+Status launch(const Stage1Params& params, void* out, const TreeAttentionWorkspace& ws,
+              cudaStream_t stream) {
+  const TreeAttentionLimits& limits = ws.limits();
+  const int smem = stage1_smem_bytes_fixed<D>() + limits.max_item_tokens * 4;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      tree_attention_stage1<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+  if (attr != cudaSuccess) {
+    return Internal(std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr));
+  }
+  const int items = limits.fixed_grid ? limits.max_work_items : ws.num_items();
+  const int queries = limits.fixed_grid ? limits.max_queries : ws.num_queries();
+  if (items == 0 || queries == 0) return Status::Ok();
+  const dim3 grid1(items, params.num_kv_heads);
+  tree_attention_stage1<D, T><<<grid1, kThreads, smem, stream>>>(params);
+  TS_RETURN_IF_ERROR(cuda_status("tree_attention_stage1 launch"));
+  const int64_t pairs = int64_t(queries) * params.num_q_heads;
+  const int blocks = int((pairs + kWarps - 1) / kWarps);
+  // Programmatic dependent launch: the merge grid starts while stage 1 drains and waits on
+  // griddepcontrol.wait, which hides its launch latency (also inside a CUDA graph).
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(
+      &config, tree_attention_merge<D, T>, params.header, params.header_on_device, params.plan,
+      static_cast<const float*>(params.partial_o), static_cast<const float*>(params.partial_lse),
+      static_cast<T*>(out), int(params.num_q_heads));
+  if (e != cudaSuccess) {
+    return Internal(std::string("tree_attention_merge launch: ") + cudaGetErrorString(e));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status launch_tree_attention(const void* q, const void* k_pool, const void* v_pool, void* out,
+                             TreeAttentionDtype dtype, int32_t num_q_heads, int32_t num_kv_heads,
+                             int32_t head_dim, int32_t page_size, float sm_scale,
+                             const TreeAttentionWorkspace& workspace, cudaStream_t stream) {
+  if (!workspace.initialized())
+    return FailedPrecondition("tree attention workspace not initialized");
+  if (head_dim != 64 && head_dim != 128) {
+    return InvalidArgument("head_dim = " + std::to_string(head_dim) + " (supported: 64, 128)");
+  }
+  if (head_dim > workspace.limits().max_head_dim ||
+      num_q_heads > workspace.limits().max_num_q_heads) {
+    return InvalidArgument("num_q_heads = " + std::to_string(num_q_heads) + " / head_dim = " +
+                           std::to_string(head_dim) + " exceed the workspace's partial buffers");
+  }
+  if (num_kv_heads < 1 || num_q_heads != num_kv_heads * workspace.gqa_group_size()) {
+    return InvalidArgument(
+        "num_q_heads = " + std::to_string(num_q_heads) +
+        " != num_kv_heads * plan.gqa_group_size = " + std::to_string(num_kv_heads) + " * " +
+        std::to_string(workspace.gqa_group_size()));
+  }
+  if (page_size != workspace.page_size()) {
+    return InvalidArgument("page_size = " + std::to_string(page_size) +
+                           " differs from the plan's " + std::to_string(workspace.page_size()));
+  }
+  if (q == nullptr || k_pool == nullptr || v_pool == nullptr || out == nullptr) {
+    return InvalidArgument("launch_tree_attention: null tensor pointer");
+  }
+  Stage1Params params;
+  params.header_on_device = workspace.limits().fixed_grid ? 1 : 0;
+  for (int i = 0; i < kHeaderWords; ++i) params.header.w[i] = workspace.plan_header()[i];
+  params.plan = static_cast<const int32_t*>(workspace.device_plan());
+  params.q = q;
+  params.k = k_pool;
+  params.v = v_pool;
+  params.partial_o = static_cast<float*>(workspace.partial_o());
+  params.partial_lse = static_cast<float*>(workspace.partial_lse());
+  params.num_q_heads = num_q_heads;
+  params.num_kv_heads = num_kv_heads;
+  params.scale_log2 = sm_scale * kLog2e;
+  const bool bf16 = dtype == TreeAttentionDtype::kBFloat16;
+  if (head_dim == 128) {
+    return bf16 ? launch<128, __nv_bfloat16>(params, out, workspace, stream)
+                : launch<128, __half>(params, out, workspace, stream);
+  }
+  return bf16 ? launch<64, __nv_bfloat16>(params, out, workspace, stream)
+              : launch<64, __half>(params, out, workspace, stream);
+}
+
+}  // namespace treeserve

@@ -1,0 +1,133 @@
+// Tree attention on the GPU: runs an AttentionPlan (kernels/attention_plan.h) over the paged KV
+// pool (kernels/kv_layout.h), the same plan the CPU executor (kernels/attention_cpu.h) runs.
+//
+//  - TreeAttentionWorkspace owns fixed device buffers sized from TreeAttentionLimits, so once a
+//    plan is uploaded (one cudaMemcpyAsync) the launch allocates nothing and can be captured in
+//    a CUDA graph (with fixed_grid, the captured grid also stays valid for later plans).
+//  - launch_tree_attention runs stage 1 (one block per (work item, kv head): the item's query
+//    tile, GQA heads packed as rows, against its KV chunk with tensor-core MMA, writing a
+//    partial (O, LSE) per item query and q head) and stage 2 (per query and q head, the
+//    log-sum-exp merge of its partials by the reduction map, written in the model dtype).
+//  - build_baseline_plan builds the prefix-unaware schedule of a sequence server (per-query
+//    paged flash-decoding over the query's whole root-to-leaf path, split-KV) as an ordinary
+//    AttentionPlan, so the same kernels (and the CPU executor) run it.
+//
+// Plain C++: no CUDA headers. Streams are passed as cudaStream_t (forward declared below).
+#pragma once
+
+#include <cstdint>
+
+#include "common/status.h"
+#include "kernels/attention_plan.h"
+#include "kernels/attention_view.h"
+
+typedef struct CUstream_st* cudaStream_t;  // same declaration as CUDA's driver_types.h
+
+namespace treeserve {
+
+enum class TreeAttentionDtype : int32_t { kFloat16 = 0, kBFloat16 = 1 };
+
+// Rows of the kernel's query tile: plan.queries_per_tile * plan.gqa_group_size must fit.
+inline constexpr int32_t kTreeAttentionTileRows = 64;
+
+// Capacities of a workspace. Plans are checked against them at upload
+// (RESOURCE_EXHAUSTED otherwise); apply_to() copies them into a plan config so the builder
+// fails early instead.
+struct TreeAttentionLimits {
+  int32_t max_work_items = 4096;
+  int32_t max_partials = 8192;
+  int32_t max_segments = 16384;
+  int32_t max_mask_words = 1 << 18;
+  int32_t max_queries = 4096;
+  int32_t max_view_pages = 1 << 20;  // pages of one view (plan.page_table)
+  int32_t max_item_tokens = 2048;    // longest item; bounds the block's token table (smem)
+  int32_t max_num_q_heads = 32;      // partial (O, LSE) buffers are sized with these two
+  int32_t max_head_dim = 128;
+  // true: launches use a grid of max_work_items (blocks past the plan's items exit at once),
+  // so a captured graph replays correctly after later uploads of other plans.
+  bool fixed_grid = false;
+
+  void apply_to(AttentionPlanConfig* config) const;
+};
+
+class TreeAttentionWorkspace {
+ public:
+  TreeAttentionWorkspace() = default;
+  ~TreeAttentionWorkspace();
+  TreeAttentionWorkspace(const TreeAttentionWorkspace&) = delete;
+  TreeAttentionWorkspace& operator=(const TreeAttentionWorkspace&) = delete;
+
+  // Allocates the device buffers (and a pinned staging buffer) on the current device.
+  Status init(const TreeAttentionLimits& limits);
+  void release();
+  bool initialized() const { return device_plan_ != nullptr; }
+  const TreeAttentionLimits& limits() const { return limits_; }
+
+  // Copies the plan into the device buffers with one cudaMemcpyAsync on stream. The plan may
+  // be changed or destroyed once this returns; a later upload first waits for this copy.
+  Status upload(const AttentionPlan& plan, cudaStream_t stream);
+
+  // What the last upload put there (host copies, for launch checks and grid sizes).
+  int32_t num_items() const { return num_items_; }
+  int32_t num_queries() const { return num_queries_; }
+  int32_t num_partials() const { return num_partials_; }
+  int32_t gqa_group_size() const { return gqa_group_size_; }
+  int32_t page_size() const { return page_size_; }
+  int32_t max_item_tokens() const { return max_item_tokens_; }
+
+  // Device buffers (opaque here; tree_attention.cu knows their layout) and a host copy of
+  // the uploaded plan's header (int32[kPlanHeaderWords]).
+  static constexpr int kPlanHeaderWords = 32;
+  const void* device_plan() const { return device_plan_; }
+  const int32_t* plan_header() const { return header_; }
+  void* partial_o() const { return partial_o_; }      // float [max_partials][heads][head_dim]
+  void* partial_lse() const { return partial_lse_; }  // float [max_partials][heads], base 2
+
+ private:
+  TreeAttentionLimits limits_;
+  void* device_plan_ = nullptr;  // int32 header + arrays at offsets fixed by limits_
+  void* host_staging_ = nullptr;
+  void* staging_done_ = nullptr;  // cudaEvent_t
+  void* partial_o_ = nullptr;
+  void* partial_lse_ = nullptr;
+  int64_t plan_words_ = 0;
+  int32_t header_[kPlanHeaderWords] = {};
+  int32_t num_items_ = 0, num_queries_ = 0, num_partials_ = 0;
+  int32_t gqa_group_size_ = 0, page_size_ = 0, max_item_tokens_ = 0;
+};
+
+// q:      [num_rows][num_q_heads][head_dim]   batch rows; only the plan's query rows are read
+// k_pool, v_pool: one layer's K / V buffer    [num_pages][num_kv_heads][page_size][head_dim]
+// out:    [num_rows][num_q_heads][head_dim]   only the plan's query rows are written
+// All in dtype; head_dim 64 or 128; num_q_heads / num_kv_heads must equal the plan's
+// gqa_group_size and page_size the plan's. sm_scale multiplies q.k (usually 1/sqrt(head_dim)).
+// Enqueues two kernels on stream; returns INVALID_ARGUMENT for unsupported shapes, INTERNAL
+// with CUDA's message if a launch fails.
+Status launch_tree_attention(const void* q, const void* k_pool, const void* v_pool, void* out,
+                             TreeAttentionDtype dtype, int32_t num_q_heads, int32_t num_kv_heads,
+                             int32_t head_dim, int32_t page_size, float sm_scale,
+                             const TreeAttentionWorkspace& workspace, cudaStream_t stream);
+
+// Plan config for this kernel on a GPU with num_sms multiprocessors: the kernel's tile shape
+// (64 query rows, 64-token KV tiles), and num_sms as the *item* target of long-context
+// splitting: the grid is items x num_kv_heads and two blocks fit an SM, so
+// 2 * num_sms / num_kv_heads items already fill the GPU.
+AttentionPlanConfig tree_attention_plan_config(int32_t num_q_heads, int32_t num_kv_heads,
+                                               int32_t head_dim, int32_t num_sms = 132);
+
+// The prefix-unaware baseline's plan: per query one item per KV chunk of its root-to-leaf path
+// (no sharing between queries, no masks), chunks of at most config.kv_chunk_tokens, shrunk
+// (not below config.min_split_tokens) until there are config.num_sms items (split-KV).
+// Uses config.gqa_group_size, kv_tile_tokens, kv_chunk_tokens, num_sms, min_split_tokens.
+Status build_baseline_plan(const AttentionView& view, const AttentionPlanConfig& config,
+                           AttentionPlan* out);
+
+// Bytes of K and V a plan's items read (tokens read * kv heads * head_dim * 2 * dtype bytes),
+// and the unique bytes of the view (each visible run token once): the IO the kernel moves
+// versus the IO lower bound.
+int64_t plan_kv_bytes(const AttentionPlan& plan, int32_t num_kv_heads, int32_t head_dim,
+                      int32_t dtype_bytes);
+int64_t view_unique_kv_bytes(const AttentionView& view, int32_t num_kv_heads, int32_t head_dim,
+                             int32_t dtype_bytes);
+
+}  // namespace treeserve

@@ -1,0 +1,170 @@
+// TreeAttentionWorkspace (tree_attention.h): fixed device buffers for one tree-attention
+// launch, and the upload of a plan into them (packed into a pinned staging buffer in the
+// layout of detail/tree_attention_layout.h, then one cudaMemcpyAsync).
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/detail/tree_attention_layout.h"
+#include "kernels/tree_attention.h"
+
+namespace treeserve {
+namespace {
+
+using namespace detail;  // NOLINT: header field names
+
+constexpr int64_t kAlignWords = 32;  // 128 bytes
+
+int64_t align_up(int64_t n) { return (n + kAlignWords - 1) / kAlignWords * kAlignWords; }
+
+Status cuda_error(const char* what, cudaError_t e) {
+  return Internal(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Words the device buffer needs for plans within limits (each array padded to alignment).
+int64_t capacity_words(const TreeAttentionLimits& l) {
+  return kHeaderWords + 6 * align_up(l.max_work_items) + 3 * align_up(l.max_segments) +
+         2 * align_up(l.max_partials) + align_up(l.max_queries + 1) + align_up(l.max_queries) +
+         align_up(l.max_view_pages) + align_up(l.max_mask_words) + align_up(l.max_partials);
+}
+
+}  // namespace
+
+void TreeAttentionLimits::apply_to(AttentionPlanConfig* config) const {
+  config->max_work_items = max_work_items;
+  config->max_partials = max_partials;
+  config->max_segments = max_segments;
+  config->max_mask_words = max_mask_words;
+}
+
+TreeAttentionWorkspace::~TreeAttentionWorkspace() { release(); }
+
+void TreeAttentionWorkspace::release() {
+  // Errors are ignored: release also runs from the destructor, possibly after a device reset.
+  if (staging_done_ != nullptr) {
+    cudaEventSynchronize(static_cast<cudaEvent_t>(staging_done_));
+    cudaEventDestroy(static_cast<cudaEvent_t>(staging_done_));
+  }
+  if (host_staging_ != nullptr) cudaFreeHost(host_staging_);
+  if (device_plan_ != nullptr) cudaFree(device_plan_);
+  if (partial_o_ != nullptr) cudaFree(partial_o_);
+  if (partial_lse_ != nullptr) cudaFree(partial_lse_);
+  staging_done_ = host_staging_ = device_plan_ = partial_o_ = partial_lse_ = nullptr;
+  plan_words_ = 0;
+  num_items_ = num_queries_ = num_partials_ = 0;
+}
+
+Status TreeAttentionWorkspace::init(const TreeAttentionLimits& limits) {
+  release();
+  if (limits.max_work_items < 1 || limits.max_partials < 1 || limits.max_segments < 1 ||
+      limits.max_queries < 1 || limits.max_view_pages < 1 || limits.max_mask_words < 0 ||
+      limits.max_item_tokens < 1 || limits.max_num_q_heads < 1 ||
+      (limits.max_head_dim != 64 && limits.max_head_dim != 128)) {
+    return InvalidArgument("TreeAttentionLimits: every max_* must be >= 1 and max_head_dim 64|128");
+  }
+  limits_ = limits;
+  plan_words_ = capacity_words(limits);
+  cudaError_t e = cudaMalloc(&device_plan_, size_t(plan_words_) * 4);
+  if (e != cudaSuccess) return cuda_error("cudaMalloc(plan)", e);
+  e = cudaMallocHost(&host_staging_, size_t(plan_words_) * 4);
+  if (e != cudaSuccess) return cuda_error("cudaMallocHost(staging)", e);
+  const size_t lse_elems = size_t(limits.max_partials) * limits.max_num_q_heads;
+  e = cudaMalloc(&partial_o_, lse_elems * limits.max_head_dim * sizeof(float));
+  if (e != cudaSuccess) return cuda_error("cudaMalloc(partial_o)", e);
+  e = cudaMalloc(&partial_lse_, lse_elems * sizeof(float));
+  if (e != cudaSuccess) return cuda_error("cudaMalloc(partial_lse)", e);
+  cudaEvent_t event;
+  e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (e != cudaSuccess) return cuda_error("cudaEventCreate", e);
+  staging_done_ = event;
+  // An empty plan, so a launch before the first upload does nothing.
+  e = cudaMemset(device_plan_, 0, kHeaderWords * 4);
+  if (e != cudaSuccess) return cuda_error("cudaMemset(plan)", e);
+  return Status::Ok();
+}
+
+Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t stream) {
+  if (!initialized()) return FailedPrecondition("TreeAttentionWorkspace::upload before init");
+  auto over = [](const char* what, int64_t have, int64_t bound) {
+    return ResourceExhausted(std::string("attention plan needs ") + std::to_string(have) + " " +
+                             what + ", workspace holds " + std::to_string(bound));
+  };
+  const TreeAttentionLimits& l = limits_;
+  if (plan.num_items() > l.max_work_items)
+    return over("work items", plan.num_items(), l.max_work_items);
+  if (plan.num_partials() > l.max_partials)
+    return over("partials", plan.num_partials(), l.max_partials);
+  if (plan.num_segments() > l.max_segments)
+    return over("segments", plan.num_segments(), l.max_segments);
+  if (plan.num_queries() > l.max_queries) return over("queries", plan.num_queries(), l.max_queries);
+  if (int64_t(plan.page_table.size()) > l.max_view_pages) {
+    return over("view pages", int64_t(plan.page_table.size()), l.max_view_pages);
+  }
+  if (int64_t(plan.mask_words.size()) > l.max_mask_words) {
+    return over("mask words", int64_t(plan.mask_words.size()), l.max_mask_words);
+  }
+  if (plan.max_item_tokens > l.max_item_tokens) {
+    return over("tokens in one item", plan.max_item_tokens, l.max_item_tokens);
+  }
+  if (plan.queries_per_tile * plan.gqa_group_size > kTreeAttentionTileRows) {
+    return InvalidArgument("plan.queries_per_tile * gqa_group_size = " +
+                           std::to_string(plan.queries_per_tile * plan.gqa_group_size) +
+                           " exceeds the kernel's query tile of " +
+                           std::to_string(kTreeAttentionTileRows) + " rows");
+  }
+  // The previous upload's copy must have left the staging buffer before it is rewritten.
+  cudaError_t e = cudaEventSynchronize(static_cast<cudaEvent_t>(staging_done_));
+  if (e != cudaSuccess) return cuda_error("cudaEventSynchronize(staging)", e);
+
+  int32_t* words = static_cast<int32_t*>(host_staging_);
+  std::memset(words, 0, kHeaderWords * 4);
+  int64_t cursor = kHeaderWords;
+  auto put = [&](PlanHeader field, const void* data, size_t count) {
+    words[field] = int32_t(cursor);
+    if (count > 0) std::memcpy(words + cursor, data, count * 4);
+    cursor += align_up(int64_t(count));
+  };
+  words[kNumItems] = plan.num_items();
+  words[kNumQueries] = plan.num_queries();
+  words[kNumPartials] = plan.num_partials();
+  words[kGqaGroupSize] = plan.gqa_group_size;
+  words[kPageSize] = plan.page_size;
+  const size_t ni = size_t(plan.num_items());
+  put(kItemSegmentBegin, plan.item_segment_begin.data(), ni);
+  put(kItemSegmentEnd, plan.item_segment_end.data(), ni);
+  put(kItemQueryBegin, plan.item_query_begin.data(), ni);
+  put(kItemQueryEnd, plan.item_query_end.data(), ni);
+  put(kItemNumTokens, plan.item_num_tokens.data(), ni);
+  put(kItemMaskOffset, plan.item_mask_offset.data(), ni);
+  const size_t ns = size_t(plan.num_segments());
+  put(kSegPageBegin, plan.seg_page_begin.data(), ns);
+  put(kSegFirstSlot, plan.seg_first_slot.data(), ns);
+  put(kSegNumTokens, plan.seg_num_tokens.data(), ns);
+  put(kItemQueries, plan.item_queries.data(), plan.item_queries.size());
+  put(kQueryMergeBegin, plan.query_merge_begin.data(), plan.query_merge_begin.size());
+  put(kMergePartials, plan.merge_partials.data(), plan.merge_partials.size());
+  put(kQueryRows, plan.query_rows.data(), plan.query_rows.size());
+  put(kPageTable, plan.page_table.data(), plan.page_table.size());
+  put(kMaskWords, plan.mask_words.data(), plan.mask_words.size());
+  words[kPartialSlot] = int32_t(cursor);
+  for (int32_t m = 0; m < plan.num_partials(); ++m) words[cursor + plan.merge_partials[m]] = m;
+  cursor += align_up(plan.num_partials());
+  std::memcpy(header_, words, sizeof(header_));
+
+  e = cudaMemcpyAsync(device_plan_, host_staging_, size_t(cursor) * 4, cudaMemcpyHostToDevice,
+                      stream);
+  if (e != cudaSuccess) return cuda_error("cudaMemcpyAsync(plan)", e);
+  e = cudaEventRecord(static_cast<cudaEvent_t>(staging_done_), stream);
+  if (e != cudaSuccess) return cuda_error("cudaEventRecord(staging)", e);
+  num_items_ = plan.num_items();
+  num_queries_ = plan.num_queries();
+  num_partials_ = plan.num_partials();
+  gqa_group_size_ = plan.gqa_group_size;
+  page_size_ = plan.page_size;
+  max_item_tokens_ = plan.max_item_tokens;
+  return Status::Ok();
+}
+
+}  // namespace treeserve

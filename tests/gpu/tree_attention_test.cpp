@@ -1,0 +1,305 @@
+// GPU tests of the tree-attention kernels (ctest label `gpu`): the CUDA kernels against the
+// CPU plan executor on the same plan and the same dtype-rounded inputs, over random trees
+// (depth 1-10, width 1-256, runs of 1-8000 tokens, head_dim 64/128, GQA 1/4/8/16, page sizes
+// 1/16/64, causal prefill chunks and speculative token trees, so masked items), the
+// DESIGN.md workload shapes with Llama-3-8B heads, the prefix-unaware baseline plan against
+// the naive reference, CUDA-graph replay of a fixed-grid launch, and the launcher's checks.
+// Without a CUDA device every test is skipped with a message (never a silent pass).
+#include "kernels/tree_attention.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/attention_plan.h"
+#include "kernels/testing/gpu_attention_harness.h"
+#include "kernels/testing/random_tree.h"
+
+namespace treeserve {
+namespace {
+
+using testing::GpuAttentionProblem;
+using testing::TreeCase;
+
+#define SKIP_WITHOUT_GPU()                                                                     \
+  do {                                                                                         \
+    if (!testing::cuda_device_available()) GTEST_SKIP() << "no CUDA device: GPU test skipped"; \
+  } while (0)
+
+constexpr float kFp16Tolerance = 2e-3f;
+constexpr float kBf16Tolerance = 1e-2f;  // bf16 keeps 8 mantissa bits: output rounding alone
+                                         // is up to 2^-9 of |o|
+
+struct Shape {
+  int32_t num_kv_heads = 1;
+  int32_t gqa = 1;
+  int32_t head_dim = 128;
+  TreeAttentionDtype dtype = TreeAttentionDtype::kFloat16;
+};
+
+std::string describe(const Shape& s) {
+  return "kv_heads=" + std::to_string(s.num_kv_heads) + " gqa=" + std::to_string(s.gqa) +
+         " head_dim=" + std::to_string(s.head_dim) +
+         (s.dtype == TreeAttentionDtype::kFloat16 ? " fp16" : " bf16");
+}
+
+// Builds the plan, runs it on the GPU and on the CPU executor; returns the max abs error
+// (and checks rows no query names are untouched).
+float gpu_vs_cpu_plan(const TreeCase& tree, const Shape& shape, const AttentionPlanConfig& config,
+                      TreeAttentionWorkspace* ws, uint64_t seed) {
+  AttentionPlan plan;
+  Status s = build_attention_plan(tree.view, config, &plan);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  if (!s.ok()) return INFINITY;
+  GpuAttentionProblem problem;
+  s = problem.init(tree, shape.num_kv_heads * shape.gqa, shape.num_kv_heads, shape.head_dim,
+                   shape.dtype, seed, 2.f);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  s = problem.launch(plan, ws, nullptr);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  std::vector<float> gpu, cpu;
+  s = problem.download_out(&gpu);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  if (!s.ok()) return INFINITY;
+  s = problem.reference_plan(plan, &cpu);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(problem.untouched_rows_kept(gpu)) << "kernel wrote rows no query names";
+  return problem.max_abs_diff(gpu, cpu);
+}
+
+AttentionPlanConfig config_for(const Shape& shape) {
+  return tree_attention_plan_config(shape.num_kv_heads * shape.gqa, shape.num_kv_heads,
+                                    shape.head_dim);
+}
+
+TreeAttentionWorkspace& shared_workspace() {
+  static TreeAttentionWorkspace ws;
+  if (!ws.initialized()) {
+    const Status s = ws.init(TreeAttentionLimits{});
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  return ws;
+}
+
+testing::RandomTreeOptions random_options(uint64_t seed) {
+  testing::RandomTreeOptions o;
+  o.depth = 1 + int32_t(seed % 10);
+  o.max_width = std::vector<int32_t>{1, 3, 8, 32, 256}[seed % 5];
+  o.max_runs = 160;
+  o.max_run_tokens = std::vector<int32_t>{8, 64, 400}[(seed / 5) % 3];
+  o.page_size = std::vector<int32_t>{1, 16, 64}[seed % 3];
+  o.prefill_prob = 0.2;
+  o.speculative_prob = 0.3;
+  o.internal_query_prob = 0.15;
+  o.dead_leaf_prob = 0.05;
+  return o;
+}
+
+TEST(TreeAttentionGpu, RandomTreesMatchPlanExecutorFp16) {
+  SKIP_WITHOUT_GPU();
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    const TreeCase tree = testing::random_tree_case(seed * 104729, random_options(seed));
+    Shape shape;
+    shape.gqa = std::vector<int32_t>{1, 4, 8, 16}[seed % 4];
+    shape.num_kv_heads = seed % 3 == 0 ? 2 : 1;
+    shape.head_dim = (seed / 2) % 2 ? 64 : 128;
+    AttentionPlanConfig config = config_for(shape);
+    config.kv_chunk_tokens = std::vector<int32_t>{512, 128, 1024}[seed % 3];
+    config.greedy_grouping = seed % 7 != 0;
+    config.pack_subtrees = seed % 11 != 0;
+    const float err = gpu_vs_cpu_plan(tree, shape, config, &shared_workspace(), seed);
+    EXPECT_LE(err, kFp16Tolerance) << "seed " << seed << " " << describe(shape);
+  }
+}
+
+TEST(TreeAttentionGpu, RandomTreesMatchPlanExecutorBf16) {
+  SKIP_WITHOUT_GPU();
+  for (uint64_t seed = 101; seed <= 112; ++seed) {
+    const TreeCase tree = testing::random_tree_case(seed * 7919, random_options(seed));
+    Shape shape;
+    shape.gqa = std::vector<int32_t>{1, 4, 8, 16}[seed % 4];
+    shape.head_dim = seed % 2 ? 64 : 128;
+    shape.dtype = TreeAttentionDtype::kBFloat16;
+    const float err = gpu_vs_cpu_plan(tree, shape, config_for(shape), &shared_workspace(), seed);
+    EXPECT_LE(err, kBf16Tolerance) << "seed " << seed << " " << describe(shape);
+  }
+}
+
+TEST(TreeAttentionGpu, LongRunsAndWideTrees) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    std::string name;
+    testing::RandomTreeOptions options;
+    Shape shape;
+  };
+  std::vector<Case> cases;
+  {  // deep chains of long runs (up to 8000 tokens), few queries
+    testing::RandomTreeOptions o;
+    o.depth = 10;
+    o.max_width = 2;
+    o.max_runs = 14;
+    o.min_run_tokens = 1;
+    o.max_run_tokens = 8000;
+    o.page_size = 16;
+    o.prefill_prob = 0.3;
+    cases.push_back({"deep long runs", o, Shape{1, 4, 128}});
+    o.page_size = 64;
+    cases.push_back({"deep long runs hd64 gqa16", o, Shape{1, 16, 64}});
+  }
+  {  // 256 leaves under an 8000-token root
+    testing::RandomTreeOptions o;
+    o.depth = 2;
+    o.max_width = 256;
+    o.max_runs = 257;
+    o.root_tokens = 8000;
+    o.max_run_tokens = 40;
+    o.page_size = 1;
+    o.speculative_prob = 0.1;
+    cases.push_back({"8000 root x 256 leaves gqa1", o, Shape{2, 1, 128}});
+    o.page_size = 16;
+    cases.push_back({"8000 root x 256 leaves gqa8", o, Shape{1, 8, 64}});
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const TreeCase tree = testing::random_tree_case(31 + i, cases[i].options);
+    const float err = gpu_vs_cpu_plan(tree, cases[i].shape, config_for(cases[i].shape),
+                                      &shared_workspace(), 500 + i);
+    EXPECT_LE(err, kFp16Tolerance) << cases[i].name << " " << describe(cases[i].shape);
+  }
+}
+
+TEST(TreeAttentionGpu, WorkloadShapesWithLlamaHeads) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    std::string name;
+    TreeCase tree;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"few-shot 4000+20x200", testing::few_shot_case(4000, 20, 200, 16, 1)});
+  cases.push_back({"fasttree 1,4,16", testing::fasttree_case({1, 4, 16}, {1024, 256, 64}, 16, 2)});
+  cases.push_back({"speculative 64 over 4000",
+                   testing::speculative_case(4000, testing::medusa_like_paths(63), 16, 3)});
+  for (const Case& c : cases) {
+    for (int32_t kv_heads : {8, 32}) {  // Llama-3-8B (GQA 4) and GQA 1
+      const Shape shape{kv_heads, 32 / kv_heads, 128};
+      const float err = gpu_vs_cpu_plan(c.tree, shape, config_for(shape), &shared_workspace(), 9);
+      EXPECT_LE(err, kFp16Tolerance) << c.name << " " << describe(shape);
+    }
+  }
+}
+
+TEST(TreeAttentionGpu, BaselinePlanMatchesNaive) {
+  SKIP_WITHOUT_GPU();
+  std::vector<TreeCase> trees;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    testing::RandomTreeOptions o = random_options(seed);
+    o.max_runs = 40;
+    trees.push_back(testing::random_tree_case(seed * 31, o));
+  }
+  trees.push_back(testing::few_shot_case(1000, 8, 100, 16, 4));
+  trees.push_back(testing::speculative_case(700, testing::medusa_like_paths(31), 64, 5));
+  for (size_t i = 0; i < trees.size(); ++i) {
+    const Shape shape{2, i % 2 ? 4 : 1, i % 3 ? 128 : 64};
+    AttentionPlan plan;
+    Status s = build_baseline_plan(trees[i].view, config_for(shape), &plan);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    GpuAttentionProblem problem;
+    s = problem.init(trees[i], shape.num_kv_heads * shape.gqa, shape.num_kv_heads, shape.head_dim,
+                     shape.dtype, 77 + i, 2.f);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    s = problem.launch(plan, &shared_workspace(), nullptr);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    std::vector<float> gpu, naive;
+    ASSERT_TRUE(problem.download_out(&gpu).ok());
+    std::vector<int32_t> all(trees[i].view.queries.size());
+    for (size_t q = 0; q < all.size(); ++q) all[q] = int32_t(q);
+    ASSERT_TRUE(problem.reference_naive(all, &naive).ok());
+    EXPECT_LE(problem.max_abs_diff(gpu, naive), kFp16Tolerance)
+        << "tree " << i << " " << describe(shape);
+    EXPECT_TRUE(problem.untouched_rows_kept(gpu));
+  }
+}
+
+// A fixed-grid launch captured once in a CUDA graph stays correct when later plans (other
+// chunkings of the same problem) are uploaded into the same workspace and the graph replayed.
+TEST(TreeAttentionGpu, FixedGridGraphReplaysLaterPlans) {
+  SKIP_WITHOUT_GPU();
+  const TreeCase tree = testing::few_shot_case(1500, 12, 90, 16, 6);
+  const Shape shape{2, 4, 128};
+  TreeAttentionLimits limits;
+  limits.max_work_items = 512;
+  limits.max_partials = 1024;
+  limits.fixed_grid = true;
+  TreeAttentionWorkspace ws;
+  ASSERT_TRUE(ws.init(limits).ok());
+  GpuAttentionProblem problem;
+  ASSERT_TRUE(problem.init(tree, 8, 2, 128, shape.dtype, 3, 2.f).ok());
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  AttentionPlan first;
+  ASSERT_TRUE(build_attention_plan(tree.view, config_for(shape), &first).ok());
+  ASSERT_TRUE(ws.upload(first, stream).ok());
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const Status launched = problem.launch_uploaded(ws, stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(launched.ok()) << launched.ToString();
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int32_t chunk : {512, 128, 1024}) {
+    AttentionPlanConfig config = config_for(shape);
+    config.kv_chunk_tokens = chunk;
+    AttentionPlan plan;
+    ASSERT_TRUE(build_attention_plan(tree.view, config, &plan).ok());
+    ASSERT_TRUE(problem.reset_out().ok());
+    ASSERT_TRUE(ws.upload(plan, stream).ok());
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<float> gpu, cpu;
+    ASSERT_TRUE(problem.download_out(&gpu).ok());
+    ASSERT_TRUE(problem.reference_plan(plan, &cpu).ok());
+    EXPECT_LE(problem.max_abs_diff(gpu, cpu), kFp16Tolerance) << "chunk " << chunk;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(TreeAttentionGpu, RejectsPlansAndShapesOutsideTheWorkspace) {
+  SKIP_WITHOUT_GPU();
+  const TreeCase tree = testing::few_shot_case(3000, 40, 50, 16, 7);
+  TreeAttentionLimits limits;
+  limits.max_work_items = 4;
+  TreeAttentionWorkspace ws;
+  ASSERT_TRUE(ws.init(limits).ok());
+  AttentionPlan plan;
+  ASSERT_TRUE(build_attention_plan(tree.view, config_for(Shape{1, 4, 128}), &plan).ok());
+  Status s = ws.upload(plan, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  // Limits copied into the config make the builder refuse first.
+  AttentionPlanConfig config = config_for(Shape{1, 4, 128});
+  limits.apply_to(&config);
+  EXPECT_EQ(build_attention_plan(tree.view, config, &plan).code(), StatusCode::kResourceExhausted);
+
+  TreeAttentionWorkspace big;
+  ASSERT_TRUE(big.init(TreeAttentionLimits{}).ok());
+  ASSERT_TRUE(build_attention_plan(tree.view, config_for(Shape{1, 4, 128}), &plan).ok());
+  ASSERT_TRUE(big.upload(plan, nullptr).ok());
+  GpuAttentionProblem problem;
+  ASSERT_TRUE(problem.init(tree, 4, 1, 128, TreeAttentionDtype::kFloat16, 1).ok());
+  int dummy_storage[4];
+  void* dummy = dummy_storage;
+  s = launch_tree_attention(dummy, dummy, dummy, dummy, TreeAttentionDtype::kFloat16, 4, 1, 96, 16,
+                            1.f, big, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "head_dim 96";
+  s = launch_tree_attention(dummy, dummy, dummy, dummy, TreeAttentionDtype::kFloat16, 8, 1, 128, 16,
+                            1.f, big, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "gqa differs from the plan's";
+  s = launch_tree_attention(dummy, dummy, dummy, dummy, TreeAttentionDtype::kFloat16, 4, 1, 128, 64,
+                            1.f, big, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "page size differs from the plan's";
+}
+
+}  // namespace
+}  // namespace treeserve

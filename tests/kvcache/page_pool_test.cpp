@@ -1,0 +1,122 @@
+// PagePool: allocation order, all-or-nothing bulk allocation, reference counts, accounting,
+// and the byte-budget sizing.
+#include "kvcache/page_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace treeserve {
+namespace {
+
+TEST(PagePool, FreshPoolHandsOutPagesInOrder) {
+  PagePool pool(4, 16);
+  EXPECT_EQ(pool.page_size(), 16);
+  EXPECT_EQ(pool.num_pages(), 4);
+  EXPECT_EQ(pool.num_free(), 4);
+  EXPECT_EQ(pool.num_used(), 0);
+  EXPECT_EQ(pool.allocate(), 0);
+  EXPECT_EQ(pool.allocate(), 1);
+  EXPECT_EQ(pool.num_free(), 2);
+  EXPECT_EQ(pool.num_used(), 2);
+  EXPECT_EQ(pool.ref_count(0), 1);
+  EXPECT_EQ(pool.ref_count(3), 0);
+  EXPECT_TRUE(pool.check_invariants().ok());
+}
+
+TEST(PagePool, AllocateReturnsMinusOneWhenEmpty) {
+  PagePool pool(1, 1);
+  EXPECT_EQ(pool.allocate(), 0);
+  EXPECT_EQ(pool.allocate(), -1);
+  EXPECT_EQ(pool.num_used(), 1);
+  EXPECT_TRUE(pool.check_invariants().ok());
+}
+
+TEST(PagePool, RetainAndReleaseCountReferences) {
+  PagePool pool(2, 4);
+  const int32_t p = pool.allocate();
+  pool.retain(p);
+  pool.retain(p);
+  EXPECT_EQ(pool.ref_count(p), 3);
+  EXPECT_FALSE(pool.release(p));
+  EXPECT_FALSE(pool.release(p));
+  EXPECT_EQ(pool.num_used(), 1);
+  EXPECT_TRUE(pool.release(p));
+  EXPECT_EQ(pool.ref_count(p), 0);
+  EXPECT_EQ(pool.num_free(), 2);
+  EXPECT_TRUE(pool.check_invariants().ok());
+}
+
+TEST(PagePool, RecentlyFreedPageIsReusedFirst) {
+  PagePool pool(3, 4);
+  pool.allocate();
+  const int32_t b = pool.allocate();
+  EXPECT_TRUE(pool.release(b));
+  EXPECT_EQ(pool.allocate(), b);
+}
+
+TEST(PagePool, BulkAllocateIsAllOrNothing) {
+  PagePool pool(3, 4);
+  std::vector<int32_t> pages{42};
+  ASSERT_TRUE(pool.allocate(2, &pages).ok());
+  EXPECT_EQ(pages, (std::vector<int32_t>{42, 0, 1}));
+  Status st = pool.allocate(2, &pages);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(pages.size(), 3u);
+  EXPECT_EQ(pool.num_free(), 1);
+  EXPECT_EQ(pool.allocate(-1, &pages).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(pool.allocate(0, &pages).ok());
+  EXPECT_EQ(pages.size(), 3u);
+  EXPECT_TRUE(pool.check_invariants().ok());
+}
+
+TEST(PagePool, PagesForBudget) {
+  KvLayout model;
+  model.num_layers = 2;
+  model.num_kv_heads = 4;
+  model.head_dim = 8;
+  model.dtype_bytes = 2;
+  model.page_size = 16;
+  // 2 layers * 2 (K, V) * 4 heads * 8 dims * 2 bytes = 256 bytes per token, 4096 per page.
+  StatusOr<int32_t> pages = PagePool::pages_for_budget(model, 4096 * 10 + 100);
+  ASSERT_TRUE(pages.ok());
+  EXPECT_EQ(*pages, 10);
+  EXPECT_EQ(PagePool::pages_for_budget(model, 4095).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(PagePool::pages_for_budget(model, 0).status().code(), StatusCode::kInvalidArgument);
+  // Huge budgets clamp to the int32 page id range.
+  EXPECT_EQ(*PagePool::pages_for_budget(model, int64_t{1} << 62), INT32_MAX);
+}
+
+TEST(PagePool, PagesForBudgetNamesTheBadField) {
+  KvLayout model{.num_layers = 2, .num_kv_heads = 4, .head_dim = 8, .page_size = 16};
+  KvLayout bad = model;
+  bad.page_size = 0;
+  EXPECT_NE(PagePool::pages_for_budget(bad, 1 << 20).status().message().find("page_size"),
+            std::string::npos);
+  bad = model;
+  bad.page_size = 257;
+  EXPECT_EQ(PagePool::pages_for_budget(bad, 1 << 20).status().code(), StatusCode::kInvalidArgument);
+  // Two negative fields must not multiply into a positive size.
+  bad = model;
+  bad.num_layers = -2;
+  bad.num_kv_heads = -4;
+  Status st = PagePool::pages_for_budget(bad, 1 << 20).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("num_layers"), std::string::npos);
+  bad = model;
+  bad.head_dim = 0;
+  EXPECT_NE(PagePool::pages_for_budget(bad, 1 << 20).status().message().find("head_dim"),
+            std::string::npos);
+  bad = model;
+  bad.num_layers = bad.num_kv_heads = bad.head_dim = 1 << 30;  // would overflow int64
+  st = PagePool::pages_for_budget(bad, int64_t{1} << 62).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("too large"), std::string::npos);
+  bad = model;
+  bad.dtype_bytes = 0;
+  EXPECT_NE(PagePool::pages_for_budget(bad, 1 << 20).status().message().find("dtype_bytes"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace treeserve
