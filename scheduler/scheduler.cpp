@@ -151,10 +151,10 @@ int32_t Scheduler::Impl::pages_for(int64_t tokens) const {
 
 void Scheduler::Impl::update_gauges() {
   if (!metrics_) return;
-  KvCacheStats s = kv_->stats();
+  // Cheap pool counters only: KvCache::stats() walks the whole pool (GetServerInfo uses it).
+  const PagePool& pool = kv_->pool();
   metrics_->kv_cache_usage_perc->set(
-      s.pages_total ? double(s.pages_total - s.pages_free) / s.pages_total : 0.0);
-  metrics_->radix_nodes->set(static_cast<double>(s.radix_nodes));
+      pool.num_pages() ? double(pool.num_pages() - pool.num_free()) / pool.num_pages() : 0.0);
   int64_t live = 0;
   for (auto& [id, t] : trees_) live += t->live_branches;
   metrics_->live_branches->set(static_cast<double>(live));
@@ -248,6 +248,16 @@ void Scheduler::Impl::maybe_close_job(GenerateJob* job, Status status) {
   }
 }
 
+// Closes the streams of calls whose every branch has finished (not those still waiting for
+// their prompt's prefill).
+void Scheduler::Impl::close_finished_jobs() {
+  std::vector<GenerateJob*> done;
+  for (auto& j : jobs_) {
+    if (j->unfinished == 0 && !j->waiting_prefill) done.push_back(j.get());
+  }
+  for (GenerateJob* j : done) maybe_close_job(j, Status::Ok());
+}
+
 void Scheduler::Impl::remove_tree(Tree* tree, bool retain_kv, int64_t* freed) {
   for (auto& b : tree->branches) *freed += end_branch(b.get(), retain_kv, FinishReason::kPruned);
   // end_branch may have finished jobs of this tree; they close at their next step check,
@@ -272,7 +282,7 @@ void Scheduler::Impl::cmd_create_tree(std::vector<int32_t> prompt,
                                   "); delete trees you no longer need"));
   }
   const int32_t length = static_cast<int32_t>(prompt.size());
-  if (pages_for(length) > kv_->stats().pages_total) {
+  if (pages_for(length) > kv_->pool().num_pages()) {
     return done(ResourceExhausted("prompt of " + std::to_string(length) +
                                   " tokens needs more KV pages than the whole pool holds"));
   }
@@ -288,7 +298,6 @@ void Scheduler::Impl::cmd_create_tree(std::vector<int32_t> prompt,
   }
   if (metrics_) {
     metrics_->prompt_tokens_total->inc(length);
-    metrics_->prefix_cache_hit_tokens_total->inc(cached);
   }
   if (length == 1) {
     return done(CreateTreeResult{t->id, root->id, length, 0});
@@ -358,7 +367,6 @@ StatusOr<std::vector<std::string>> Scheduler::Impl::cmd_branch(const std::string
   }
   if (metrics_) {
     metrics_->fork_total->inc(n);
-    metrics_->shared_kv_tokens_saved_total->inc(int64_t(kv_keep) * n);
   }
   update_gauges();
   return ids;
@@ -381,7 +389,7 @@ Status Scheduler::Impl::cmd_generate(GenerateSpec spec, std::shared_ptr<Generate
     }
     const int64_t need = int64_t(spec.prompt.size()) + int64_t(spec.n) * job->max_tokens;
     if (pages_for(int64_t(spec.prompt.size())) + spec.n * pages_for(job->max_tokens + 1) >
-        kv_->stats().pages_total) {
+        kv_->pool().num_pages()) {
       return ResourceExhausted("prompt plus n x max_tokens (" + std::to_string(need) +
                                " tokens) needs more KV pages than the whole pool holds");
     }
@@ -557,11 +565,7 @@ StatusOr<PruneSummary> Scheduler::Impl::cmd_prune(const std::string& tree_id,
     ++out.pruned_branches;
   }
   // Jobs whose every branch is now finished end here.
-  std::vector<GenerateJob*> done;
-  for (auto& j : jobs_) {
-    if (j->unfinished == 0 && !j->waiting_prefill) done.push_back(j.get());
-  }
-  for (GenerateJob* j : done) maybe_close_job(j, Status::Ok());
+  close_finished_jobs();
   update_gauges();
   return out;
 }
@@ -584,7 +588,7 @@ void Scheduler::Impl::cmd_verify(const std::string& tree_id, const std::string& 
     return done(InvalidArgument("tokens: the token tree could pass the model's context of " +
                                 std::to_string(options_.max_sequence_tokens) + " tokens"));
   }
-  if (pages_for(b->length() + int64_t(tokens.size())) > kv_->stats().pages_total) {
+  if (pages_for(b->length() + int64_t(tokens.size())) > kv_->pool().num_pages()) {
     return done(ResourceExhausted("the token tree does not fit in the KV pool"));
   }
   auto job = std::make_unique<VerifyJob>();
@@ -644,11 +648,7 @@ StatusOr<int64_t> Scheduler::Impl::cmd_delete_tree(const std::string& tree_id) {
   int64_t freed = 0;
   // Its KV stays as evictable cache for later prompts (unless prefix sharing is off).
   remove_tree(*found, options_.prefix_sharing, &freed);
-  std::vector<GenerateJob*> done;
-  for (auto& j : jobs_) {
-    if (j->unfinished == 0 && !j->waiting_prefill) done.push_back(j.get());
-  }
-  for (GenerateJob* j : done) maybe_close_job(j, Status::Ok());
+  close_finished_jobs();
   update_gauges();
   return freed;
 }
@@ -666,6 +666,7 @@ SchedulerStats Scheduler::Impl::cmd_stats() {
   out.running_requests = static_cast<int32_t>(jobs_.size() + verifies_.size());
   out.waiting_requests = static_cast<int32_t>(prefills_.size());
   out.steps = steps_;
+  if (metrics_) metrics_->radix_nodes->set(static_cast<double>(s.radix_nodes));
   return out;
 }
 

@@ -119,7 +119,7 @@ bool Scheduler::Impl::add_rows(SchedBranch* b, int32_t count, bool want_logits, 
       batch_.page_copies.push_back({c.src_page, c.dst_page, c.num_slots});
     }
     if (b->prefill) b->prefill->cached_tokens = cached;
-    if (metrics_ && cached > 0) metrics_->shared_kv_tokens_saved_total->inc(cached);
+    if (metrics_ && cached > 0) metrics_->prefix_cache_hit_tokens_total->inc(cached);
   } else if (!kv_->append(*b->kv, tokens, &slots_).ok()) {
     return false;
   }
@@ -274,6 +274,14 @@ bool Scheduler::Impl::step() {
   batch_.full_logits = full;
   Status built = kv_->build_attention_view(view_queries_, &batch_.view);
   Status ran = built.ok() ? backend_->forward(batch_, &logits_) : built;
+  if (metrics_ && built.ok()) {
+    // KV tokens read once for several queries instead of once per query.
+    int64_t saved = 0;
+    for (const KvNodeRun& n : batch_.view.nodes) {
+      saved += int64_t(std::max(0, n.query_end - n.query_begin - 1)) * n.num_tokens;
+    }
+    metrics_->shared_kv_tokens_saved_total->inc(static_cast<double>(saved));
+  }
   ++steps_;
   if (!ran.ok()) {
     spdlog::error("step {} failed ({} rows): {}", steps_, batch_.num_rows(), ran.message());
@@ -318,11 +326,7 @@ bool Scheduler::Impl::step() {
     }
   }
   // Close the streams whose branches all finished this step.
-  std::vector<GenerateJob*> done;
-  for (auto& j : jobs_) {
-    if (j->unfinished == 0 && !j->waiting_prefill) done.push_back(j.get());
-  }
-  for (GenerateJob* j : done) maybe_close_job(j, Status::Ok());
+  close_finished_jobs();
   update_gauges();
   return true;
 }

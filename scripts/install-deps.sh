@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# Installs everything treeserve needs to build and test on Debian 12 (run as root or with sudo).
+# Installs everything treeserve needs to build and test on Debian 12. Run it as root, or as a
+# user with sudo (it then asks sudo for the apt-get calls).
 # CUDA is optional: when nvcc is installed the CUDA backend is built too.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends \
+if [ "$(id -u)" -eq 0 ]; then
+  as_root=()
+elif command -v sudo >/dev/null; then
+  as_root=(sudo --preserve-env=DEBIAN_FRONTEND)
+else
+  echo "install-deps.sh: run as root (or install sudo): apt-get needs root" >&2
+  exit 1
+fi
+"${as_root[@]}" apt-get update -qq
+"${as_root[@]}" apt-get install -y -qq --no-install-recommends \
   build-essential cmake ninja-build git pkg-config clang-format \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libsentencepiece-dev sentencepiece \

@@ -143,6 +143,12 @@ int run_treeserve(int argc, char** argv) {
 
   std::string backend;
   if (Status s = resolve_backend(config.engine.backend, &backend); !s.ok()) return fail(s);
+  if (config.engine.tensor_parallel != 1) {
+    return fail(
+        Unimplemented("engine.tensor_parallel = " + std::to_string(config.engine.tensor_parallel) +
+                      ": tensor parallelism over several GPUs is not implemented yet; "
+                      "use 1"));
+  }
 
   // KV capacity: the CPU backend keeps KV in float32.
   KvLayout layout;
@@ -209,7 +215,10 @@ int run_treeserve(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int selected_port = -1;
   builder.AddListeningPort(config.server.listen, grpc::InsecureServerCredentials(), &selected_port);
-  builder.SetMaxReceiveMessageSize(config.server.max_request_bytes);
+  // The service itself refuses requests over max_request_bytes with INVALID_ARGUMENT; the
+  // transport takes a margin more so that such requests reach it.
+  builder.SetMaxReceiveMessageSize(
+      int(std::min<int64_t>(int64_t(config.server.max_request_bytes) * 2 + (1 << 20), INT32_MAX)));
   builder.RegisterService(&service);
 
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -49,6 +49,20 @@ TreeServeService::TreeServeService(const TreeserveConfig& config, const Tokenize
                                    ServingInfo info, Scheduler* scheduler)
     : config_(config), tokenizer_(tokenizer), info_(std::move(info)), scheduler_(scheduler) {}
 
+// Auth, then the request's size against server.max_request_bytes (the transport accepts a
+// margin more, so an oversized request gets this clear INVALID_ARGUMENT).
+grpc::Status TreeServeService::admit(const grpc::ServerContext* context,
+                                     const google::protobuf::Message& request) const {
+  if (auto s = check_auth(context); !s.ok()) return s;
+  const size_t bytes = request.ByteSizeLong();
+  if (bytes > size_t(config_.server.max_request_bytes)) {
+    return grpc_invalid("request: " + std::to_string(bytes) +
+                        " bytes is over server.max_request_bytes (" +
+                        std::to_string(config_.server.max_request_bytes) + ")");
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status TreeServeService::check_auth(const grpc::ServerContext* context) const {
   if (draining_.load()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
@@ -148,7 +162,7 @@ grpc::Status TreeServeService::CreateTree(grpc::ServerContext* ctx,
                                           const v1::CreateTreeRequest* request,
                                           v1::CreateTreeResponse* response) {
   CallScope scope(this);
-  if (auto s = check_auth(ctx); !s.ok()) return s;
+  if (auto s = admit(ctx, *request); !s.ok()) return s;
   StatusOr<std::vector<int32_t>> prompt = resolve_prompt("prompt", request->prompt(), true);
   if (!prompt.ok()) return to_grpc(prompt.status());
   StatusOr<CreateTreeResult> r = scheduler_->create_tree(std::move(*prompt));
@@ -165,7 +179,7 @@ grpc::Status TreeServeService::CreateTree(grpc::ServerContext* ctx,
 grpc::Status TreeServeService::Branch(grpc::ServerContext* ctx, const v1::BranchRequest* request,
                                       v1::BranchResponse* response) {
   CallScope scope(this);
-  if (auto s = check_auth(ctx); !s.ok()) return s;
+  if (auto s = admit(ctx, *request); !s.ok()) return s;
   if (request->n() < 1 || request->n() > config_.limits.max_n) {
     return grpc_invalid("n: " + std::to_string(request->n()) + " is outside [1, " +
                         std::to_string(config_.limits.max_n) + "]");
@@ -182,7 +196,7 @@ grpc::Status TreeServeService::Generate(grpc::ServerContext* ctx,
                                         const v1::GenerateRequest* request,
                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
   CallScope scope(this);
-  if (auto s = check_auth(ctx); !s.ok()) return s;
+  if (auto s = admit(ctx, *request); !s.ok()) return s;
   GenerateSpec spec;
   StatusOr<SamplingParams> sampling = resolve_sampling(request->sampling(), &spec);
   if (!sampling.ok()) return to_grpc(sampling.status());
@@ -261,7 +275,7 @@ grpc::Status TreeServeService::Generate(grpc::ServerContext* ctx,
 grpc::Status TreeServeService::Prune(grpc::ServerContext* ctx, const v1::PruneRequest* request,
                                      v1::PruneResponse* response) {
   CallScope scope(this);
-  if (auto s = check_auth(ctx); !s.ok()) return s;
+  if (auto s = admit(ctx, *request); !s.ok()) return s;
   std::vector<std::string> ids(request->branch_ids().begin(), request->branch_ids().end());
   StatusOr<PruneSummary> r = scheduler_->prune(request->tree_id(), ids, request->retain_kv());
   if (!r.ok()) return to_grpc(r.status());
@@ -273,7 +287,7 @@ grpc::Status TreeServeService::Prune(grpc::ServerContext* ctx, const v1::PruneRe
 grpc::Status TreeServeService::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* request,
                                       v1::VerifyResponse* response) {
   CallScope scope(this);
-  if (auto s = check_auth(ctx); !s.ok()) return s;
+  if (auto s = admit(ctx, *request); !s.ok()) return s;
   std::vector<int32_t> tokens(request->tokens().begin(), request->tokens().end());
   std::vector<int32_t> parents(request->parents().begin(), request->parents().end());
   if (tokens.empty()) return grpc_invalid("tokens: must not be empty");
@@ -295,7 +309,7 @@ grpc::Status TreeServeService::Verify(grpc::ServerContext* ctx, const v1::Verify
 grpc::Status TreeServeService::GetTree(grpc::ServerContext* ctx, const v1::GetTreeRequest* request,
                                        v1::TreeInfo* response) {
   CallScope scope(this);
-  if (auto s = check_auth(ctx); !s.ok()) return s;
+  if (auto s = admit(ctx, *request); !s.ok()) return s;
   StatusOr<TreeSummary> r = scheduler_->get_tree(request->tree_id());
   if (!r.ok()) return to_grpc(r.status());
   response->set_tree_id(r->tree_id);
@@ -315,7 +329,7 @@ grpc::Status TreeServeService::DeleteTree(grpc::ServerContext* ctx,
                                           const v1::DeleteTreeRequest* request,
                                           v1::DeleteTreeResponse* response) {
   CallScope scope(this);
-  if (auto s = check_auth(ctx); !s.ok()) return s;
+  if (auto s = admit(ctx, *request); !s.ok()) return s;
   StatusOr<int64_t> freed = scheduler_->delete_tree(request->tree_id());
   if (!freed.ok()) return to_grpc(freed.status());
   response->set_freed_tokens(*freed);
@@ -326,7 +340,7 @@ grpc::Status TreeServeService::Tokenize(grpc::ServerContext* ctx,
                                         const v1::TokenizeRequest* request,
                                         v1::TokenizeResponse* response) {
   CallScope scope(this);
-  if (auto s = check_auth(ctx); !s.ok()) return s;
+  if (auto s = admit(ctx, *request); !s.ok()) return s;
   if (request->text().empty()) return grpc_invalid("text: must not be empty");
   auto ids = tokenizer_->encode(request->text());
   if (!ids.ok()) return to_grpc(ids.status());
@@ -338,7 +352,7 @@ grpc::Status TreeServeService::Detokenize(grpc::ServerContext* ctx,
                                           const v1::DetokenizeRequest* request,
                                           v1::DetokenizeResponse* response) {
   CallScope scope(this);
-  if (auto s = check_auth(ctx); !s.ok()) return s;
+  if (auto s = admit(ctx, *request); !s.ok()) return s;
   const int32_t vocab = tokenizer_->vocab_size();
   std::vector<int32_t> ids(request->ids().begin(), request->ids().end());
   for (size_t i = 0; i < ids.size(); ++i) {

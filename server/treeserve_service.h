@@ -54,6 +54,8 @@ class TreeServeService final : public treeserve::v1::TreeServe::Service {
  private:
   // UNAUTHENTICATED unless auth is off or the call carries "authorization: Bearer <token>".
   grpc::Status check_auth(const grpc::ServerContext* context) const;
+  grpc::Status admit(const grpc::ServerContext* context,
+                     const google::protobuf::Message& request) const;
   Status check_ids(const std::string& field, const std::vector<int32_t>& ids) const;
   StatusOr<std::vector<int32_t>> resolve_prompt(const std::string& field, const v1::Prompt& prompt,
                                                 bool bos) const;

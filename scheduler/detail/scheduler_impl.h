@@ -155,6 +155,7 @@ class Scheduler::Impl {
   void finish_job_branch(GenerateJob* job, GenerateBranchState& st, FinishReason reason,
                          const TokenEvent* last);
   void maybe_close_job(GenerateJob* job, Status status);
+  void close_finished_jobs();
   void remove_tree(Tree* tree, bool retain_kv, int64_t* freed);
   int32_t pages_for(int64_t tokens) const;
   void update_gauges();

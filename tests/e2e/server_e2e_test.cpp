@@ -41,6 +41,13 @@ TEST(CliErrors, UnknownConfigKeyIsNamed) {
   EXPECT_NE(r.output.find("kv_cache.page_sise"), std::string::npos) << r.output;
 }
 
+TEST(CliErrors, TensorParallelIsRefusedUntilImplemented) {
+  std::string path = write_temp("tp.json", R"({"engine": {"tensor_parallel": 2}})");
+  auto r = run_treeserve_to_exit({"--config", path, "--backend", "cpu"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("tensor parallelism"), std::string::npos) << r.output;
+}
+
 TEST(CliErrors, MissingConfigFile) {
   auto r = run_treeserve_to_exit({"--config", "/nonexistent/treeserve.json"});
   EXPECT_NE(r.exit_code, 0);
@@ -177,6 +184,24 @@ TEST(ServerLifecycle, AuthTokenIsEnforced) {
     ctx.AddMetadata("authorization", "Bearer s3cret");
     EXPECT_TRUE(stub->GetServerInfo(&ctx, {}, &info).ok());
   }
+  EXPECT_EQ(server.terminate(), 0);
+}
+
+TEST(ServerLifecycle, OversizedRequestsAreInvalidArgument) {
+  std::string path = write_temp("small.json", R"({"server": {"max_request_bytes": 1024}})");
+  ServerProcess server({"--config", path, "--backend", "cpu"});
+  ASSERT_TRUE(server.wait_ready()) << server.output();
+  auto stub = v1::TreeServe::NewStub(server.channel());
+  grpc::ClientContext ctx;
+  v1::TokenizeRequest req;
+  req.set_text(std::string(3000, 'a'));
+  v1::TokenizeResponse resp;
+  grpc::Status s = stub->Tokenize(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("max_request_bytes"), std::string::npos) << s.error_message();
+  grpc::ClientContext ok_ctx;
+  req.set_text("small enough");
+  EXPECT_TRUE(stub->Tokenize(&ok_ctx, req, &resp).ok());
   EXPECT_EQ(server.terminate(), 0);
 }
 

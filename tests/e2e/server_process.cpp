@@ -135,6 +135,12 @@ bool ServerProcess::wait_ready(int timeout_s) {
       pid_ = -1;
       return false;
     }
+    // Ask only once the server says it listens: an early failed connect would put the
+    // channel into gRPC's reconnect backoff (seconds).
+    if (output().find(" ready: ") == std::string::npos) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     grpc::health::v1::HealthCheckRequest req;

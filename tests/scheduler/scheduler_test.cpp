@@ -1,0 +1,196 @@
+// The scheduler driven directly (no gRPC): CPU backend, tiny model. These run in the
+// sanitizer build too, so every path of the step loop (prefill chunks, forks, decode,
+// verify, prune mid-generation, cancellation, exhaustion, shutdown) is checked for leaks and
+// undefined behaviour; after each test the pool is idle.
+#include "scheduler/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+
+#include "engine/backend.h"
+#include "models/llama_weights.h"
+#include "models/model_config.h"
+#include "models/safetensors.h"
+#include "models/tokenizer.h"
+
+namespace treeserve {
+namespace {
+
+using std::chrono::milliseconds;
+
+struct Served {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Scheduler> scheduler;
+};
+
+Served serve(int64_t pages, SchedulerOptions options = {}) {
+  Served s;
+  auto config = load_model_config(TREESERVE_TINY_MODEL_DIR);
+  EXPECT_TRUE(config.ok());
+  auto reader = SafetensorsReader::open_dir(TREESERVE_TINY_MODEL_DIR);
+  EXPECT_TRUE(reader.ok());
+  auto weights = load_llama_weights(*config, *reader);
+  EXPECT_TRUE(weights.ok());
+  CpuBackendOptions co;
+  co.num_pages = pages;
+  co.page_size = 16;
+  co.num_threads = 1;
+  s.backend = std::move(create_cpu_backend(*config, *weights, co).value());
+  s.tokenizer = std::move(
+      Tokenizer::load(std::string(TREESERVE_TINY_MODEL_DIR) + "/tokenizer.model").value());
+  options.max_sequence_tokens = config->max_position_embeddings;
+  s.scheduler =
+      std::move(Scheduler::create(s.backend.get(), s.tokenizer.get(), options, nullptr).value());
+  return s;
+}
+
+std::vector<int32_t> prompt(int n, int salt = 0) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(3 + (i * 31 + salt * 7) % 500);
+  return p;
+}
+
+struct Drained {
+  std::map<std::string, std::vector<int32_t>> tokens;
+  std::map<std::string, FinishReason> finish;
+  Status status;
+};
+
+Drained drain(GenerateStream& stream, int cancel_after = -1) {
+  Drained d;
+  TokenEvent ev;
+  int events = 0;
+  for (;;) {
+    GenerateStream::Wait w = stream.next(&ev, &d.status, milliseconds(5000));
+    if (w == GenerateStream::Wait::kEnd) break;
+    EXPECT_NE(w, GenerateStream::Wait::kTimeout);
+    if (w == GenerateStream::Wait::kTimeout) break;
+    if (ev.token_id >= 0) d.tokens[ev.branch_id].push_back(ev.token_id);
+    if (ev.finish != FinishReason::kNone) d.finish[ev.branch_id] = ev.finish;
+    if (++events == cancel_after) stream.cancel();
+  }
+  return d;
+}
+
+void expect_idle(Scheduler& s) {
+  SchedulerStats st = s.stats();
+  EXPECT_EQ(st.live_trees, 0);
+  EXPECT_EQ(st.live_branches, 0);
+  EXPECT_EQ(st.kv_pages_free + st.kv_pages_evictable, st.kv_pages_total);
+}
+
+TEST(Scheduler, TreeLifecycle) {
+  Served sv = serve(256);
+  Scheduler& s = *sv.scheduler;
+  auto tree = s.create_tree(prompt(70));
+  ASSERT_TRUE(tree.ok()) << tree.status().message();
+  EXPECT_EQ(tree->prompt_tokens, 70);
+  auto kids = s.branch(tree->tree_id, tree->root_branch_id, 3, 0);
+  ASSERT_TRUE(kids.ok());
+  GenerateSpec spec;
+  spec.tree_id = tree->tree_id;
+  spec.branch_ids = *kids;
+  spec.sampling.temperature = 0;
+  spec.max_tokens = 6;
+  spec.append = {5, 6};
+  auto stream = s.generate(spec);
+  ASSERT_TRUE(stream.ok());
+  Drained d = drain(**stream);
+  EXPECT_TRUE(d.status.ok());
+  for (const std::string& id : *kids) {
+    EXPECT_EQ(d.tokens[id].size(), 6u);
+    EXPECT_EQ(d.finish[id], FinishReason::kLength);
+  }
+  // Identical context, greedy: identical tokens.
+  EXPECT_EQ(d.tokens[(*kids)[0]], d.tokens[(*kids)[1]]);
+  auto info = s.get_tree(tree->tree_id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->branches.size(), 4u);
+  EXPECT_EQ(info->total_tokens, 70 + 3 * 8);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  auto v = s.verify(tree->tree_id, (*kids)[0], {d.tokens[(*kids)[0]][0], 7}, {-1, 0}, greedy);
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  auto pruned = s.prune(tree->tree_id, {(*kids)[1]}, false);
+  ASSERT_TRUE(pruned.ok());
+  EXPECT_EQ(pruned->pruned_branches, 1);
+  EXPECT_EQ(s.branch(tree->tree_id, (*kids)[1], 1, 0).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.branch("nope", "b0", 1, 0).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(s.delete_tree(tree->tree_id).ok());
+  expect_idle(s);
+}
+
+TEST(Scheduler, ChunkedPrefillOneShotAndCancel) {
+  SchedulerOptions o;
+  o.max_step_tokens = 32;  // several prefill chunks
+  Served sv = serve(256, o);
+  Scheduler& s = *sv.scheduler;
+  GenerateSpec spec;
+  spec.prompt = prompt(150, 1);
+  spec.n = 4;
+  spec.sampling.temperature = 0.9f;
+  spec.sampling.seed = 3;
+  spec.max_tokens = 5;
+  auto stream = s.generate(spec);
+  ASSERT_TRUE(stream.ok());
+  Drained d = drain(**stream);
+  EXPECT_TRUE(d.status.ok());
+  EXPECT_EQ(d.tokens.size(), 4u);
+  expect_idle(s);
+
+  // A long generation cancelled after a few events: its branches end CANCELLED.
+  auto tree = s.create_tree(prompt(40, 2));
+  ASSERT_TRUE(tree.ok());
+  GenerateSpec g;
+  g.tree_id = tree->tree_id;
+  g.branch_ids = {tree->root_branch_id};
+  g.max_tokens = 1000;
+  auto long_stream = s.generate(g);
+  ASSERT_TRUE(long_stream.ok());
+  Drained c = drain(**long_stream, 3);
+  EXPECT_EQ(c.finish[tree->root_branch_id], FinishReason::kCancelled);
+  EXPECT_LT(c.tokens[tree->root_branch_id].size(), 1000u);
+  ASSERT_TRUE(s.delete_tree(tree->tree_id).ok());
+  expect_idle(s);
+}
+
+TEST(Scheduler, ExhaustionAndShutdownLeaveNothingBehind) {
+  Served sv = serve(6);  // 96 tokens
+  Scheduler& s = *sv.scheduler;
+  EXPECT_EQ(s.create_tree(prompt(200)).status().code(), StatusCode::kResourceExhausted);
+  auto a = s.create_tree(prompt(60, 3));
+  ASSERT_TRUE(a.ok());
+  // 60 more tokens cannot fit beside the first tree, and nothing running will free pages.
+  EXPECT_EQ(s.create_tree(prompt(60, 4)).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.stats().live_trees, 1);
+  // A generation that outgrows the pool ends with RESOURCE_EXHAUSTED; the tree survives.
+  GenerateSpec g;
+  g.tree_id = a->tree_id;
+  g.branch_ids = {a->root_branch_id};
+  g.max_tokens = 200;
+  auto stream = s.generate(g);
+  ASSERT_TRUE(stream.ok());
+  Drained d = drain(**stream);
+  EXPECT_EQ(d.status.code(), StatusCode::kResourceExhausted) << d.status.message();
+  EXPECT_TRUE(s.get_tree(a->tree_id).ok());
+  // Shutdown with a generation in flight ends it; later calls are UNAVAILABLE.
+  ASSERT_TRUE(s.delete_tree(a->tree_id).ok());
+  auto b = s.create_tree(prompt(20, 5));
+  ASSERT_TRUE(b.ok());
+  g.tree_id = b->tree_id;
+  g.branch_ids = {b->root_branch_id};
+  g.max_tokens = 50;
+  auto late = s.generate(g);
+  ASSERT_TRUE(late.ok());
+  s.shutdown();
+  Drained e = drain(**late);
+  EXPECT_TRUE(e.status.code() == StatusCode::kUnavailable || e.status.ok());
+  EXPECT_EQ(s.create_tree(prompt(5)).status().code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace treeserve
