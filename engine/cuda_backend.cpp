@@ -18,6 +18,7 @@
 
 #include "engine/cpu_weights.h"
 #include "engine/cuda_ops.h"
+#include "engine/detail/step_profiler.h"
 #include "kernels/tree_attention.h"
 #include "models/llama_weights.h"
 
@@ -199,6 +200,7 @@ class CudaBackend final : public Backend {
   const KvLayout& kv_layout() const override { return layout_; }
 
   Status forward(const StepBatch& batch, Logits* out) override {
+    prof_.begin(stream_, batch.num_rows());
     TS_RETURN_IF_ERROR(validate_step_batch(batch, layout_, config_.vocab_size, &check_));
     if (options_.baseline_attention) {
       TS_RETURN_IF_ERROR(build_baseline_plan(batch.view, plan_config_, &plan_));
@@ -208,8 +210,10 @@ class CudaBackend final : public Backend {
     const int64_t rows = batch.num_rows();
     const int64_t n_logits = int64_t(batch.logit_rows.size());
     TS_RETURN_IF_ERROR(reserve_scratch(rows, n_logits, batch));
+    prof_.host("plan");
     TS_RETURN_IF_ERROR(upload_metadata(batch));
     TS_RETURN_IF_ERROR(workspace_.upload(plan_, stream_));
+    prof_.mark("upload", stream_);
 
     const int64_t h = config_.hidden_size, q = config_.q_size(), kv = config_.kv_size();
     const int64_t im = config_.intermediate_size;
@@ -226,28 +230,38 @@ class CudaBackend final : public Backend {
     cuda::embed(dtype_, d_ids_, rows, embed_, h, residual_.as<float>(), stream_);
     cuda::add_rms_norm(dtype_, residual_.as<float>(), nullptr, layers_[0].input_norm, eps, rows, h,
                        x_.ptr, stream_);
+    prof_.mark("embed+moves", stream_);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const LayerWeights& w = layers_[l];
       void* k_pool = static_cast<char*>(k_all_) + int64_t(l) * layer_elems * 2;
       void* v_pool = static_cast<char*>(v_all_) + int64_t(l) * layer_elems * 2;
       TS_RETURN_IF_ERROR(gemm(x_.ptr, w.qkv, qkv_.ptr, rows, q + 2 * kv, h, false));
+      prof_.mark("gemm qkv", stream_);
       cuda::rope_and_store_kv(dtype_, qkv_.ptr, d_positions_, inv_freq(), d_slots_, rows, nh, nkv,
                               d, layout_.page_size, q_.ptr, k_pool, v_pool, stream_);
+      prof_.mark("rope+kv", stream_);
       TS_RETURN_IF_ERROR(launch_tree_attention(
           q_.ptr, k_pool, v_pool, attn_.ptr,
           options_.bfloat16 ? TreeAttentionDtype::kBFloat16 : TreeAttentionDtype::kFloat16, nh, nkv,
           d, layout_.page_size, scale_, workspace_, stream_));
+      prof_.mark("attention", stream_);
       TS_RETURN_IF_ERROR(gemm(attn_.ptr, w.o, tmp_.ptr, rows, h, q, false));
+      prof_.mark("gemm o", stream_);
       cuda::add_rms_norm(dtype_, residual_.as<float>(), tmp_.ptr, w.post_norm, eps, rows, h, x_.ptr,
                          stream_);
+      prof_.mark("norm", stream_);
       TS_RETURN_IF_ERROR(gemm(x_.ptr, w.gate_up, gu_.ptr, rows, 2 * im, h, false));
+      prof_.mark("gemm gate_up", stream_);
       cuda::swiglu(dtype_, gu_.ptr, rows, im, act_.ptr, stream_);
+      prof_.mark("swiglu", stream_);
       TS_RETURN_IF_ERROR(gemm(act_.ptr, w.down, tmp_.ptr, rows, h, im, false));
+      prof_.mark("gemm down", stream_);
       // Residual add, fused with the next layer's input norm.
       const bool last = l + 1 == layers_.size();
       cuda::add_rms_norm(dtype_, residual_.as<float>(), tmp_.ptr,
                          last ? nullptr : layers_[l + 1].input_norm, eps, rows, h,
                          last ? nullptr : x_.ptr, stream_);
+      prof_.mark("norm", stream_);
     }
     // Final norm + LM head on the logit rows only: logits float [n][vocab].
     out->num_rows = int32_t(n_logits);
@@ -259,6 +273,8 @@ class CudaBackend final : public Backend {
                          stream_);
       TS_RETURN_IF_ERROR(
           gemm(x_.ptr, lm_head_, logits_.ptr, n_logits, config_.vocab_size, h, true));
+      prof_.mark("lm head", stream_);
+      prof_.host("enqueue");
       if (batch.full_logits) {
         const size_t bytes = size_t(n_logits * config_.vocab_size) * 4;
         TS_RETURN_IF_ERROR(reserve_host_logits(bytes));
@@ -293,6 +309,9 @@ class CudaBackend final : public Backend {
       out->argmax_logprob.clear();
     }
     TS_CUDA(cudaGetLastError(), "kernel launch");
+    prof_.mark("logits", stream_);
+    prof_.host("wait");
+    prof_.end();
     return Status::Ok();
   }
 
@@ -428,6 +447,7 @@ class CudaBackend final : public Backend {
   void* inv_freq_ = nullptr;  // float [d / 2]
   const float* inv_freq() const { return static_cast<const float*>(inv_freq_); }
 
+  detail::StepProfiler prof_;
   TreeAttentionWorkspace workspace_;
   AttentionPlanConfig plan_config_;
   AttentionPlan plan_;
