@@ -82,6 +82,11 @@ struct AttentionPlan {
   int32_t queries_per_tile = 1;  // query_tile_rows / gqa_group_size
   int32_t page_size = 16;
   int32_t max_item_tokens = 0;  // longest item, for sizing per-block score buffers
+  // Launch-order hint for the GPU executor. true: all kv heads of item i start before item
+  // i + 1, so the items listed first (the large shared groups) start first on every head,
+  // not last on the highest heads. false: each kv head's items in plan order, so runs of
+  // items that read the same KV (the baseline's per-query items of one chunk) share L2 in time.
+  bool heads_first = true;
 
   // Work items, [num_items] each. Item i reads KV segments [segment_begin, segment_end) in
   // order (its tokens are their concatenation, item_num_tokens in all) for the queries

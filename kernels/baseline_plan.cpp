@@ -57,6 +57,7 @@ Status build_baseline_plan(const AttentionView& view, const AttentionPlanConfig&
   p = AttentionPlan{};
   p.gqa_group_size = config.gqa_group_size;
   p.queries_per_tile = 1;
+  p.heads_first = false;  // see AttentionPlan::heads_first: keeps a chunk's queries together
   p.page_size = view.page_size;
   p.page_table.assign(view.pages.begin(), view.pages.end());
   const int32_t nq = int32_t(view.queries.size());

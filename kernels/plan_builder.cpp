@@ -387,6 +387,7 @@ Status PlanBuilder::build() {
   p.gqa_group_size = c_.gqa_group_size;
   tile_queries_ = std::max(1, c_.query_tile_rows / c_.gqa_group_size);
   p.queries_per_tile = tile_queries_;
+  p.heads_first = true;
   p.page_size = view_.page_size;
   p.max_item_tokens = 0;
   p.num_groups = p.num_folded_edges = p.num_packs = 0;

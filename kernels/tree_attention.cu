@@ -2,7 +2,8 @@
 // the partials per query. Both read the plan from TreeAttentionWorkspace's device buffer
 // (layout: detail/tree_attention_layout.h).
 //
-// Stage 1, one block of 4 warps per (work item, kv head), FlashAttention-2 style:
+// Stage 1, one block of 4 warps per (work item, kv head), FlashAttention-2 style (the grid is
+// one-dimensional, ordered as the plan's heads_first hint says):
 //  - rows of the 64-row query tile are (item query, q head of the kv head's GQA group),
 //    row = local_query * gqa + g (FastTree: GQA heads packed as rows, so one KV tile feeds
 //    every head of the group), in 16-row slabs;
@@ -37,24 +38,11 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileRows = kTreeAttentionTileRows;  // 16 rows per warp
 // 64-token tiles, double-buffered: 2 blocks (8 warps) per SM at ~85 KB of shared memory and
-// ~240 registers (head_dim 128). Measured on H100 the same as 32-token tiles 4 deep for the
-// tree plans, and faster for decode-shaped items (4-way token split needs 64-token tiles).
-#ifndef TA_KV_TILE
-#define TA_KV_TILE 64
-#endif
-#ifndef TA_STAGES
-#define TA_STAGES 2
-#endif
-#ifndef TA_MIN_BLOCKS
-#define TA_MIN_BLOCKS 2
-#endif
-#ifndef TA_Q_SMEM
-#define TA_Q_SMEM 0
-#endif
-constexpr int kKvTile = TA_KV_TILE;          // tokens per K/V tile (32 or 64)
-constexpr int kStages = TA_STAGES;           // K/V tiles resident (kStages - 1 in flight)
-constexpr int kMinBlocks = TA_MIN_BLOCKS;
-constexpr bool kQFromSmem = TA_Q_SMEM;
+// 227 registers (head_dim 128, no spills). Measured on H100 the same as 32-token tiles 4 deep
+// for the tree plans, and faster for decode-shaped items (4-way token split needs 64-token
+// tiles); 32-token tiles 3 deep at 3 blocks per SM (168 registers) were 5-20% slower.
+constexpr int kKvTile = 64;          // tokens per K/V tile (32 or 64)
+constexpr int kStages = 2;           // K/V tiles resident (kStages - 1 in flight)
 constexpr int kSegBatch = kThreads;  // segments resolved per pass
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kTileRows == 16 * kWarps, "one 16-row MMA slab per warp");
@@ -276,7 +264,6 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
       row_mask[i] = mask_words + it.mask_offset + (r / it.gqa) * it.words_per_row;
     }
   }
-  uint32_t q_frag[kQFromSmem ? 1 : D / 16][4];
   float o_acc[D / 8][4];
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
@@ -293,25 +280,19 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
     if (warp_active) {
       const T* k_tile = s_k + (tile % kStages) * kKvTile * D;
       const T* v_tile = s_v + (tile % kStages) * kKvTile * D;
-      if (!kQFromSmem && tile == 0) {
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          const int r = slab * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-          ldmatrix_x4(q_frag[kk], smem_u32(s_q + swz<D>(r, 2 * kk + (lane >> 4))));
-        }
-      }
       // S = Q K^T over this warp's kTok tokens: 16 rows x kTok, kN n-tiles of 8 tokens.
       float s[kN][4];
 #pragma unroll
       for (int j = 0; j < kN; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t q_smem[4];
-        if constexpr (kQFromSmem) {
+        // Q fragments are re-read from shared memory per k-step rather than held for the
+        // whole item: 32 registers less (no spills at 2 blocks per SM) for 8 ldmatrix a tile.
+        uint32_t qa[4];
+        {
           const int r = slab * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-          ldmatrix_x4(q_smem, smem_u32(s_q + swz<D>(r, 2 * kk + (lane >> 4))));
+          ldmatrix_x4(qa, smem_u32(s_q + swz<D>(r, 2 * kk + (lane >> 4))));
         }
-        const uint32_t(&qa)[4] = kQFromSmem ? q_smem : q_frag[kQFromSmem ? 0 : kk];
 #pragma unroll
         for (int jj = 0; jj < kN / 2; ++jj) {
           uint32_t b[4];
@@ -323,30 +304,37 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
       }
       // Scale to base 2, mask, online softmax.
       const int tile_begin = tile * kKvTile;
+      // Full tiles of unmasked items (the bulk of long chunks) skip the per-score visibility
+      // test: it costs more issue slots than the max it feeds (block-uniform branch).
+      const bool all_visible = it.mask_offset < 0 && it.num_tokens - tile_begin >= kKvTile;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        uint64_t visible = ~uint64_t(0);  // bit c: token tile_begin + c is visible
-        const int remaining = it.num_tokens - tile_begin;
-        if (remaining < 64) visible = (uint64_t(1) << remaining) - 1;
-        if (row_mask[i] != nullptr) {
-          const int w = tile_begin >> 5;  // tiles start on mask-word boundaries
-          uint64_t bits = row_mask[i][w];
-          if (kKvTile > 32 && w + 1 < it.words_per_row) bits |= uint64_t(row_mask[i][w + 1]) << 32;
-          visible &= bits;
-        }
-        visible >>= tok0;
-        float mx = -INFINITY;
+        if (!all_visible) {
+          uint64_t visible = ~uint64_t(0);  // bit c: token tile_begin + c is visible
+          const int remaining = it.num_tokens - tile_begin;
+          if (remaining < 64) visible = (uint64_t(1) << remaining) - 1;
+          if (row_mask[i] != nullptr) {
+            const int w = tile_begin >> 5;  // tiles start on mask-word boundaries
+            uint64_t bits = row_mask[i][w];
+            if (kKvTile > 32 && w + 1 < it.words_per_row) {
+              bits |= uint64_t(row_mask[i][w + 1]) << 32;
+            }
+            visible &= bits;
+          }
+          visible >>= tok0;
 #pragma unroll
-        for (int j = 0; j < kN; ++j) {
+          for (int j = 0; j < kN; ++j) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int c = 8 * j + 2 * (lane & 3) + e;
-            // Raw scores here; the scale (> 0) is folded into the exponent below.
-            const float x = ((visible >> c) & 1) ? s[j][2 * i + e] : -INFINITY;
-            s[j][2 * i + e] = x;
-            mx = fmaxf(mx, x);
+            for (int e = 0; e < 2; ++e) {
+              const int c = 8 * j + 2 * (lane & 3) + e;
+              if (!((visible >> c) & 1)) s[j][2 * i + e] = -INFINITY;
+            }
           }
         }
+        // Raw scores here; the scale (> 0) is folded into the exponent below.
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kN; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float new_max = fmaxf(row_max[i], mx * p.scale_log2);
@@ -477,15 +465,18 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
 }
 
 template <int D, typename T>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) tree_attention_stage1(Stage1Params p) {
+__global__ void __launch_bounds__(kThreads, 2) tree_attention_stage1(Stage1Params p) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const int32_t* plan = p.plan;
   const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
-  const int item = blockIdx.x;
+  // One-dimensional grid of items x kv heads (fixed-grid launches: max_work_items items),
+  // in the order the plan asks for (AttentionPlan::heads_first).
+  const int grid_items = gridDim.x / p.num_kv_heads;
+  const int item = h.w[kHeadsFirst] ? blockIdx.x / p.num_kv_heads : blockIdx.x % grid_items;
   if (item >= h.w[kNumItems]) return;
   const int tid = threadIdx.x;
   ItemTile it;
-  it.kv_head = blockIdx.y;
+  it.kv_head = h.w[kHeadsFirst] ? blockIdx.x % p.num_kv_heads : blockIdx.x / grid_items;
   it.gqa = h.w[kGqaGroupSize];
   const int page_size = h.w[kPageSize];
   it.query_begin = plan[h.w[kItemQueryBegin] + item];
@@ -647,7 +638,10 @@ Status launch(const Stage1Params& params, void* out, const TreeAttentionWorkspac
   const int items = limits.fixed_grid ? limits.max_work_items : ws.num_items();
   const int queries = limits.fixed_grid ? limits.max_queries : ws.num_queries();
   if (items == 0 || queries == 0) return Status::Ok();
-  const dim3 grid1(items, params.num_kv_heads);
+  if (int64_t(items) * params.num_kv_heads > INT32_MAX) {
+    return InvalidArgument("work items x kv heads exceed one grid");
+  }
+  const dim3 grid1(items * params.num_kv_heads);
   tree_attention_stage1<D, T><<<grid1, kThreads, smem, stream>>>(params);
   TS_RETURN_IF_ERROR(cuda_status("tree_attention_stage1 launch"));
   const int64_t pairs = int64_t(queries) * params.num_q_heads;

@@ -131,6 +131,7 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
   words[kNumPartials] = plan.num_partials();
   words[kGqaGroupSize] = plan.gqa_group_size;
   words[kPageSize] = plan.page_size;
+  words[kHeadsFirst] = plan.heads_first ? 1 : 0;
   const size_t ni = size_t(plan.num_items());
   put(kItemSegmentBegin, plan.item_segment_begin.data(), ni);
   put(kItemSegmentEnd, plan.item_segment_end.data(), ni);

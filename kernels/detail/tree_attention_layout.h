@@ -21,6 +21,7 @@ enum PlanHeader : int32_t {
   kNumPartials,
   kGqaGroupSize,
   kPageSize,
+  kHeadsFirst,  // 1: block b runs (item b / kv_heads, kv head b % kv_heads); 0: head-major
   // Offsets (in int32 words from the buffer start) of the arrays below.
   kItemSegmentBegin,
   kItemSegmentEnd,
