@@ -75,7 +75,9 @@ Status merge_config_json(const std::string& json_text, const std::string& source
   TS_RETURN_IF_ERROR(top.get("log_level", &c->log_level));
   const json* obj = nullptr;
 
-  for (const char* k : {"server", "model", "engine", "kv_cache", "limits"}) top.known(k);
+  for (const char* k : {"server", "model", "engine", "kv_cache", "limits", "scheduler"}) {
+    top.known(k);
+  }
   TS_RETURN_IF_ERROR(top.check_unknown());
 
   TS_RETURN_IF_ERROR(sub_object(root, "server", source, &obj));
@@ -119,6 +121,13 @@ Status merge_config_json(const std::string& json_text, const std::string& source
     TS_RETURN_IF_ERROR(s.get("max_verify_tokens", &c->limits.max_verify_tokens));
     TS_RETURN_IF_ERROR(s.get("max_stop_strings", &c->limits.max_stop_strings));
     TS_RETURN_IF_ERROR(s.get("max_live_trees", &c->limits.max_live_trees));
+    TS_RETURN_IF_ERROR(s.check_unknown());
+  }
+  TS_RETURN_IF_ERROR(sub_object(root, "scheduler", source, &obj));
+  if (obj) {
+    Section s(*obj, "scheduler.", source);
+    TS_RETURN_IF_ERROR(s.get("max_step_tokens", &c->scheduler.max_step_tokens));
+    TS_RETURN_IF_ERROR(s.get("default_max_tokens", &c->scheduler.default_max_tokens));
     TS_RETURN_IF_ERROR(s.check_unknown());
   }
   return Status::Ok();
@@ -190,6 +199,12 @@ Status validate_config(const TreeserveConfig& c) {
       l.max_stop_strings < 0 || l.max_live_trees < 1) {
     return InvalidArgument("limits.* must be positive");
   }
+  if (c.scheduler.max_step_tokens < 1) {
+    return InvalidArgument("scheduler.max_step_tokens must be >= 1");
+  }
+  if (c.scheduler.default_max_tokens < 1 || c.scheduler.default_max_tokens > l.max_tokens) {
+    return InvalidArgument("scheduler.default_max_tokens must be in [1, limits.max_tokens]");
+  }
   if (c.server.max_request_bytes < 1024) {
     return InvalidArgument("server.max_request_bytes must be at least 1024");
   }
@@ -219,7 +234,10 @@ std::string config_to_json(const TreeserveConfig& c) {
                         {"max_tokens", c.limits.max_tokens},
                         {"max_verify_tokens", c.limits.max_verify_tokens},
                         {"max_stop_strings", c.limits.max_stop_strings},
-                        {"max_live_trees", c.limits.max_live_trees}}}};
+                        {"max_live_trees", c.limits.max_live_trees}}},
+                      {"scheduler",
+                       {{"max_step_tokens", c.scheduler.max_step_tokens},
+                        {"default_max_tokens", c.scheduler.default_max_tokens}}}};
   return j.dump();
 }
 

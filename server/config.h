@@ -42,12 +42,18 @@ struct LimitOptions {
   int32_t max_live_trees = 4096;
 };
 
+struct SchedulerConfig {
+  int32_t max_step_tokens = 512;    // prefill tokens per step (decode rows always run)
+  int32_t default_max_tokens = 16;  // Generate's max_tokens when the request says 0
+};
+
 struct TreeserveConfig {
   ServerOptions server;
   ModelOptions model;
   EngineOptions engine;
   KvCacheOptions kv_cache;
   LimitOptions limits;
+  SchedulerConfig scheduler;
   std::string log_level = "info";
 };
 

@@ -25,6 +25,24 @@ TEST(Config, MergeOverridesOnlyGivenKeys) {
   EXPECT_EQ(c.server.listen, "127.0.0.1:50051");
 }
 
+TEST(Config, SchedulerSection) {
+  TreeserveConfig c;
+  ASSERT_TRUE(
+      merge_config_json(R"({"scheduler": {"max_step_tokens": 128, "default_max_tokens": 64}})",
+                        "s.json", &c)
+          .ok());
+  EXPECT_EQ(c.scheduler.max_step_tokens, 128);
+  EXPECT_EQ(c.scheduler.default_max_tokens, 64);
+  EXPECT_TRUE(validate_config(c).ok());
+  c.scheduler.default_max_tokens = c.limits.max_tokens + 1;
+  EXPECT_NE(validate_config(c).message().find("scheduler.default_max_tokens"), std::string::npos);
+  c.scheduler.default_max_tokens = 16;
+  c.scheduler.max_step_tokens = 0;
+  EXPECT_NE(validate_config(c).message().find("scheduler.max_step_tokens"), std::string::npos);
+  Status s = merge_config_json(R"({"scheduler": {"chunk": 3}})", "t.json", &c);
+  EXPECT_NE(s.message().find("scheduler.chunk"), std::string::npos) << s.message();
+}
+
 TEST(Config, ErrorsNameTheKeyAndSource) {
   TreeserveConfig c;
   Status s = merge_config_json(R"({"limits": {"max_n": "many"}})", "a.json", &c);
