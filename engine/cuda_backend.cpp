@@ -478,6 +478,10 @@ Status check_options(const ModelConfig& config, const CudaBackendOptions& option
   if (options.num_pages < 1 || options.num_pages > INT32_MAX) {
     return InvalidArgument("num_pages must be in [1, 2^31)");
   }
+  if (config.hidden_size > 16384) {
+    return InvalidArgument("CUDA backend: hidden_size " + std::to_string(config.hidden_size) +
+                           " is over the 16384 the norm kernel holds in registers");
+  }
   if (config.head_dim != 64 && config.head_dim != 128) {
     return InvalidArgument("CUDA backend: head_dim " + std::to_string(config.head_dim) +
                            " is not supported (64 or 128)");

@@ -59,25 +59,47 @@ __device__ float block_sum(float v) {
 }
 
 // HF LlamaRMSNorm: float statistics, normalised value cast to the dtype, times the weight.
-template <typename T>
-__global__ void add_rms_norm_kernel(float* residual, const T* delta, const T* weight, float eps,
-                                    int64_t hidden, T* out) {
+// The row stays in registers (kPerThread values a thread, coalesced): every load of the row
+// is issued before any store, where a load/store loop over possibly aliasing pointers would
+// make each load wait for the previous store.
+constexpr int kNormPerThread = 16;
+
+template <typename T, int kPer>
+__global__ void add_rms_norm_kernel(float* __restrict__ residual, const T* __restrict__ delta,
+                                    const T* __restrict__ weight, float eps, int64_t hidden,
+                                    T* __restrict__ out) {
   const int64_t r = blockIdx.x;
   float* x = residual + r * hidden;
+  float v[kPer];
   float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-    float v = x[i];
-    if (delta) {
-      v += to_f(delta[r * hidden + i]);
-      x[i] = v;
-    }
-    ss += v * v;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+    v[k] = i < hidden ? x[i] : 0.0f;
   }
+  if (delta) {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+      if (i < hidden) v[k] += to_f(delta[r * hidden + i]);
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+      if (i < hidden) x[i] = v[k];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) ss += v[k] * v[k];
   if (!out) return;
   const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-    const T normed = from_f<T>(x[i] * inv);
-    out[r * hidden + i] = from_f<T>(to_f(normed) * to_f(weight[i]));
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+    if (i < hidden) {
+      const T normed = from_f<T>(v[k] * inv);
+      out[r * hidden + i] = from_f<T>(to_f(normed) * to_f(weight[i]));
+    }
   }
 }
 
@@ -276,7 +298,11 @@ void embed(Dtype dt, const int32_t* ids, int64_t rows, const void* table, int64_
 void add_rms_norm(Dtype dt, float* residual, const void* delta, const void* weight, float eps,
                   int64_t rows, int64_t hidden, void* out, cudaStream_t stream) {
   if (rows == 0) return;
-  TS_DISPATCH(dt, add_rms_norm_kernel<T><<<rows, kRowThreads, 0, stream>>>(
+  // Threads per row: enough that kNormPerThread values each cover the row (up to 1024
+  // threads, hidden <= 16384).
+  int threads = kRowThreads;
+  while (int64_t(threads) * kNormPerThread < hidden && threads < 1024) threads *= 2;
+  TS_DISPATCH(dt, add_rms_norm_kernel<T, kNormPerThread><<<rows, threads, 0, stream>>>(
                       residual, static_cast<const T*>(delta), static_cast<const T*>(weight), eps,
                       hidden, static_cast<T*>(out)));
 }
