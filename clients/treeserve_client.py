@@ -78,10 +78,15 @@ class TreeServeClient:
         return list(r.branch_ids)
 
     def generate(self, tree_id="", branch_ids=(), append=None, prompt=None, n=0, timeout=None,
-                 **sampling):
-        """Yields GenerateResponse messages as they stream in."""
+                 beam_width=0, length_penalty=0.0, **sampling):
+        """Yields GenerateResponse messages as they stream in. beam_width > 0 runs a
+        server-side beam search from the one listed branch (or the prompt, n = 1) and streams
+        the best beams at the end, best first (`score` on each beam's last message)."""
         req = pb.GenerateRequest(tree_id=tree_id, branch_ids=list(branch_ids), n=n,
                                  sampling=pb.SamplingParams(**sampling))
+        if beam_width:
+            req.beam_search.CopyFrom(pb.BeamSearchParams(beam_width=beam_width,
+                                                         length_penalty=length_penalty))
         if append is not None:
             req.append.CopyFrom(self.prompt(append))
         if prompt is not None:

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <future>
 #include <set>
 
@@ -172,6 +173,12 @@ int64_t Scheduler::Impl::end_branch(SchedBranch* b, bool retain_kv, FinishReason
       if (st.branch == b && !st.finished) finish_job_branch(job, st, reason, nullptr);
     }
   }
+  if (b->beam_job) {
+    for (Beam& beam : b->beam_job->beams) {
+      if (beam.branch == b) beam.branch = nullptr;
+    }
+    b->beam_job = nullptr;
+  }
   if (b->verify) {
     VerifyJob* v = b->verify;
     v->done(FailedPrecondition("branch_id: branch " + b->id + " was pruned during Verify"));
@@ -231,6 +238,12 @@ void Scheduler::Impl::finish_job_branch(GenerateJob* job, GenerateBranchState& s
 
 void Scheduler::Impl::maybe_close_job(GenerateJob* job, Status status) {
   if (job->unfinished > 0 && status.ok()) return;
+  if (job->beam_width > 0 && !job->beams.empty()) {
+    // A beam search ends through finish_beam_search (which detaches its beams from the
+    // job first, and comes back here).
+    finish_beam_search(job, status);
+    return;
+  }
   for (GenerateBranchState& st : job->branches) {
     if (!st.finished) finish_job_branch(job, st, FinishReason::kCancelled, nullptr);
   }
@@ -460,6 +473,27 @@ Status Scheduler::Impl::cmd_generate(GenerateSpec spec, std::shared_ptr<Generate
     }
     job->tree = *tree;
   }
+  if (spec.beam_width > 0) {
+    // Beam search from the single target (validated by the caller): the beams are its
+    // children; the target itself does not run.
+    job->beam_width = spec.beam_width;
+    job->length_penalty = spec.length_penalty;
+    job->seq = next_job_seq_++;
+    if (Status s = start_beam_search(job.get(), targets.front()); !s.ok()) {
+      if (job->one_shot) {
+        int64_t freed = 0;
+        remove_tree(job->tree, false, &freed);
+      }
+      return s;
+    }
+    {
+      std::lock_guard<std::mutex> lock(stream->mu_);
+      stream->on_cancel_ = [this, seq = job->seq] { post([this, seq] { cmd_cancel(seq); }); };
+    }
+    jobs_.push_back(std::move(job));
+    update_gauges();
+    return Status::Ok();
+  }
   for (SchedBranch* b : targets) {
     GenerateBranchState st;
     st.branch = b;
@@ -521,6 +555,11 @@ void Scheduler::Impl::cmd_cancel(uint64_t job_seq) {
   auto it = std::find_if(jobs_.begin(), jobs_.end(), [&](auto& j) { return j->seq == job_seq; });
   if (it == jobs_.end()) return;  // already finished
   GenerateJob* job = it->get();
+  if (job->beam_width > 0) {
+    finish_beam_search(job, Cancelled("the client cancelled the beam search"));
+    update_gauges();
+    return;
+  }
   if (job->waiting_prefill) {
     // Prune the root being prefilled: its PrefillJob callback closes the stream.
     for (auto& b : job->tree->branches) {
@@ -714,6 +753,16 @@ StatusOr<std::shared_ptr<GenerateStream>> Scheduler::generate(GenerateSpec spec)
     if (spec.n < 1) return InvalidArgument("n: must be >= 1");
   } else if (spec.branch_ids.empty()) {
     return InvalidArgument("branch_ids: name at least one branch of tree " + spec.tree_id);
+  }
+  if (spec.beam_width < 0) return InvalidArgument("beam_search.beam_width: must be >= 0");
+  if (spec.beam_width > 0) {
+    if (spec.tree_id.empty() ? spec.n != 1 : spec.branch_ids.size() != 1) {
+      return InvalidArgument(
+          "beam_search: searches from exactly one branch (or a one-shot prompt with n = 1)");
+    }
+    if (!std::isfinite(spec.length_penalty)) {
+      return InvalidArgument("beam_search.length_penalty: must be finite");
+    }
   }
   auto stream = std::make_shared<GenerateStream>();
   StatusOr<bool> started = impl_->call<bool>([&](auto done) {

@@ -58,6 +58,7 @@ struct TokenEvent {
   float logprob = 0;
   std::vector<TokenLogprob> top_logprobs;
   FinishReason finish = FinishReason::kNone;
+  float score = 0;  // beam search: the beam's score, on its last event
 };
 
 // The events of one Generate call, produced by the step loop and consumed by one reader.
@@ -101,6 +102,10 @@ struct GenerateSpec {
   int32_t max_tokens = 0;  // 0 = SchedulerOptions::default_max_tokens
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
+  // > 0: beam search of this width from the one listed branch (or the one-shot prompt with
+  // n = 1) instead of sampling; the best beams are streamed at the end.
+  int32_t beam_width = 0;
+  float length_penalty = 0;
 };
 
 struct PruneSummary {

@@ -166,6 +166,19 @@ bool Scheduler::Impl::step() {
   std::erase_if(prefills_, [](auto& p) { return !p->done; });
   std::erase_if(verifies_, [](auto& v) { return !v->done; });
 
+  // Beam searches whose beams were all pruned (or whose tree was deleted) end here.
+  std::vector<GenerateJob*> orphaned;
+  for (auto& j : jobs_) {
+    if (j->beam_width > 0 && j->unfinished > 0 &&
+        std::none_of(j->beams.begin(), j->beams.end(), [](const Beam& b) { return b.branch; })) {
+      orphaned.push_back(j.get());
+    }
+  }
+  for (GenerateJob* j : orphaned) {
+    finish_beam_search(j, FailedPrecondition("the beam search's branches were pruned"));
+  }
+  if (!has_work()) return false;
+
   batch_.clear();
   entries_.clear();
   view_queries_.clear();
@@ -227,6 +240,29 @@ bool Scheduler::Impl::step() {
       entries_.push_back(std::move(e));
     }
   }
+  // 2b. Beam searches: every live beam runs its pending token(s) with logits.
+  for (auto& job : jobs_) {
+    if (job->beam_width <= 0) continue;
+    for (Beam& beam : job->beams) {
+      beam.logit_index = -1;
+      if (beam.ended || !beam.branch) continue;
+      SchedBranch* b = beam.branch;
+      const int32_t want = static_cast<int32_t>(b->pending.size());
+      int32_t skip = 0;
+      if (!b->kv && options_.prefix_sharing && want > 1) {
+        skip = kv_->match_prefix_length(b->pending);
+      }
+      const int32_t count = want - skip <= 1 ? want : std::min(want, skip + std::max(1, budget));
+      if (count - skip > 1) budget -= count - skip;
+      StepEntry e;
+      if (!add_rows(b, count, count == want, &e)) {
+        stalled = true;
+        continue;
+      }
+      beam.logit_index = e.logit_index;
+      entries_.push_back(std::move(e));
+    }
+  }
   // 3. Prefill of new trees (all but the prompt's last token), in arrival order, within
   //    the remaining budget.
   for (auto& p : prefills_) {
@@ -270,7 +306,9 @@ bool Scheduler::Impl::step() {
   // Full logits only when some row samples with temperature or reports alternatives.
   bool full = false;
   for (auto& v : verifies_) full |= v->done && v->sampling.temperature > 0;
-  for (auto& j : jobs_) full |= j->sampling.temperature > 0 || j->sampling.logprobs > 0;
+  for (auto& j : jobs_) {
+    full |= j->sampling.temperature > 0 || j->sampling.logprobs > 0 || j->beam_width > 0;
+  }
   batch_.full_logits = full;
   Status built = kv_->build_attention_view(view_queries_, &batch_.view);
   Status ran = built.ok() ? backend_->forward(batch_, &logits_) : built;
@@ -301,6 +339,8 @@ bool Scheduler::Impl::step() {
       } else if (b->job) {
         GenerateJob* job = b->job;
         maybe_close_job(job, err);
+      } else if (b->beam_job) {
+        finish_beam_search(b->beam_job, err);
       }
     }
     return false;
@@ -321,10 +361,16 @@ bool Scheduler::Impl::step() {
       case Activity::kPrefill:
         after_prefill(e);
         break;
+      case Activity::kBeam:  // all beams of a search are decided together, below
       case Activity::kIdle:
         break;
     }
   }
+  std::vector<GenerateJob*> searching;
+  for (auto& j : jobs_) {
+    if (j->beam_width > 0 && j->unfinished > 0) searching.push_back(j.get());
+  }
+  for (GenerateJob* j : searching) after_beam_step(j);
   // Close the streams whose branches all finished this step.
   close_finished_jobs();
   update_gauges();

@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cmath>
+
 #include "models/tokenizer.h"
 #include "scheduler/scheduler.h"
 #include "server/grpc_status.h"
@@ -233,6 +235,18 @@ grpc::Status TreeServeService::Generate(grpc::ServerContext* ctx,
       spec.append = std::move(*append);
     }
   }
+  if (request->has_beam_search()) {
+    const v1::BeamSearchParams& beam = request->beam_search();
+    if (beam.beam_width() < 0 || beam.beam_width() > config_.limits.max_n) {
+      return grpc_invalid("beam_search.beam_width: " + std::to_string(beam.beam_width()) +
+                          " is outside [0, " + std::to_string(config_.limits.max_n) + "]");
+    }
+    if (!std::isfinite(beam.length_penalty())) {
+      return grpc_invalid("beam_search.length_penalty: must be finite");
+    }
+    spec.beam_width = beam.beam_width();
+    spec.length_penalty = beam.length_penalty();
+  }
   StatusOr<std::shared_ptr<GenerateStream>> stream = scheduler_->generate(std::move(spec));
   if (!stream.ok()) return to_grpc(stream.status());
 
@@ -257,6 +271,7 @@ grpc::Status TreeServeService::Generate(grpc::ServerContext* ctx,
         tl->set_logprob(t.logprob);
       }
       out.set_finish_reason(to_proto(ev.finish));
+      out.set_score(ev.score);
       writable = writer->Write(out);
     }
     if (!cancelled && (!writable || ctx->IsCancelled())) {

@@ -30,7 +30,7 @@ struct PrefillJob;
 struct VerifyJob;
 
 // What a branch is doing this step; at most one activity at a time.
-enum class Activity { kIdle, kPrefill, kGenerate, kVerify };
+enum class Activity { kIdle, kPrefill, kGenerate, kVerify, kBeam };
 
 struct SchedBranch {
   std::string id;      // "b<index>"
@@ -46,6 +46,7 @@ struct SchedBranch {
   GenerateJob* job = nullptr;
   PrefillJob* prefill = nullptr;
   VerifyJob* verify = nullptr;
+  GenerateJob* beam_job = nullptr;  // a beam of this job's beam search
 
   int32_t length() const { return kv_len + static_cast<int32_t>(pending.size()); }
 };
@@ -78,6 +79,18 @@ struct GenerateBranchState {
   std::chrono::steady_clock::time_point last_token_time;
 };
 
+// One hypothesis of a beam search: a branch (a child of the searched branch) and the tokens
+// it added.
+struct Beam {
+  SchedBranch* branch = nullptr;  // null once pruned
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  double total = 0;  // sum of logprobs
+  bool ended = false;
+  FinishReason reason = FinishReason::kNone;
+  int32_t logit_index = -1;  // this step's logits row, -1 when it did not run
+};
+
 struct GenerateJob {
   uint64_t seq = 0;  // identifies the job to a late cancel()
   std::shared_ptr<GenerateStream> stream;
@@ -92,6 +105,12 @@ struct GenerateJob {
   bool waiting_prefill = false;  // one-shot n > 1: the prompt is prefilled before the fork
   std::chrono::steady_clock::time_point start;
   bool first_token_seen = false;
+  // Beam search (beam_width > 0): `branches` is empty; the beams live here.
+  int32_t beam_width = 0;
+  float length_penalty = 0;
+  SchedBranch* beam_root = nullptr;
+  std::vector<Beam> beams;
+  int32_t beam_steps = 0;
 };
 
 struct VerifyJob {
@@ -172,6 +191,11 @@ class Scheduler::Impl {
   void after_prefill(StepEntry& e);
   void after_generate(StepEntry& e);
   void after_verify(StepEntry& e);
+  // Beam search (beam.cpp).
+  Status start_beam_search(GenerateJob* job, SchedBranch* root);
+  void after_beam_step(GenerateJob* job);
+  void finish_beam_search(GenerateJob* job, Status status);
+  double beam_score(const GenerateJob& job, const Beam& beam) const;
   SampledToken sample(int32_t logit_index, const SamplingParams& params, const SchedBranch* b,
                       int64_t position);
 

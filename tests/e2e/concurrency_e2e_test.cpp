@@ -122,6 +122,10 @@ void client_thread(int id, std::shared_ptr<grpc::Channel> channel, Shared* share
         req.add_branch_ids(b);
         if (rng() % 3 == 0) req.mutable_append()->set_text(" and then");
       }
+      if (rng() % 8 == 0) {  // a short beam search instead of sampling
+        req.mutable_beam_search()->set_beam_width(1 + rng() % 3);
+        if (req.tree_id().empty()) req.set_n(1);
+      }
       grpc::ClientContext ctx;
       const int mode = rng() % 6;
       if (mode == 0) {

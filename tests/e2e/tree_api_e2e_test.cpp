@@ -490,6 +490,33 @@ TEST_F(TreeApi, VerifyAcceptsTheGreedyPathAndAppendsIt) {
   EXPECT_TRUE(client_->delete_tree(tree.tree_id()).ok());
 }
 
+TEST_F(TreeApi, BeamSearchStreamsTheBestBeams) {
+  auto req = one_shot(Client::text_prompt(kPromptText), 1, 5);
+  req.mutable_beam_search()->set_beam_width(3);
+  Streamed s = client_->generate(req);
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  ASSERT_EQ(s.tokens.size(), 3u);
+  float previous = 1e30f;
+  for (const auto& r : s.all) {
+    if (r.finish_reason() == v1::FINISH_NONE) continue;
+    EXPECT_LE(r.score(), previous);
+    previous = r.score();
+  }
+  // width 1 is greedy
+  auto one = one_shot(Client::text_prompt(kPromptText), 1, 5);
+  one.mutable_beam_search()->set_beam_width(1);
+  Streamed b1 = client_->generate(one);
+  Streamed greedy = client_->generate(one_shot(Client::text_prompt(kPromptText), 1, 5));
+  ASSERT_EQ(b1.tokens.size(), 1u);
+  EXPECT_EQ(b1.tokens.begin()->second, greedy.tokens["b0"]);
+  auto bad = one_shot(Client::text_prompt(kPromptText), 2, 5);
+  bad.mutable_beam_search()->set_beam_width(2);
+  EXPECT_EQ(client_->generate(bad).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad = one_shot(Client::text_prompt(kPromptText), 1, 5);
+  bad.mutable_beam_search()->set_beam_width(-1);
+  EXPECT_EQ(client_->generate(bad).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST_F(TreeApi, ErrorTable) {
   auto tree = client_->create_tree(kPromptText);
   grpc::Status st;

@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <map>
+#include <set>
+#include <thread>
 
 #include "engine/backend.h"
 #include "models/llama_weights.h"
@@ -190,6 +192,164 @@ TEST(Scheduler, ExhaustionAndShutdownLeaveNothingBehind) {
   Drained e = drain(**late);
   EXPECT_TRUE(e.status.code() == StatusCode::kUnavailable || e.status.ok());
   EXPECT_EQ(s.create_tree(prompt(5)).status().code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace treeserve
+
+namespace treeserve {
+namespace {
+
+struct BeamResult {
+  std::vector<std::string> order;  // beams as streamed, best first
+  std::map<std::string, std::vector<int32_t>> tokens;
+  std::map<std::string, float> logprob_sum;
+  std::map<std::string, float> score;
+  std::map<std::string, FinishReason> finish;
+  Status status;
+};
+
+BeamResult drain_beams(GenerateStream& stream, int cancel_after_ms = -1) {
+  BeamResult r;
+  TokenEvent ev;
+  if (cancel_after_ms >= 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(cancel_after_ms));
+    stream.cancel();
+  }
+  for (;;) {
+    GenerateStream::Wait w = stream.next(&ev, &r.status, std::chrono::milliseconds(20000));
+    if (w != GenerateStream::Wait::kEvent) break;
+    if (r.tokens.find(ev.branch_id) == r.tokens.end()) r.order.push_back(ev.branch_id);
+    r.tokens[ev.branch_id].push_back(ev.token_id);
+    r.logprob_sum[ev.branch_id] += ev.logprob;
+    if (ev.finish != FinishReason::kNone) {
+      r.finish[ev.branch_id] = ev.finish;
+      r.score[ev.branch_id] = ev.score;
+    }
+  }
+  return r;
+}
+
+GenerateSpec beam_spec(const std::string& tree, const std::string& branch, int width,
+                       int max_tokens) {
+  GenerateSpec g;
+  g.tree_id = tree;
+  g.branch_ids = {branch};
+  g.beam_width = width;
+  g.max_tokens = max_tokens;
+  return g;
+}
+
+TEST(SchedulerBeamSearch, WidthOneIsGreedy) {
+  Served sv = serve(256);
+  Scheduler& s = *sv.scheduler;
+  auto tree = s.create_tree(prompt(30, 6));
+  ASSERT_TRUE(tree.ok());
+  auto copy = s.branch(tree->tree_id, "b0", 1, 0);
+  ASSERT_TRUE(copy.ok());
+  GenerateSpec greedy;
+  greedy.tree_id = tree->tree_id;
+  greedy.branch_ids = *copy;
+  greedy.sampling.temperature = 0;
+  greedy.max_tokens = 8;
+  Drained g = drain(**s.generate(greedy));
+  BeamResult b = drain_beams(**s.generate(beam_spec(tree->tree_id, "b0", 1, 8)));
+  ASSERT_TRUE(b.status.ok()) << b.status.message();
+  ASSERT_EQ(b.order.size(), 1u);
+  EXPECT_EQ(b.tokens[b.order[0]], g.tokens[(*copy)[0]]);
+  EXPECT_EQ(b.finish[b.order[0]], FinishReason::kLength);
+  ASSERT_TRUE(s.delete_tree(tree->tree_id).ok());
+  expect_idle(s);
+}
+
+TEST(SchedulerBeamSearch, KeepsTheBestBeamsAsBranches) {
+  Served sv = serve(256);
+  Scheduler& s = *sv.scheduler;
+  auto tree = s.create_tree(prompt(25, 7));
+  ASSERT_TRUE(tree.ok());
+  BeamResult b = drain_beams(**s.generate(beam_spec(tree->tree_id, "b0", 4, 6)));
+  ASSERT_TRUE(b.status.ok()) << b.status.message();
+  ASSERT_EQ(b.order.size(), 4u);
+  std::set<std::vector<int32_t>> distinct;
+  float previous = 1e30f;
+  for (const std::string& id : b.order) {
+    distinct.insert(b.tokens[id]);
+    EXPECT_LE(b.score[id], previous) << "beams are streamed best first";
+    previous = b.score[id];
+    EXPECT_NEAR(b.score[id], b.logprob_sum[id], 1e-3) << "score = total logprob";
+    if (b.finish[id] == FinishReason::kLength) {
+      EXPECT_EQ(b.tokens[id].size(), 6u);
+    }
+  }
+  EXPECT_EQ(distinct.size(), 4u);
+  // The beams stay as live children of the searched branch; everything else was pruned.
+  auto info = s.get_tree(tree->tree_id);
+  ASSERT_TRUE(info.ok());
+  int live = 0;
+  for (const BranchSummary& br : info->branches) live += br.live;
+  EXPECT_EQ(live, 5);  // b0 + 4 beams
+  // A beam can be generated from like any branch.
+  GenerateSpec more;
+  more.tree_id = tree->tree_id;
+  more.branch_ids = {b.order[0]};
+  more.sampling.temperature = 0;
+  more.max_tokens = 2;
+  EXPECT_TRUE(drain(**s.generate(more)).status.ok());
+  ASSERT_TRUE(s.delete_tree(tree->tree_id).ok());
+  expect_idle(s);
+}
+
+TEST(SchedulerBeamSearch, CancelPruneAndBadArguments) {
+  Served sv = serve(256);
+  Scheduler& s = *sv.scheduler;
+  auto tree = s.create_tree(prompt(20, 8));
+  ASSERT_TRUE(tree.ok());
+  BeamResult c = drain_beams(**s.generate(beam_spec(tree->tree_id, "b0", 3, 1500)), 30);
+  EXPECT_EQ(c.status.code(), StatusCode::kCancelled) << c.status.message();
+  // Pruning the searched branch takes its beams: the search ends.
+  auto stream = s.generate(beam_spec(tree->tree_id, "b0", 2, 1500));
+  ASSERT_TRUE(stream.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_TRUE(s.prune(tree->tree_id, {"b0"}, false).ok());
+  BeamResult p = drain_beams(**stream);
+  EXPECT_EQ(p.status.code(), StatusCode::kFailedPrecondition) << p.status.message();
+  GenerateSpec bad = beam_spec(tree->tree_id, "b0", 2, 4);
+  bad.branch_ids = {"b0", "b1"};
+  EXPECT_EQ(s.generate(bad).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(s.delete_tree(tree->tree_id).ok());
+  // One-shot beam search: the tree goes with the call.
+  GenerateSpec one;
+  one.prompt = prompt(15, 9);
+  one.beam_width = 2;
+  one.max_tokens = 4;
+  BeamResult o = drain_beams(**s.generate(one));
+  ASSERT_TRUE(o.status.ok()) << o.status.message();
+  EXPECT_EQ(o.order.size(), 2u);
+  expect_idle(s);
+}
+
+// Regression: a beam search that runs out of KV pages used to leave its beams pointing at
+// the closed job (a use-after-free under the soak test).
+TEST(SchedulerBeamSearch, PoolExhaustionEndsTheSearchCleanly) {
+  Served sv = serve(8);  // 128 tokens
+  Scheduler& s = *sv.scheduler;
+  auto tree = s.create_tree(prompt(40, 10));
+  ASSERT_TRUE(tree.ok());
+  BeamResult b = drain_beams(**s.generate(beam_spec(tree->tree_id, "b0", 4, 200)));
+  EXPECT_EQ(b.status.code(), StatusCode::kResourceExhausted) << b.status.message();
+  auto info = s.get_tree(tree->tree_id);
+  ASSERT_TRUE(info.ok());
+  int live = 0;
+  for (const BranchSummary& br : info->branches) live += br.live;
+  EXPECT_EQ(live, 1);  // the searched branch survives; the beams are gone
+  GenerateSpec more;
+  more.tree_id = tree->tree_id;
+  more.branch_ids = {"b0"};
+  more.sampling.temperature = 0;
+  more.max_tokens = 2;
+  EXPECT_TRUE(drain(**s.generate(more)).status.ok());
+  ASSERT_TRUE(s.delete_tree(tree->tree_id).ok());
+  expect_idle(s);
 }
 
 }  // namespace
