@@ -305,21 +305,14 @@ void Scheduler::Impl::cmd_create_tree(std::vector<int32_t> prompt,
   trees_[t->id] = std::move(tree);
   SchedBranch* root = add_branch(t, "", 0);
   root->pending = std::move(prompt);
-  int32_t cached = 0;
-  if (options_.prefix_sharing && length > 1) {
-    cached = kv_->match_prefix_length(std::span(root->pending.data(), length - 1));
-  }
-  if (metrics_) {
-    metrics_->prompt_tokens_total->inc(length);
-  }
+  if (metrics_) metrics_->prompt_tokens_total->inc(length);
   if (length == 1) {
     return done(CreateTreeResult{t->id, root->id, length, 0});
   }
   auto job = std::make_unique<PrefillJob>();
   job->branch = root;
   job->prompt_tokens = length;
-  job->cached_tokens = cached;
-  job->done = std::move(done);
+  job->done = std::move(done);  // cached_tokens: set by the step that creates its KV
   root->activity = Activity::kPrefill;
   root->prefill = job.get();
   prefills_.push_back(std::move(job));
@@ -478,7 +471,6 @@ Status Scheduler::Impl::cmd_generate(GenerateSpec spec, std::shared_ptr<Generate
     // children; the target itself does not run.
     job->beam_width = spec.beam_width;
     job->length_penalty = spec.length_penalty;
-    job->seq = next_job_seq_++;
     if (Status s = start_beam_search(job.get(), targets.front()); !s.ok()) {
       if (job->one_shot) {
         int64_t freed = 0;
@@ -486,24 +478,11 @@ Status Scheduler::Impl::cmd_generate(GenerateSpec spec, std::shared_ptr<Generate
       }
       return s;
     }
-    {
-      std::lock_guard<std::mutex> lock(stream->mu_);
-      stream->on_cancel_ = [this, seq = job->seq] { post([this, seq] { cmd_cancel(seq); }); };
-    }
-    jobs_.push_back(std::move(job));
-    update_gauges();
-    return Status::Ok();
+  } else {
+    for (SchedBranch* b : targets) attach_branch(job.get(), b);
   }
-  for (SchedBranch* b : targets) {
-    GenerateBranchState st;
-    st.branch = b;
-    st.branch_id = b->id;
-    st.detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_);
-    job->branches.push_back(std::move(st));
-    b->activity = Activity::kGenerate;
-    b->job = job.get();
-  }
-  job->unfinished = static_cast<int32_t>(job->branches.size());
+  // A cancel() from the stream's reader reaches the job through its sequence number (the
+  // job may have ended, and its memory been reused, by then).
   job->seq = next_job_seq_++;
   {
     std::lock_guard<std::mutex> lock(stream->mu_);
@@ -514,23 +493,24 @@ Status Scheduler::Impl::cmd_generate(GenerateSpec spec, std::shared_ptr<Generate
   return Status::Ok();
 }
 
+void Scheduler::Impl::attach_branch(GenerateJob* job, SchedBranch* b) {
+  GenerateBranchState st;
+  st.branch = b;
+  st.branch_id = b->id;
+  st.detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_);
+  job->branches.push_back(std::move(st));
+  b->activity = Activity::kGenerate;
+  b->job = job;
+  ++job->unfinished;
+}
+
 void Scheduler::Impl::start_one_shot(GenerateJob* job, Tree* tree, SchedBranch* root, int32_t n,
                                      Status status) {
   job->waiting_prefill = false;
   if (status.ok()) {
     StatusOr<std::vector<std::string>> ids = cmd_branch(tree->id, root->id, n, 0);
     if (ids.ok()) {
-      for (const std::string& id : *ids) {
-        SchedBranch* b = tree->by_id[id];
-        GenerateBranchState st;
-        st.branch = b;
-        st.branch_id = b->id;
-        st.detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_);
-        job->branches.push_back(std::move(st));
-        b->activity = Activity::kGenerate;
-        b->job = job;
-      }
-      job->unfinished = n;
+      for (const std::string& id : *ids) attach_branch(job, tree->by_id[id]);
       return;
     }
     status = ids.status();

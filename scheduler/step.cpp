@@ -142,6 +142,17 @@ bool Scheduler::Impl::add_rows(SchedBranch* b, int32_t count, bool want_logits, 
   return true;
 }
 
+bool Scheduler::Impl::add_pending_rows(SchedBranch* b, int32_t* budget, StepEntry* e) {
+  const int32_t want = static_cast<int32_t>(b->pending.size());
+  int32_t skip = 0;
+  if (!b->kv && options_.prefix_sharing && want > 1) {
+    skip = kv_->match_prefix_length(b->pending);
+  }
+  const int32_t count = want - skip <= 1 ? want : std::min(want, skip + std::max(1, *budget));
+  if (count - skip > 1) *budget -= count - skip;
+  return add_rows(b, count, count == want, e);
+}
+
 // Undoes add_rows (and a verify's drafts) after a failed forward or a failed draft append.
 void Scheduler::Impl::rollback(const StepEntry& e) {
   SchedBranch* b = e.branch;
@@ -224,16 +235,8 @@ bool Scheduler::Impl::step() {
     if (job->waiting_prefill) continue;
     for (GenerateBranchState& st : job->branches) {
       if (st.finished || !st.branch) continue;
-      SchedBranch* b = st.branch;
-      int32_t want = static_cast<int32_t>(b->pending.size());
-      int32_t skip = 0;
-      if (!b->kv && options_.prefix_sharing && want > 1) {
-        skip = kv_->match_prefix_length(b->pending);
-      }
-      int32_t count = want - skip <= 1 ? want : std::min(want, skip + std::max(1, budget));
-      if (count - skip > 1) budget -= count - skip;
       StepEntry e;
-      if (!add_rows(b, count, count == want, &e)) {
+      if (!add_pending_rows(st.branch, &budget, &e)) {
         stalled = true;
         continue;
       }
@@ -246,16 +249,8 @@ bool Scheduler::Impl::step() {
     for (Beam& beam : job->beams) {
       beam.logit_index = -1;
       if (beam.ended || !beam.branch) continue;
-      SchedBranch* b = beam.branch;
-      const int32_t want = static_cast<int32_t>(b->pending.size());
-      int32_t skip = 0;
-      if (!b->kv && options_.prefix_sharing && want > 1) {
-        skip = kv_->match_prefix_length(b->pending);
-      }
-      const int32_t count = want - skip <= 1 ? want : std::min(want, skip + std::max(1, budget));
-      if (count - skip > 1) budget -= count - skip;
       StepEntry e;
-      if (!add_rows(b, count, count == want, &e)) {
+      if (!add_pending_rows(beam.branch, &budget, &e)) {
         stalled = true;
         continue;
       }

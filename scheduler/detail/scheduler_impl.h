@@ -162,6 +162,8 @@ class Scheduler::Impl {
   StatusOr<int64_t> cmd_delete_tree(const std::string& tree_id);
   SchedulerStats cmd_stats();
   void cmd_cancel(uint64_t job_seq);
+  // Makes `b` one of the job's generating branches.
+  void attach_branch(GenerateJob* job, SchedBranch* b);
   void start_one_shot(GenerateJob* job, Tree* tree, SchedBranch* root, int32_t n, Status status);
 
   // Helpers (loop thread).
@@ -186,6 +188,9 @@ class Scheduler::Impl {
   bool step();
   // Adds rows for `b` (its first `count` pending tokens); false if KV pages are short.
   bool add_rows(SchedBranch* b, int32_t count, bool want_logits, StepEntry* entry);
+  // Rows for a generating branch (or beam): one decode row, or a chunk of its pending text
+  // within *budget (prefix-cached tokens are free), with logits once the text is consumed.
+  bool add_pending_rows(SchedBranch* b, int32_t* budget, StepEntry* entry);
   void rollback(const StepEntry& e);
   void fail_stalled(const Status& status);
   void after_prefill(StepEntry& e);
