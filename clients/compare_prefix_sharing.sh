@@ -6,22 +6,33 @@
 # usage: clients/compare_prefix_sharing.sh TREESERVE_BINARY [loadtest.py arguments...]
 #   e.g. clients/compare_prefix_sharing.sh build-cli/bin/treeserve --workload multilevel --scale small
 # environment:
-#   PYTHON             interpreter with python3-grpcio (default /usr/bin/python3)
+#   LOADTEST           the load-test client: a treeserve_loadtest binary (the C++ port, same
+#                      arguments and JSON; then PYTHON needs no grpcio), default loadtest.py
+#   PYTHON             interpreter with python3-grpcio (default /usr/bin/python3, else python3)
 #   SERVER_ARGS        extra arguments for both servers (default "--backend cpu"; on a GPU
 #                      e.g. "--backend cuda --kv-cache-bytes 42949672960")
 #   SHARING_CONFIG     server preset with sharing on (default: the binary's built-in defaults)
 #   NO_SHARING_CONFIG  preset with sharing off (default configs/server/no-prefix-sharing.json)
 #   READY_TIMEOUT      seconds to wait for each server to be ready (default 600)
 #   OUT_DIR            where the JSON results and server logs go (default: a temp folder)
+#   KEEP_GOING         1: a load test that fails (request errors) but wrote its JSON does not
+#                      stop the other one; both are printed, then exit status 1
 set -euo pipefail
 if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 bin=$(realpath "$1"); shift
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 py=${PYTHON:-/usr/bin/python3}
+[[ -n "${PYTHON:-}" || -x "$py" ]] || py=python3
+if [[ -n "${LOADTEST:-}" ]]; then
+  [[ -x "$LOADTEST" ]] || { echo "error: LOADTEST=$LOADTEST is not an executable" >&2; exit 2; }
+  loadtest=("$(realpath "$LOADTEST")")
+else
+  loadtest=("$py" "$here/loadtest.py")
+fi
 server_args=${SERVER_ARGS:---backend cpu}
 sharing_config=${SHARING_CONFIG:-}
 no_sharing_config=${NO_SHARING_CONFIG:-$root/configs/server/no-prefix-sharing.json}
@@ -59,10 +70,15 @@ run_one() {
   done
   echo "== prefix sharing $name: server on 127.0.0.1:$port (log $log)"
   local rc=0
-  "$py" "$here/loadtest.py" --target "127.0.0.1:$port" --json "$out/$name.json" "$@" || rc=$?
+  rm -f "$out/$name.json"  # a stale file must not pass for this run's
+  "${loadtest[@]}" --target "127.0.0.1:$port" --json "$out/$name.json" "$@" || rc=$?
   stop_server
-  [[ $rc -eq 0 ]] || { echo "error: load test against the '$name' server failed ($rc)" >&2; exit 1; }
+  [[ $rc -eq 0 ]] && return 0
+  echo "error: load test against the '$name' server failed ($rc)" >&2
+  [[ "${KEEP_GOING:-}" == 1 && -f "$out/$name.json" ]] || exit 1
+  failures=$((failures + 1))
 }
+failures=0
 
 run_one on "$sharing_config" "$@"
 run_one off "$no_sharing_config" "$@"
@@ -97,3 +113,4 @@ if off["throughput_tok_s"] > 0:
                                                           off["throughput_tok_s"])))
 EOF
 echo "results: $out/on.json $out/off.json"
+[[ $failures -eq 0 ]]

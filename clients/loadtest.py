@@ -418,6 +418,10 @@ def parse_args(argv):
     ap.add_argument("--plot", help="PNG of latency and KV pages over time (needs matplotlib)")
     ap.add_argument("--quiet", action="store_true", help="no summary on stdout")
     for name, (typ, help_text) in sorted(PARAMS.items()):
+        if typ is bool:   # a switch: on when given, else the preset's value
+            ap.add_argument("--" + name.replace("_", "-"), dest="p_" + name,
+                            action="store_const", const=True, default=None, help=help_text)
+            continue
         ap.add_argument("--" + name.replace("_", "-"), dest="p_" + name, type=typ,
                         default=None, metavar=name.upper(), help=help_text)
     return ap.parse_args(argv)

@@ -7,7 +7,9 @@ prompt material, the recorder and the tree tracker that guarantees every tree is
 
 Workloads and what one request (unit) is:
   fewshot      one tree: a shared prompt of P tokens, forked b ways, each branch decodes T.
-  tot          one tree-of-thought BFS problem replayed from deft-templates/reasoning/*.json.
+  tot          one tree-of-thought BFS problem replayed from deft-templates/reasoning/*.json
+               (client-driven Branch/Generate/Prune, or with --server-side-search one
+               TreeSearch call of the template's shape).
   speculative  one prompt of deft-templates/speculative/APPS_tree_size*.json: Verify the
                whole Medusa token tree every step.
   multilevel, multidoc, multichain, multifewshot
@@ -69,14 +71,20 @@ class FewShot:
 class TreeOfThought:
     """Tree-of-thought BFS (DeFT's reasoning templates): prefill the prompt, branch node 0
     into its children, decode each child for its `value` tokens (capped by max_node_tokens),
-    prune the childless ones, branch the survivors into their children, and so on."""
+    prune the childless ones, branch the survivors into their children, and so on.
+
+    With server_side_search the server runs the BFS (one TreeSearch call, logprob scoring) in
+    the template's shape: expand = the most children of an expanded node, keep = the most
+    expanded nodes of a level, depth = the levels below the root, and every thought the
+    median node `value` tokens (capped by max_node_tokens). Its TTFT is the time to the
+    first level (thoughts are not streamed token by token, so there is no ITL)."""
     name = "tot"
     needs_data = True
     presets = {
         "small": dict(template="keywordToT", problems=2, max_node_tokens=8,
-                      max_prompt_tokens=128, concurrency=2),
+                      max_prompt_tokens=128, concurrency=2, server_side_search=False),
         "full": dict(template="keywordToT", problems=8, max_node_tokens=0,
-                     max_prompt_tokens=0, concurrency=8),
+                     max_prompt_tokens=0, concurrency=8, server_side_search=False),
     }
 
     def units(self, ctx):
@@ -108,6 +116,8 @@ class TreeOfThought:
             if p["max_prompt_tokens"] > 0:
                 n = min(n, p["max_prompt_tokens"])
             prompt = ctx.segment("tot-%d" % i, n)
+        if p["server_side_search"]:
+            return self._one_server_side(ctx, i, data, prompt)
         t0 = time.perf_counter()
         first, tokens, depth = None, 0, 0
         with ctx.tree(prompt) as (tree, root):
@@ -138,6 +148,48 @@ class TreeOfThought:
                     ctx.rec.count("tot_pruned", len(dead))
                 level, depth = survivors, depth + 1
         ctx.rec.count("tot_levels", depth)
+        ctx.rec.request(t0, first, time.perf_counter(), tokens)
+
+    def _shape(self, ctx, data):
+        """(expand, keep, depth, tokens per thought) of a recorded search tree."""
+        expand = keep = depth = 0
+        values = []
+        level = ["0"]
+        while True:
+            expanded = [n for n in level if data[n]["children"]]
+            children = [str(c) for n in expanded for c in data[n]["children"] if str(c) in data]
+            if not children:
+                break
+            expand = max([expand] + [len(data[n]["children"]) for n in expanded])
+            keep = max(keep, len(expanded))
+            values += [self._node_tokens(ctx, data[c]) for c in children]
+            level, depth = children, depth + 1
+        values.sort()
+        return expand, keep, depth, values[len(values) // 2]
+
+    def _one_server_side(self, ctx, i, data, prompt):
+        expand, keep, depth, thought_tokens = self._shape(ctx, data)
+        t0 = time.perf_counter()
+        first, tokens, levels = None, 0, 0
+        with ctx.tree(prompt) as (tree, root):
+            search = ctx.client.tree_search(tree, root, expand=expand, keep=keep, depth=depth,
+                                            max_tokens=thought_tokens, **ctx.sampling(i * 1000))
+            for msg in search:
+                if not hasattr(msg, "candidates"):   # the final TreeSearchDone
+                    ctx.rec.count("tot_leaves", len(msg.leaves))
+                    continue
+                if first is None:
+                    first = time.perf_counter()
+                levels += 1
+                for c in msg.candidates:
+                    tokens += c.tokens
+                    ctx.rec.finish(c.finish_reason)
+                ctx.rec.count("tot_branches", len(msg.candidates))
+                ctx.rec.count("tot_pruned", max(0, len(msg.candidates) - keep))
+                if ctx.over_budget():
+                    search.close()   # cancels the search: the server prunes what it made
+                    break
+        ctx.rec.count("tot_levels", levels)
         ctx.rec.request(t0, first, time.perf_counter(), tokens)
 
 
@@ -343,6 +395,8 @@ PARAMS = {
     "problems": (int, "tot: problems of the template to replay"),
     "max_node_tokens": (int, "tot: cap on tokens decoded per thought node (0 = recorded)"),
     "max_prompt_tokens": (int, "tot: cap on the prompt length (0 = recorded)"),
+    "server_side_search": (bool, "tot: run each problem as one server-side TreeSearch (BFS "
+                                 "on the server) instead of client-driven Branch/Generate/Prune"),
     "tree_size": (int, "speculative: token tree size 32, 64, 128 or 256"),
     "prompts": (int, "speculative: prompts (records) to replay"),
     "steps": (int, "speculative: verify steps per prompt (0 = recorded count)"),

@@ -93,6 +93,42 @@ class TreeServeClient:
             req.prompt.CopyFrom(self.prompt(prompt))
         return self.stub.Generate(req, timeout=timeout or self.timeout, metadata=self.metadata)
 
+    def tree_search(self, tree_id, branch_id="", expand=2, keep=1, depth=1, score=None,
+                    timeout=None, **sampling):
+        """Runs a tree-of-thought BFS on the server (TreeSearch) and yields each level's
+        TreeSearchLevel as it completes, then the final TreeSearchDone (the kept leaves, best
+        first; they stay in the tree). Every level forks each kept node `expand` ways and
+        generates one thought per child (`sampling`: max_tokens, stop, temperature, seed...).
+
+        score=None keeps the best `keep` by logprob score (mean token logprob of the path).
+        score=callable(level) -> {branch_id: score} (higher is better, one per candidate)
+        scores every level on the client instead. Leaving the generator early cancels the
+        search (the server prunes what it made)."""
+        import queue
+        requests = queue.Queue()
+        mode = pb.SCORE_CLIENT if score else pb.SCORE_LOGPROB
+        requests.put(pb.TreeSearchRequest(start=pb.TreeSearchStart(
+            tree_id=tree_id, branch_id=branch_id, expand=expand, keep=keep, depth=depth,
+            sampling=pb.SamplingParams(**sampling), score_mode=mode)))
+        if not score:
+            requests.put(None)  # nothing more to send: half-close after the start
+        call = self.stub.TreeSearch(iter(requests.get, None), timeout=timeout or self.timeout,
+                                    metadata=self.metadata)
+        try:
+            for resp in call:
+                kind = resp.WhichOneof("message")
+                if kind == "level":
+                    if score:
+                        scores = {k: float(v) for k, v in score(resp.level).items()}
+                        requests.put(pb.TreeSearchRequest(
+                            scores=pb.TreeSearchScores(scores=scores)))
+                    yield resp.level
+                elif kind == "done":
+                    yield resp.done
+        finally:
+            requests.put(None)
+            call.cancel()  # a no-op once the call has ended
+
     def prune(self, tree_id, branch_ids, retain_kv=False):
         return self._call(self.stub.Prune, pb.PruneRequest(
             tree_id=tree_id, branch_ids=list(branch_ids), retain_kv=retain_kv))

@@ -134,6 +134,10 @@ ServerMetrics::ServerMetrics(MetricsRegistry* r)
                      "KV tokens not re-read thanks to prefix sharing in tree attention")),
       verify_accepted_tokens(r->histogram("treeserve:verify_accepted_tokens",
                                           "Tokens accepted per Verify call",
-                                          {0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32})) {}
+                                          {0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32})),
+      tree_search_total(
+          r->counter("treeserve:tree_search_total", "Tree-of-thought searches started")),
+      tree_search_levels_total(r->counter("treeserve:tree_search_levels_total",
+                                          "Levels generated and scored by tree searches")) {}
 
 }  // namespace treeserve

@@ -91,6 +91,8 @@ struct ServerMetrics {
   Gauge* radix_nodes;
   Counter* shared_kv_tokens_saved_total;
   Histogram* verify_accepted_tokens;
+  Counter* tree_search_total;         // TreeSearch calls that passed validation
+  Counter* tree_search_levels_total;  // levels they generated and scored
 };
 
 }  // namespace treeserve

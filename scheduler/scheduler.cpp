@@ -72,7 +72,12 @@ Scheduler::Impl::Impl(Backend* backend, const Tokenizer* tokenizer, const Schedu
       metrics_(metrics),
       kv_(std::move(kv)) {
   const ModelConfig& mc = backend_->model_config();
+  // Tokens the tokenizer cannot decode are never sampled: a model's vocab_size may be padded
+  // past the tokenizer's vocabulary (or a random-weights model given a small tokenizer).
   vocab_ = mc.vocab_size;
+  if (tokenizer_ && tokenizer_->vocab_size() > 0) {
+    vocab_ = std::min<int64_t>(vocab_, tokenizer_->vocab_size());
+  }
   for (int64_t id : mc.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
   if (eos_ids_.empty() && tokenizer_ && tokenizer_->eos_id() >= 0) {
     eos_ids_.push_back(tokenizer_->eos_id());
@@ -710,6 +715,8 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::create(Backend* backend, const T
 Scheduler::Scheduler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Scheduler::~Scheduler() { shutdown(); }
 void Scheduler::shutdown() { impl_->stop(); }
+const SchedulerOptions& Scheduler::options() const { return impl_->options_; }
+ServerMetrics* Scheduler::metrics() const { return impl_->metrics_; }
 
 StatusOr<CreateTreeResult> Scheduler::create_tree(std::vector<int32_t> prompt) {
   if (prompt.empty()) return InvalidArgument("prompt: must not be empty");

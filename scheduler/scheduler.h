@@ -166,6 +166,9 @@ class Scheduler {
   StatusOr<TreeSummary> get_tree(const std::string& tree_id);
   StatusOr<int64_t> delete_tree(const std::string& tree_id);
   SchedulerStats stats();
+  // The options it was created with (limits a caller checks up front).
+  const SchedulerOptions& options() const;
+  ServerMetrics* metrics() const;  // may be null
 
   // Ends every in-flight call (CANCELLED) and stops the loop. Idempotent.
   void shutdown();

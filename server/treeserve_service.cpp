@@ -402,4 +402,140 @@ grpc::Status TreeServeService::GetServerInfo(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+StatusOr<TreeSearchSpec> TreeServeService::resolve_search(const v1::TreeSearchStart& start) const {
+  TreeSearchSpec spec;
+  if (start.tree_id().empty()) return InvalidArgument("start.tree_id: must not be empty");
+  const int32_t max_n = config_.limits.max_n;
+  for (auto [field, value] :
+       {std::pair<const char*, int32_t>{"expand", start.expand()}, {"keep", start.keep()}}) {
+    if (value < 1 || value > max_n) {
+      return InvalidArgument(std::string("start.") + field + ": " + std::to_string(value) +
+                             " is outside [1, " + std::to_string(max_n) + "]");
+    }
+  }
+  // One Generate runs every candidate of a level: as many branches as Generate allows.
+  const int64_t per_level = int64_t(start.expand()) * start.keep();
+  if (per_level > max_n) {
+    return InvalidArgument("start.expand * start.keep: " + std::to_string(per_level) +
+                           " candidates per level is over limits.max_n (" + std::to_string(max_n) +
+                           ")");
+  }
+  GenerateSpec gen;
+  StatusOr<SamplingParams> sampling = resolve_sampling(start.sampling(), &gen);
+  if (!sampling.ok()) return InvalidArgument("start." + sampling.status().message());
+  // A leaf grows by up to depth thoughts in this one call: the per-call token limit applies.
+  const int64_t per_thought =
+      gen.max_tokens > 0 ? gen.max_tokens : scheduler_->options().default_max_tokens;
+  if (start.depth() < 1 || int64_t(start.depth()) * per_thought > config_.limits.max_tokens) {
+    return InvalidArgument("start.depth: " + std::to_string(start.depth()) +
+                           " must be >= 1 with depth x max_tokens (" + std::to_string(per_thought) +
+                           ") at most limits.max_tokens (" +
+                           std::to_string(config_.limits.max_tokens) + ")");
+  }
+  switch (start.score_mode()) {
+    case v1::SCORE_LOGPROB:
+      spec.score_mode = SearchScoreMode::kLogprob;
+      break;
+    case v1::SCORE_CLIENT:
+      spec.score_mode = SearchScoreMode::kClient;
+      break;
+    default:
+      return InvalidArgument("start.score_mode: unknown mode " +
+                             std::to_string(int(start.score_mode())));
+  }
+  spec.tree_id = start.tree_id();
+  spec.branch_id = start.branch_id();
+  spec.expand = start.expand();
+  spec.keep = start.keep();
+  spec.depth = start.depth();
+  spec.sampling = *sampling;
+  spec.max_tokens = gen.max_tokens;
+  spec.stop = std::move(gen.stop);
+  spec.stop_token_ids = std::move(gen.stop_token_ids);
+  return spec;
+}
+
+// The search runs on this handler thread (run_tree_search); each level message is written
+// here and, in CLIENT mode, the scores read back before the search goes on. A dropped client
+// or a passed deadline cancels it: the generating level stops within a step, a pending Read
+// returns, and every branch the search made is pruned.
+grpc::Status TreeServeService::TreeSearch(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::TreeSearchResponse, v1::TreeSearchRequest>* stream) {
+  CallScope scope(this);
+  if (auto s = check_auth(ctx); !s.ok()) return s;
+  v1::TreeSearchRequest first;
+  if (!stream->Read(&first)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "the client closed the stream before its start message");
+  }
+  if (auto s = admit(ctx, first); !s.ok()) return s;
+  if (!first.has_start()) return grpc_invalid("start: the first message must be a start");
+  StatusOr<TreeSearchSpec> spec = resolve_search(first.start());
+  if (!spec.ok()) return to_grpc(spec.status());
+  const bool by_client = spec->score_mode == SearchScoreMode::kClient;
+
+  TreeSearchHooks hooks;
+  hooks.cancelled = [ctx] { return ctx->IsCancelled(); };
+  hooks.on_level = [&](const SearchLevel& level, SearchScores* scores) -> Status {
+    v1::TreeSearchResponse out;
+    v1::TreeSearchLevel* lv = out.mutable_level();
+    lv->set_level(level.level);
+    for (const SearchCandidate& c : level.candidates) {
+      v1::TreeSearchCandidate* pc = lv->add_candidates();
+      pc->set_branch_id(c.branch_id);
+      pc->set_parent_branch_id(c.parent_branch_id);
+      pc->set_text(c.text);
+      pc->set_tokens(c.tokens);
+      pc->set_logprob(float(c.logprob));
+      pc->set_score(float(c.logprob_score));
+      pc->set_finish_reason(to_proto(c.finish));
+    }
+    if (!stream->Write(out)) return Cancelled("the client went away");
+    if (!by_client) return Status::Ok();
+    const std::string which = "level " + std::to_string(level.level);
+    v1::TreeSearchRequest msg;
+    if (!stream->Read(&msg)) {
+      return Cancelled(ctx->IsCancelled()
+                           ? "the client cancelled the call or its deadline passed"
+                           : "the client closed the stream before the scores of " + which);
+    }
+    const size_t bytes = msg.ByteSizeLong();
+    if (bytes > size_t(config_.server.max_request_bytes)) {
+      return InvalidArgument("scores: " + std::to_string(bytes) +
+                             " bytes is over server.max_request_bytes");
+    }
+    if (!msg.has_scores()) return InvalidArgument("scores: expected the scores of " + which);
+    for (const auto& [id, score] : msg.scores().scores()) (*scores)[id] = score;
+    return Status::Ok();
+  };
+  spdlog::debug("tree={} branch={} tree search: expand={} keep={} depth={} mode={}", spec->tree_id,
+                spec->branch_id, spec->expand, spec->keep, spec->depth,
+                by_client ? "client" : "logprob");
+  StatusOr<SearchResult> r = run_tree_search(scheduler_, *tokenizer_, *spec, hooks);
+  if (!r.ok()) {
+    if (ctx->IsCancelled()) {
+      return grpc::Status(grpc::StatusCode::CANCELLED,
+                          "the client cancelled the call or its deadline passed; the search's "
+                          "branches were pruned");
+    }
+    return to_grpc(r.status());
+  }
+  v1::TreeSearchResponse done;
+  v1::TreeSearchDone* d = done.mutable_done();
+  d->set_levels(r->levels);
+  for (const SearchLeaf& leaf : r->leaves) {
+    v1::TreeSearchLeaf* pl = d->add_leaves();
+    pl->set_branch_id(leaf.branch_id);
+    pl->set_text(leaf.text);
+    pl->set_tokens(leaf.tokens);
+    pl->set_score(float(leaf.score));
+    pl->set_finish_reason(to_proto(leaf.finish));
+    pl->set_level(leaf.level);
+  }
+  // The search succeeded: its leaves stay in the tree even if this last write fails.
+  stream->Write(done);
+  return grpc::Status::OK;
+}
+
 }  // namespace treeserve

@@ -8,6 +8,7 @@
 
 #include "proto/treeserve.grpc.pb.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/tree_search.h"
 #include "server/config.h"
 
 namespace treeserve {
@@ -46,6 +47,9 @@ class TreeServeService final : public treeserve::v1::TreeServe::Service {
                           v1::DetokenizeResponse*) override;
   grpc::Status GetServerInfo(grpc::ServerContext*, const v1::GetServerInfoRequest*,
                              v1::ServerInfo*) override;
+  grpc::Status TreeSearch(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::TreeSearchResponse, v1::TreeSearchRequest>*) override;
 
   // Graceful shutdown: from now on new calls get UNAVAILABLE; in-flight ones go on.
   void begin_drain() { draining_ = true; }
@@ -61,6 +65,7 @@ class TreeServeService final : public treeserve::v1::TreeServe::Service {
                                                 bool bos) const;
   // Validated sampling parameters; with spec, also its max_tokens and stop conditions.
   StatusOr<SamplingParams> resolve_sampling(const v1::SamplingParams& p, GenerateSpec* spec) const;
+  StatusOr<TreeSearchSpec> resolve_search(const v1::TreeSearchStart& start) const;
 
   const TreeserveConfig config_;
   const Tokenizer* tokenizer_;

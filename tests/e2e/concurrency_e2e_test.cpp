@@ -1,5 +1,6 @@
-// Concurrency soak: 32 client threads issue random tree operations against one server
-// (CPU backend, tiny model, a small KV pool so exhaustion happens) for a fixed time.
+// Concurrency soak: 32 client threads issue random tree operations (TreeSearch included)
+// against one server (CPU backend, tiny model, a small KV pool so exhaustion happens) for a
+// fixed time.
 // Passes when the server never crashes, every error is one the API documents for the
 // situation, and after deleting every tree the pool is idle (pages balance).
 // TREESERVE_SOAK_SECONDS overrides the duration (default 60).
@@ -25,7 +26,7 @@ using grpc::StatusCode;
 struct Shared {
   std::mutex mu;
   std::vector<std::string> trees;
-  std::atomic<int64_t> ops{0}, tokens{0}, errors_ok{0};
+  std::atomic<int64_t> ops{0}, tokens{0}, errors_ok{0}, searches_done{0};
   std::mutex bad_mu;
   std::vector<std::string> bad;  // undocumented errors
 
@@ -105,7 +106,7 @@ void client_thread(int id, std::shared_ptr<grpc::Channel> channel, Shared* share
       req.set_n(1 + rng() % 4);
       v1::BranchResponse resp;
       shared->check(stub->Branch(&ctx, req, &resp), "Branch");
-    } else if (op < 65) {  // Generate: run out, cancel midway, or hit a deadline
+    } else if (op < 60) {  // Generate: run out, cancel midway, or hit a deadline
       v1::GenerateRequest req;
       req.mutable_sampling()->set_max_tokens(1 + rng() % 24);
       req.mutable_sampling()->set_temperature((rng() % 2) ? 0.8f : 0.0f);
@@ -140,6 +141,50 @@ void client_thread(int id, std::shared_ptr<grpc::Channel> channel, Shared* share
         if (mode == 1 && ++n == 3) ctx.TryCancel();
       }
       shared->check(reader->Finish(), "Generate");
+    } else if (op < 65) {  // TreeSearch: logprob or client scored; run out, cancel, deadline
+      std::string tree = shared->pick(rng);
+      if (tree.empty()) continue;
+      std::string b = rand_branch(tree);
+      if (b.empty()) continue;
+      v1::TreeSearchRequest first;
+      v1::TreeSearchStart* start = first.mutable_start();
+      start->set_tree_id(tree);
+      start->set_branch_id(b);
+      start->set_expand(1 + rng() % 3);
+      start->set_keep(1 + rng() % 2);
+      start->set_depth(1 + rng() % 3);
+      start->mutable_sampling()->set_max_tokens(1 + rng() % 8);
+      start->mutable_sampling()->set_temperature(0.8f);
+      start->mutable_sampling()->set_seed(rng());
+      const bool by_client = rng() % 2;
+      start->set_score_mode(by_client ? v1::SCORE_CLIENT : v1::SCORE_LOGPROB);
+      grpc::ClientContext ctx;
+      const int mode = rng() % 5;
+      if (mode == 0) {
+        ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(5 + rng() % 50));
+      }
+      auto stream = stub->TreeSearch(&ctx);
+      stream->Write(first);
+      if (!by_client) stream->WritesDone();
+      v1::TreeSearchResponse r;
+      while (stream->Read(&r)) {
+        if (!r.has_level()) continue;
+        shared->tokens += r.level().candidates_size();
+        if (mode == 1) {
+          ctx.TryCancel();
+        } else if (by_client) {
+          v1::TreeSearchRequest scores;
+          for (const auto& c : r.level().candidates()) {
+            (*scores.mutable_scores()->mutable_scores())[c.branch_id()] = float(rng() % 100);
+          }
+          stream->Write(scores);
+        }
+      }
+      if (by_client) stream->WritesDone();
+      grpc::Status s = stream->Finish();
+      shared->check(s, "TreeSearch");
+      if (s.ok()) ++shared->searches_done;
     } else if (op < 75) {  // Prune (sometimes retaining KV)
       std::string tree = shared->pick(rng);
       if (tree.empty()) continue;
@@ -207,10 +252,13 @@ TEST(Concurrency, ThirtyTwoClientsRandomTreeOperations) {
   for (const std::string& b : shared.bad) ADD_FAILURE() << "undocumented error: " << b;
   EXPECT_GT(shared.ops.load(), 500);
   EXPECT_GT(shared.tokens.load(), 500);
-  std::printf("soak: %lld calls, %lld streamed tokens, %lld documented errors in %d s\n",
-              static_cast<long long>(shared.ops.load()),
-              static_cast<long long>(shared.tokens.load()),
-              static_cast<long long>(shared.errors_ok.load()), seconds);
+  EXPECT_GT(shared.searches_done.load(), 0);
+  std::printf(
+      "soak: %lld calls, %lld streamed tokens, %lld documented errors, %lld tree searches "
+      "completed in %d s\n",
+      static_cast<long long>(shared.ops.load()), static_cast<long long>(shared.tokens.load()),
+      static_cast<long long>(shared.errors_ok.load()),
+      static_cast<long long>(shared.searches_done.load()), seconds);
 
   // Delete every tree that is left; the pool must be back to idle.
   auto stub = v1::TreeServe::NewStub(server.channel());

@@ -78,6 +78,19 @@ for w in fewshot tot speculative multilevel multidoc multichain multifewshot; do
   fi
 done
 
+# tot with the BFS run on the server (one TreeSearch call per problem).
+if [[ -d $workloads_dir/deft-templates ]]; then
+  rc=0
+  "${lt[@]}" --workload tot --server-side-search --workloads-dir "$workloads_dir" \
+    --json "$tmp/tot-server.json" >"$tmp/tot-server.out" 2>&1 || rc=$?
+  if [[ $rc -eq 0 ]] && check tot "$tmp/tot-server.json"; then
+    passed=$((passed + 1))
+  else
+    echo "FAIL tot --server-side-search (exit $rc)"; cat "$tmp/tot-server.out"
+    failed=$((failed + 1))
+  fi
+fi
+
 # --plot without matplotlib must fail with a clear message (and not run the load).
 if ! "$py" -c 'import matplotlib' 2>/dev/null; then
   rc=0

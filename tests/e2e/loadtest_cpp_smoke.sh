@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Smoke test of treeserve_loadtest (clients/cpp, the C++ port of clients/loadtest.py): every
+# workload at --scale small (with a time budget) against a live CPU treeserve; checks exit codes,
+# the JSON (requests done, tokens generated, no errors, sane TTFT/ITL/KV figures, the pool back
+# to idle), the usage errors (exit 2 with a clear message), and — when this python3 has grpcio —
+# that loadtest.py reads the same prompts for the same --seed (its run hits the radix cache the
+# C++ run filled) and writes the same JSON keys. Stops the server with SIGTERM expecting exit 0.
+# usage: loadtest_cpp_smoke.sh TREESERVE_BINARY TREESERVE_LOADTEST PYTHON3 SOURCE_DIR
+# python3 needs only its standard library (free port, JSON checks). The DeFT templates are looked
+# for in SOURCE_DIR/../shared/workloads (or $TREESERVE_WORKLOADS); without them tot and
+# speculative must fail with a clear message and are skipped.
+set -euo pipefail
+bin=$1 lt_bin=$2 py=$3 src=$4
+workloads_dir=${TREESERVE_WORKLOADS:-$src/../shared/workloads}
+tmp=$(mktemp -d)
+port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+log=$tmp/server.log
+"$bin" --backend cpu --listen "127.0.0.1:$port" >"$log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null || true; rm -rf "$tmp"' EXIT
+for _ in $(seq 1 300); do
+  grep -q "ready" "$log" && break
+  kill -0 $pid 2>/dev/null || { cat "$log"; echo "server exited early"; exit 1; }
+  sleep 0.1
+done
+lt=("$lt_bin" --target "127.0.0.1:$port" --scale small --time-budget 5)
+
+passed=0 failed=0 skipped=0
+pass() { passed=$((passed + 1)); }
+fail() { echo "FAIL $*"; failed=$((failed + 1)); }
+
+check() {  # check JSON: the results file has sane fields
+  "$py" - "$1" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+problems = []
+def need(cond, what):
+    if not cond: problems.append(what)
+need(r["requests_completed"] >= 1, "no request completed")
+need(not r["errors"], "errors: %s" % r["errors"][:3])
+need(r["generated_tokens"] > 0 and r["throughput_tok_s"] > 0, "no tokens generated")
+need(r["ttft_s"]["count"] >= 1 and 0 < r["ttft_s"]["p50"] <= r["ttft_s"]["p99"], "bad TTFT")
+need(r["request_latency_s"]["p50"] >= r["ttft_s"]["p50"], "latency below TTFT")
+need(r["itl_s"]["count"] == 0 or 0 <= r["itl_s"]["p50"] <= r["itl_s"]["p99"], "bad ITL")
+kv = r["kv_pages"]
+need(kv["samples"] >= 1 and 0 <= kv["min"] <= kv["mean"] <= kv["max"] <= kv["total"],
+     "bad KV page figures %s" % kv)
+need(r["prompt_tokens"] > 0, "no prompt tokens")
+need(r["idle_after"], "server not idle after the run: %s" % r["idle_state"])
+need(r["leftover_trees_deleted"] == 0, "trees left behind")
+need(r["server"]["backend"] == "cpu", "backend %s" % r["server"]["backend"])
+need(len(r["timeline"]["requests"]) == r["requests_completed"], "timeline/requests mismatch")
+if r["workload"] == "speculative":
+    need(r["speculative"]["verify_steps"] >= 1, "no verify step")
+if r["workload"] == "tot":
+    need(r["counters"].get("tot_pruned", 0) >= 1, "tot pruned nothing")
+    if r["params"]["server_side_search"]:
+        need(r["counters"].get("tot_leaves", 0) >= 1, "TreeSearch returned no leaves")
+if r["workload"] in ("multidoc", "multifewshot"):
+    need(r["params"]["requests"] >= 1, "derived requests missing from params")
+if problems:
+    print("; ".join(problems)); sys.exit(1)
+print("%s: %d requests, %d tokens, %.1f tok/s, TTFT p50 %.1f ms, KV pages max %d" % (
+    r["workload"], r["requests_completed"], r["generated_tokens"], r["throughput_tok_s"],
+    1000 * r["ttft_s"]["p50"], kv["max"]))
+EOF
+}
+
+# expect_usage_error NAME PATTERN ARGS...: exit status 2 and PATTERN in the output.
+expect_usage_error() {
+  local name=$1 pattern=$2 rc=0
+  shift 2
+  "$@" >"$tmp/usage.out" 2>&1 || rc=$?
+  if [[ $rc -eq 2 ]] && grep -q -- "$pattern" "$tmp/usage.out"; then
+    pass
+  else
+    fail "$name: expected exit 2 and '$pattern', got $rc"; cat "$tmp/usage.out"
+  fi
+}
+
+# tot_server: tot as one server-side TreeSearch per problem (--server-side-search).
+for w in fewshot tot tot_server speculative multilevel multidoc multichain multifewshot; do
+  args=(--workload "$w")
+  [[ $w != tot_server ]] || args=(--workload tot --server-side-search)
+  if [[ $w == tot* || $w == speculative ]] && [[ ! -d $workloads_dir/deft-templates ]]; then
+    expect_usage_error "$w without templates" "deft-templates" \
+      "${lt[@]}" "${args[@]}" --workloads-dir "$workloads_dir"
+    echo "SKIP $w: no $workloads_dir/deft-templates (clear error checked)"
+    skipped=$((skipped + 1))
+    continue
+  fi
+  rc=0
+  "${lt[@]}" "${args[@]}" --workloads-dir "$workloads_dir" --json "$tmp/$w.json" \
+    >"$tmp/$w.out" 2>&1 || rc=$?
+  if [[ $rc -eq 0 ]] && grep -q "throughput:" "$tmp/$w.out" && check "$tmp/$w.json"; then
+    pass
+  else
+    fail "$w (exit $rc)"; cat "$tmp/$w.out"
+  fi
+done
+
+# Usage errors: exit 2 with a message that says what is wrong, and no load run.
+expect_usage_error "unknown workload" "workload" "${lt[@]}" --workload nosuch
+expect_usage_error "--plot" "plot_loadtest.py" "${lt[@]}" --workload fewshot --plot "$tmp/x.png"
+expect_usage_error "levels/fanout" "same count" "${lt[@]}" --workload multilevel --fanout 1,2
+expect_usage_error "no templates" "deft-templates" \
+  "${lt[@]}" --workload tot --workloads-dir "$tmp/nowhere"
+expect_usage_error "no server" "cannot reach treeserve" \
+  "$lt_bin" --target "127.0.0.1:1" --workload fewshot
+
+# The same prompts as loadtest.py: with python3-grpcio, run the C++ client twice with one seed
+# (the second run finds every prompt in the radix cache), then loadtest.py with that seed: it
+# must find exactly as many cached tokens as the C++ rerun did (with other prompts it would
+# miss at least every private question), and its JSON has no key the C++ one lacks.
+if "$py" -c 'import grpc, grpc_tools' 2>/dev/null; then
+  export TREESERVE_PY_STUBS=$tmp/stubs
+  for w in multidoc multilevel; do
+    rc=0
+    for _ in 1 2; do
+      "${lt[@]}" --workload $w --seed 4242 --json "$tmp/cpp-$w.json" --quiet || rc=$?
+    done
+    "$py" "$src/clients/loadtest.py" --target "127.0.0.1:$port" --scale small --seed 4242 \
+      --workload $w --json "$tmp/py-$w.json" --quiet || rc=$?
+    if [[ $rc -eq 0 ]] && "$py" - "$tmp/cpp-$w.json" "$tmp/py-$w.json" <<'EOF'; then
+import json, sys
+c, p = (json.load(open(f)) for f in sys.argv[1:3])
+missing = sorted(set(p) - set(c))
+assert not missing, "keys only loadtest.py writes: %s" % missing
+assert c["prompt_tokens"] == p["prompt_tokens"], (c["prompt_tokens"], p["prompt_tokens"])
+assert p["cached_tokens"] == c["cached_tokens"], (
+    "loadtest.py found %d cached tokens, the C++ rerun %d: the prompts differ" % (
+        p["cached_tokens"], c["cached_tokens"]))
+print("%s: loadtest.py after the C++ runs, same seed: cached %d of %d prompt tokens, as the "
+      "C++ rerun" % (c["workload"], p["cached_tokens"], p["prompt_tokens"]))
+EOF
+      pass
+    else
+      fail "same prompts as loadtest.py ($w)"
+    fi
+  done
+else
+  echo "SKIP cross-check with loadtest.py: $py has no grpcio"
+  skipped=$((skipped + 1))
+fi
+
+kill -TERM $pid
+rc=0
+wait $pid || rc=$?
+if [[ $rc -eq 0 ]]; then
+  pass; echo "server exited cleanly"
+else
+  fail "server exit status $rc"; tail -n 20 "$log"
+fi
+echo "loadtest C++ smoke: $passed passed, $failed failed, $skipped skipped"
+[[ $failed -eq 0 ]]
