@@ -29,6 +29,9 @@ struct Logits {
   // per logit row, the most likely token (lowest id on ties) and its log-softmax.
   std::vector<int32_t> argmax;
   std::vector<float> argmax_logprob;
+  // Filled instead (data and argmax empty) when StepBatch::sampling is non-empty: per logit
+  // row, the token drawn with that row's StepSampling, its logprob and the alternatives.
+  std::vector<SampledToken> sampled;
 
   const float* row(int32_t i) const { return data.data() + int64_t(i) * vocab; }
   float* row(int32_t i) { return data.data() + int64_t(i) * vocab; }
@@ -59,6 +62,9 @@ struct CpuBackendOptions {
   // to float rounding whatever they are). gqa_group_size, head_dim and num_pages are set
   // from the model and pool.
   AttentionPlanConfig plan;
+  // Per-query attention over each query's whole path (build_baseline_plan) instead of the
+  // tree plan: what a prefix-unaware server does, for side-by-side measurements.
+  bool baseline_attention = false;
 };
 
 // Converts the weights to float32 (any of F32/F16/BF16) and allocates the pool, all zeros.
@@ -67,5 +73,12 @@ struct CpuBackendOptions {
 StatusOr<std::unique_ptr<Backend>> create_cpu_backend(const ModelConfig& config,
                                                       const LlamaWeights& weights,
                                                       const CpuBackendOptions& options);
+
+// Same model shape with random weights (random_cpu_weights in cpu_weights.h: the values the
+// CUDA backend's create_cuda_backend_random draws with the same seed), for serving and load
+// tests of a shape without its checkpoint.
+StatusOr<std::unique_ptr<Backend>> create_cpu_backend_random(const ModelConfig& config,
+                                                             const CpuBackendOptions& options,
+                                                             uint64_t seed);
 
 }  // namespace treeserve

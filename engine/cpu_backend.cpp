@@ -16,6 +16,7 @@
 #include "engine/cpu_weights.h"
 #include "engine/thread_pool.h"
 #include "kernels/attention_cpu.h"
+#include "kernels/tree_attention.h"
 
 namespace treeserve {
 namespace {
@@ -35,6 +36,7 @@ class CpuBackend final : public Backend {
     layout_.num_pages = options.num_pages;
     layout_.dtype_bytes = 4;
     plan_config_ = options.plan;
+    baseline_attention_ = options.baseline_attention;
     plan_config_.gqa_group_size = int32_t(config.num_attention_heads / config.num_key_value_heads);
     plan_config_.head_dim = int32_t(config.head_dim);
     plan_config_.num_pages = options.num_pages;
@@ -73,7 +75,9 @@ class CpuBackend final : public Backend {
  private:
   Status forward_unchecked(const StepBatch& batch, Logits* out) {
     TS_RETURN_IF_ERROR(validate_step_batch(batch, layout_, config_.vocab_size, &check_));
-    TS_RETURN_IF_ERROR(build_attention_plan(batch.view, plan_config_, &plan_));
+    TS_RETURN_IF_ERROR(baseline_attention_
+                           ? build_baseline_plan(batch.view, plan_config_, &plan_)
+                           : build_attention_plan(batch.view, plan_config_, &plan_));
     // Scratch first: if it cannot grow (RESOURCE_EXHAUSTED) the pool is still untouched.
     const int64_t rows = batch.num_rows();
     resize_scratch(rows);
@@ -87,6 +91,19 @@ class CpuBackend final : public Backend {
       TS_RETURN_IF_ERROR(run_layer(l, batch, attention_threads));
     }
     lm_head(batch, out);
+    out->argmax.clear();
+    out->argmax_logprob.clear();
+    out->sampled.clear();
+    if (!batch.sampling.empty()) {
+      // The backend draws (StepBatch::sampling): the host sampler on each row, then no logits.
+      const int64_t vocab = batch.vocab_limit > 0 ? batch.vocab_limit : config_.vocab_size;
+      for (size_t i = 0; i < batch.sampling.size(); ++i) {
+        const StepSampling& s = batch.sampling[i];
+        out->sampled.push_back(sample_token(out->row(int32_t(i)), vocab, s.params, s.stream_key,
+                                            s.position, &sampling_scratch_));
+      }
+      out->data.clear();
+    }
     return Status::Ok();
   }
 
@@ -211,6 +228,7 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   KvLayout layout_;
   AttentionPlanConfig plan_config_;
+  bool baseline_attention_ = false;
   std::vector<float> inv_freq_;  // [head_dim / 2]
   float scale_ = 1.0f;
   std::vector<std::vector<float>> k_pool_, v_pool_;  // [layers][KvLayout::layer_elems()]
@@ -226,6 +244,7 @@ class CpuBackend final : public Backend {
   std::vector<float> act_;        // [rows][intermediate]
   std::vector<float> cos_, sin_;  // [rows][head_dim / 2]
   std::vector<float> final_;      // [logit rows][hidden]
+  SamplingScratch sampling_scratch_;
 };
 
 Status check_options(const ModelConfig& config, const CpuBackendOptions& options) {
@@ -250,21 +269,33 @@ Status check_options(const ModelConfig& config, const CpuBackendOptions& options
   return Status::Ok();
 }
 
-}  // namespace
-
-StatusOr<std::unique_ptr<Backend>> create_cpu_backend(const ModelConfig& config,
-                                                      const LlamaWeights& weights,
-                                                      const CpuBackendOptions& options) {
-  TS_RETURN_IF_ERROR(check_options(config, options));
-  StatusOr<CpuModelWeights> converted = convert_weights_to_f32(config, weights);
-  if (!converted.ok()) return converted.status();
-  auto backend = std::make_unique<CpuBackend>(config, std::move(converted).value(), options);
+StatusOr<std::unique_ptr<Backend>> make_backend(const ModelConfig& config,
+                                                StatusOr<CpuModelWeights> weights,
+                                                const CpuBackendOptions& options) {
+  if (!weights.ok()) return weights.status();
+  auto backend = std::make_unique<CpuBackend>(config, std::move(weights).value(), options);
   if (!backend->allocate_pool()) {
     return ResourceExhausted(
         "cannot allocate the CPU KV pool: " + std::to_string(options.num_pages) + " pages of " +
         std::to_string(backend->kv_layout().bytes_per_token() * options.page_size) + " bytes");
   }
   return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Backend>> create_cpu_backend(const ModelConfig& config,
+                                                      const LlamaWeights& weights,
+                                                      const CpuBackendOptions& options) {
+  TS_RETURN_IF_ERROR(check_options(config, options));
+  return make_backend(config, convert_weights_to_f32(config, weights), options);
+}
+
+StatusOr<std::unique_ptr<Backend>> create_cpu_backend_random(const ModelConfig& config,
+                                                             const CpuBackendOptions& options,
+                                                             uint64_t seed) {
+  TS_RETURN_IF_ERROR(check_options(config, options));
+  return make_backend(config, random_cpu_weights(config, seed), options);
 }
 
 }  // namespace treeserve

@@ -1,6 +1,7 @@
 // Float32 conversion and Q/K/V, gate/up fusion of the checkpoint's tensors.
 #include "engine/cpu_weights.h"
 
+#include <cmath>
 #include <new>
 #include <string>
 
@@ -50,7 +51,52 @@ Status convert_layer(const ModelConfig& c, const LlamaLayerWeights& w, CpuLayerW
   return Status::Ok();
 }
 
+// cuda_ops.cu's fill_random, element for element: u from the top 24 bits of a splitmix64
+// finaliser of seed * golden + index, value offset + scale * (2u - 1) in float.
+uint64_t fill_mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+void fill_random(std::vector<float>* dst, int64_t n, uint64_t seed, float scale, float offset) {
+  dst->resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t h = fill_mix64(seed * 0x9e3779b97f4a7c15ull + uint64_t(i));
+    const float u = float(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    (*dst)[size_t(i)] = offset + scale * (2.0f * u - 1.0f);
+  }
+}
+
 }  // namespace
+
+StatusOr<CpuModelWeights> random_cpu_weights(const ModelConfig& config, uint64_t seed) {
+  const int64_t h = config.hidden_size, q = config.q_size(), kv = config.kv_size();
+  const int64_t im = config.intermediate_size, v = config.vocab_size;
+  // The order and seeds of CudaBackend::randomize: one seed per matrix, in this order.
+  auto mat = [&](std::vector<float>* p, int64_t n, int64_t fan_in) {
+    fill_random(p, n, seed++, float(1.0 / std::sqrt(double(fan_in))), 0.0f);
+  };
+  auto ones = [](std::vector<float>* p, int64_t n) { p->assign(size_t(n), 1.0f); };
+  CpuModelWeights out;
+  try {
+    mat(&out.embed, v * h, 1);
+    out.layers.resize(size_t(config.num_hidden_layers));
+    for (CpuLayerWeights& l : out.layers) {
+      ones(&l.input_norm, h);
+      mat(&l.qkv, (q + 2 * kv) * h, h);
+      mat(&l.o, h * q, q);
+      ones(&l.post_norm, h);
+      mat(&l.gate_up, 2 * im * h, h);
+      mat(&l.down, h * im, im);
+    }
+    ones(&out.norm, h);
+    if (!config.tie_word_embeddings) mat(&out.lm_head, v * h, h);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("not enough host memory for the float32 random weights");
+  }
+  return out;
+}
 
 StatusOr<CpuModelWeights> convert_weights_to_f32(const ModelConfig& config,
                                                  const LlamaWeights& weights) {

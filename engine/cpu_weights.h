@@ -3,6 +3,7 @@
 // gate/up into one [2 * intermediate][hidden] matrix, so a layer runs 4 GEMMs, not 7.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "common/status.h"
@@ -27,6 +28,12 @@ struct CpuModelWeights {
   std::vector<float> lm_head;  // [vocab][hidden]; empty when tied to embed
   const float* lm_head_data() const { return lm_head.empty() ? embed.data() : lm_head.data(); }
 };
+
+// Random weights of the config's shape, the values the CUDA backend's random weights have
+// (cuda::fill_random's hash of (seed, index), drawn in the same order): matrices uniform in
+// +-1/sqrt(fan_in), the embedding in +-1, norms of ones. RESOURCE_EXHAUSTED when the host
+// memory cannot be allocated.
+StatusOr<CpuModelWeights> random_cpu_weights(const ModelConfig& config, uint64_t seed);
 
 // Shape-checks every tensor against the config (INVALID_ARGUMENT naming the tensor) and
 // converts it. RESOURCE_EXHAUSTED when the host memory cannot be allocated.

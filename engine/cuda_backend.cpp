@@ -5,20 +5,35 @@
 //   the logit rows only -> logits to the host.
 // The residual stream is float32; activations and weights are in the model dtype; GEMMs
 // accumulate in float32 (cublasGemmEx, CUBLAS_COMPUTE_32F).
+//
+// Tensor parallelism (options.tensor_parallel = N > 1): CudaBackend is one rank's shard
+// (engine/tensor_parallel.h: its query/KV heads, intermediate and vocabulary slices, its
+// heads' share of every KV page, its own stream, cuBLAS handle and workspace), driven by
+// cuda_tensor_parallel.cpp (one thread per GPU, the plan built once). The O and down GEMMs
+// write float32 partial sums that an NCCL all-reduce adds (float32, so the sum is rounded to
+// the model dtype once, as the unsharded GEMM rounds it); the vocabulary-sharded embedding is
+// all-reduced the same way (exact: one rank holds each row). Each rank's logits shard goes
+// to the host (its columns of [rows][vocab], or for greedy steps its (max, sum exp, argmax),
+// merged there). With N = 1 none of this runs: no extra copy, sync or kernel.
 #include "engine/cuda_backend.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <nccl.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "engine/cpu_weights.h"
 #include "engine/cuda_ops.h"
+#include "engine/cuda_sampling.h"
+#include "engine/detail/cuda_rank.h"
+#include "engine/detail/cuda_weight_upload.h"
 #include "engine/detail/step_profiler.h"
+#include "engine/tensor_parallel.h"
 #include "kernels/tree_attention.h"
 #include "models/llama_weights.h"
 
@@ -44,7 +59,12 @@ Status cublas_status(cublasStatus_t s, const char* what) {
 struct DeviceBuffer {
   void* ptr = nullptr;
   size_t bytes = 0;
-  ~DeviceBuffer() { cudaFree(ptr); }
+  ~DeviceBuffer() { release(); }
+  void release() {
+    cudaFree(ptr);
+    ptr = nullptr;
+    bytes = 0;
+  }
   Status reserve(size_t want, const char* what) {
     if (want <= bytes) return Status::Ok();
     cudaFree(ptr);
@@ -70,13 +90,35 @@ struct LayerWeights {
   void* down = nullptr;        // T [hidden][im]
 };
 
-class CudaBackend final : public Backend {
+void* byte_offset(void* p, int64_t elems, int64_t elem_bytes) {
+  return static_cast<char*>(p) + elems * elem_bytes;
+}
+
+using detail::ShardOutput;
+
+class CudaBackend final : public Backend, public detail::CudaRank {
  public:
-  CudaBackend(const ModelConfig& config, const CudaBackendOptions& options)
-      : config_(config), options_(options) {
+  // world = 1: the whole model on options.device. Otherwise rank `rank` of a
+  // TensorParallelBackend, on device options.device + rank, all-reducing over `comm`.
+  CudaBackend(const ModelConfig& config, const CudaBackendOptions& options, int32_t rank = 0,
+              int32_t world = 1, ncclComm_t comm = nullptr)
+      : config_(config),
+        options_(options),
+        shard_(tensor_parallel_shard(config, rank, world)),
+        world_(world),
+        device_(options.device + rank),
+        comm_(comm) {
     dtype_ = options.bfloat16 ? cuda::Dtype::kBFloat16 : cuda::Dtype::kFloat16;
+    h_ = config.hidden_size;
+    d_ = config.head_dim;
+    nh_ = int32_t(shard_.num_q_heads);
+    nkv_ = int32_t(shard_.num_kv_heads);
+    q_size_ = shard_.q_size(d_);
+    kv_size_ = shard_.kv_size(d_);
+    im_ = shard_.im_size;
+    vocab_ = shard_.vocab_size;
     layout_.num_layers = int32_t(config.num_hidden_layers);
-    layout_.num_kv_heads = int32_t(config.num_key_value_heads);
+    layout_.num_kv_heads = nkv_;
     layout_.head_dim = int32_t(config.head_dim);
     layout_.page_size = options.page_size;
     layout_.num_pages = options.num_pages;
@@ -85,24 +127,31 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
+    // On this rank's device; the caller's current device is left as it was (a single-GPU
+    // backend's forward runs on the caller's).
+    int caller_device = 0;
+    cudaGetDevice(&caller_device);
+    cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
     for (void* p : allocations_) cudaFree(p);
     cudaFreeHost(host_logits_);
     cudaFreeHost(host_meta_);
     if (cublas_) cublasDestroy(cublas_);
     if (stream_) cudaStreamDestroy(stream_);
+    release_buffers();
+    cudaSetDevice(caller_device);
   }
 
   // Device, stream, cuBLAS, weight buffers (uninitialised), pool (zeros), workspace.
-  Status init() {
-    TS_CUDA(cudaSetDevice(options_.device), "cudaSetDevice");
+  Status init() override {
+    TS_CUDA(cudaSetDevice(device_), "cudaSetDevice");
     TS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
     TS_RETURN_IF_ERROR(cublas_status(cublasCreate(&cublas_), "cublasCreate"));
     TS_RETURN_IF_ERROR(cublas_status(cublasSetStream(cublas_, stream_), "cublasSetStream"));
     int sms = 132;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, options_.device);
-    const int64_t h = config_.hidden_size, q = config_.q_size(), kv = config_.kv_size();
-    const int64_t im = config_.intermediate_size, v = config_.vocab_size;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_);
+    // This rank's slices (the whole model when world_ == 1).
+    const int64_t h = h_, q = q_size_, kv = kv_size_, im = im_, v = vocab_;
     TS_RETURN_IF_ERROR(alloc(&embed_, v * h * 2));
     layers_.resize(size_t(config_.num_hidden_layers));
     for (LayerWeights& l : layers_) {
@@ -130,7 +179,7 @@ class CudaBackend final : public Backend {
             "inv_freq upload");
 
     TreeAttentionLimits limits;
-    limits.max_num_q_heads = int32_t(config_.num_attention_heads);
+    limits.max_num_q_heads = nh_;
     limits.max_head_dim = int32_t(config_.head_dim);
     limits.max_queries = 1 << 16;
     limits.max_work_items = 1 << 15;
@@ -139,59 +188,96 @@ class CudaBackend final : public Backend {
     limits.max_mask_words = 1 << 20;
     limits.max_view_pages = int32_t(std::min<int64_t>(layout_.num_pages * 4, 1 << 24));
     TS_RETURN_IF_ERROR(workspace_.init(limits));
-    plan_config_ = tree_attention_plan_config(int32_t(config_.num_attention_heads),
-                                              int32_t(config_.num_key_value_heads),
-                                              int32_t(config_.head_dim), sms);
+    plan_config_ = tree_attention_plan_config(nh_, nkv_, int32_t(d_), sms);
     limits.apply_to(&plan_config_);
     plan_config_.num_pages = layout_.num_pages;
     return Status::Ok();
   }
 
-  // Fills the weights from the checkpoint, converted to float32 on the host (fused layouts
-  // of cpu_weights.h) and then to the dtype on the device.
-  Status load(const LlamaWeights& weights) {
-    StatusOr<CpuModelWeights> w = convert_weights_to_f32(config_, weights);
-    if (!w.ok()) return w.status();
-    TS_RETURN_IF_ERROR(upload(w->embed, embed_));
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      const CpuLayerWeights& src = w->layers[i];
-      LayerWeights& dst = layers_[i];
-      TS_RETURN_IF_ERROR(upload(src.input_norm, dst.input_norm));
-      TS_RETURN_IF_ERROR(upload(src.qkv, dst.qkv));
-      TS_RETURN_IF_ERROR(upload(src.o, dst.o));
-      TS_RETURN_IF_ERROR(upload(src.post_norm, dst.post_norm));
-      TS_RETURN_IF_ERROR(upload(src.gate_up, dst.gate_up));
-      TS_RETURN_IF_ERROR(upload(src.down, dst.down));
+  // Fills this rank's slices of the weights straight from the checkpoint's mapped tensors
+  // (converted on the device when the checkpoint dtype differs): no float32 host copy.
+  Status load(const LlamaWeights& weights) override {
+    if (int64_t(weights.layers.size()) != config_.num_hidden_layers) {
+      return InvalidArgument(
+          "weights have " + std::to_string(weights.layers.size()) +
+          " layers, config.num_hidden_layers = " + std::to_string(config_.num_hidden_layers));
     }
-    TS_RETURN_IF_ERROR(upload(w->norm, norm_));
-    if (!config_.tie_word_embeddings) TS_RETURN_IF_ERROR(upload(w->lm_head, lm_head_));
-    TS_CUDA(cudaStreamSynchronize(stream_), "weight upload");
-    return Status::Ok();
+    TS_CUDA(cudaSetDevice(device_), "cudaSetDevice");
+    const int64_t h = h_, d = d_, q = config_.q_size(), kv = config_.kv_size();
+    const int64_t im = config_.intermediate_size, v = config_.vocab_size;
+    const int64_t q0 = shard_.q_head_begin * d, kv0 = shard_.kv_head_begin * d;
+    const int64_t im0 = shard_.im_begin, v0 = shard_.vocab_begin;
+    detail::WeightUploader up(dtype_, stream_);
+    // Row slices (embedding, LM head, Q/K/V, gate/up) and column slices (O, down).
+    auto rows = [&](const TensorView& t, std::vector<int64_t> shape, int64_t row0, int64_t n,
+                    void* dst) { return up.upload_block(t, shape, row0, n, 0, shape[1], dst); };
+    auto cols = [&](const TensorView& t, std::vector<int64_t> shape, int64_t col0, int64_t n,
+                    void* dst) { return up.upload_block(t, shape, 0, shape[0], col0, n, dst); };
+    auto vec = [&](const TensorView& t, void* dst) {
+      return up.upload_block(t, {h}, 0, 1, 0, h, dst);
+    };
+    TS_RETURN_IF_ERROR(rows(weights.embed_tokens, {v, h}, v0, vocab_, embed_));
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const LlamaLayerWeights& src = weights.layers[i];
+      LayerWeights& dst = layers_[i];
+      TS_RETURN_IF_ERROR(vec(src.input_layernorm, dst.input_norm));
+      TS_RETURN_IF_ERROR(rows(src.q_proj, {q, h}, q0, q_size_, dst.qkv));
+      TS_RETURN_IF_ERROR(
+          rows(src.k_proj, {kv, h}, kv0, kv_size_, byte_offset(dst.qkv, q_size_ * h, 2)));
+      TS_RETURN_IF_ERROR(rows(src.v_proj, {kv, h}, kv0, kv_size_,
+                              byte_offset(dst.qkv, (q_size_ + kv_size_) * h, 2)));
+      TS_RETURN_IF_ERROR(cols(src.o_proj, {h, q}, q0, q_size_, dst.o));
+      TS_RETURN_IF_ERROR(vec(src.post_attention_layernorm, dst.post_norm));
+      TS_RETURN_IF_ERROR(rows(src.gate_proj, {im, h}, im0, im_, dst.gate_up));
+      TS_RETURN_IF_ERROR(
+          rows(src.up_proj, {im, h}, im0, im_, byte_offset(dst.gate_up, im_ * h, 2)));
+      TS_RETURN_IF_ERROR(cols(src.down_proj, {h, im}, im0, im_, dst.down));
+    }
+    TS_RETURN_IF_ERROR(vec(weights.norm, norm_));
+    if (!config_.tie_word_embeddings) {
+      TS_RETURN_IF_ERROR(rows(weights.lm_head, {v, h}, v0, vocab_, lm_head_));
+    }
+    return up.finish();
   }
 
-  // Random weights: uniform(+-1/sqrt(fan_in)) matrices, norms of ones.
-  Status randomize(uint64_t seed) {
-    const int64_t h = config_.hidden_size, q = config_.q_size(), kv = config_.kv_size();
-    const int64_t im = config_.intermediate_size, v = config_.vocab_size;
-    auto mat = [&](void* p, int64_t n, int64_t fan_in) {
-      cuda::fill_random(dtype_, p, n, seed++, float(1.0 / std::sqrt(double(fan_in))), 0.0f,
-                        stream_);
+  // Random weights: uniform(+-1/sqrt(fan_in)) matrices, norms of ones — one seed per matrix
+  // (the fused Q/K/V and gate/up count as one), each element drawn from its index in the
+  // whole matrix, so every rank count holds the same global weights (and random_cpu_weights
+  // the same values in float32).
+  Status randomize(uint64_t seed) override {
+    TS_CUDA(cudaSetDevice(device_), "cudaSetDevice");
+    const int64_t h = h_, d = d_, q = config_.q_size(), kv = config_.kv_size();
+    const int64_t im = config_.intermediate_size;
+    const int64_t q0 = shard_.q_head_begin * d, kv0 = shard_.kv_head_begin * d;
+    const int64_t im0 = shard_.im_begin, v0 = shard_.vocab_begin;
+    // dst = the block [row0, +rows) x [col0, +cols) of a matrix with src_cols columns.
+    auto block = [&](void* dst, int64_t rows, int64_t cols, uint64_t s, int64_t src_cols,
+                     int64_t row0, int64_t col0, int64_t fan_in) {
+      cuda::fill_random_block(dtype_, dst, rows, cols, s, src_cols, row0, col0,
+                              float(1.0 / std::sqrt(double(fan_in))), 0.0f, stream_);
     };
     auto ones = [&](void* p, int64_t n) {
       cuda::fill_random(dtype_, p, n, 0, 0.0f, 1.0f, stream_);
     };
-    mat(embed_, v * h, 1);
+    block(embed_, vocab_, h, seed++, h, v0, 0, 1);
     for (LayerWeights& l : layers_) {
       ones(l.input_norm, h);
-      mat(l.qkv, (q + 2 * kv) * h, h);
-      mat(l.o, h * q, q);
+      const uint64_t s_qkv = seed++;  // [q | k | v][h]
+      block(l.qkv, q_size_, h, s_qkv, h, q0, 0, h);
+      block(byte_offset(l.qkv, q_size_ * h, 2), kv_size_, h, s_qkv, h, q + kv0, 0, h);
+      block(byte_offset(l.qkv, (q_size_ + kv_size_) * h, 2), kv_size_, h, s_qkv, h, q + kv + kv0, 0,
+            h);
+      block(l.o, h, q_size_, seed++, q, 0, q0, q);  // [h][q]
       ones(l.post_norm, h);
-      mat(l.gate_up, 2 * im * h, h);
-      mat(l.down, h * im, im);
+      const uint64_t s_gu = seed++;  // [gate | up][h]
+      block(l.gate_up, im_, h, s_gu, h, im0, 0, h);
+      block(byte_offset(l.gate_up, im_ * h, 2), im_, h, s_gu, h, im + im0, 0, h);
+      block(l.down, h, im_, seed++, im, 0, im0, im);  // [h][im]
     }
     ones(norm_, h);
-    if (!config_.tie_word_embeddings) mat(lm_head_, v * h, h);
+    if (!config_.tie_word_embeddings) block(lm_head_, vocab_, h, seed++, h, v0, 0, h);
     TS_CUDA(cudaStreamSynchronize(stream_), "random weights");
+    TS_CUDA(cudaGetLastError(), "random weights");
     return Status::Ok();
   }
 
@@ -199,83 +285,29 @@ class CudaBackend final : public Backend {
   const ModelConfig& model_config() const override { return config_; }
   const KvLayout& kv_layout() const override { return layout_; }
 
+  // The step's attention plan (built once; a TensorParallelBackend shares it across ranks).
+  Status build_plan(const AttentionView& view, AttentionPlan* plan) const override {
+    if (options_.baseline_attention) return build_baseline_plan(view, plan_config_, plan);
+    return build_attention_plan(view, plan_config_, plan);
+  }
+
   Status forward(const StepBatch& batch, Logits* out) override {
     prof_.begin(stream_, batch.num_rows());
     TS_RETURN_IF_ERROR(validate_step_batch(batch, layout_, config_.vocab_size, &check_));
-    if (options_.baseline_attention) {
-      TS_RETURN_IF_ERROR(build_baseline_plan(batch.view, plan_config_, &plan_));
-    } else {
-      TS_RETURN_IF_ERROR(build_attention_plan(batch.view, plan_config_, &plan_));
-    }
-    const int64_t rows = batch.num_rows();
+    TS_RETURN_IF_ERROR(build_plan(batch.view, &plan_));
     const int64_t n_logits = int64_t(batch.logit_rows.size());
-    TS_RETURN_IF_ERROR(reserve_scratch(rows, n_logits, batch));
+    TS_RETURN_IF_ERROR(reserve_scratch(batch));
     prof_.host("plan");
-    TS_RETURN_IF_ERROR(upload_metadata(batch));
-    TS_RETURN_IF_ERROR(workspace_.upload(plan_, stream_));
-    prof_.mark("upload", stream_);
-
-    const int64_t h = config_.hidden_size, q = config_.q_size(), kv = config_.kv_size();
-    const int64_t im = config_.intermediate_size;
-    const int32_t nh = int32_t(config_.num_attention_heads);
-    const int32_t nkv = int32_t(config_.num_key_value_heads), d = int32_t(config_.head_dim);
-    const float eps = float(config_.rms_norm_eps);
-    const int64_t layer_elems = layout_.layer_elems();
-    cuda::move_slots(dtype_, k_all_, v_all_, layout_.num_layers, layer_elems, layout_.page_elems(),
-                     nkv, layout_.page_size, d, d_move_src_, d_move_dst_,
-                     int32_t(batch.slot_moves.size()), stream_);
-    cuda::copy_pages(dtype_, k_all_, v_all_, layout_.num_layers, layer_elems, layout_.page_elems(),
-                     nkv, layout_.page_size, d, d_copy_src_, d_copy_dst_, d_copy_n_,
-                     int32_t(batch.page_copies.size()), stream_);
-    cuda::embed(dtype_, d_ids_, rows, embed_, h, residual_.as<float>(), stream_);
-    cuda::add_rms_norm(dtype_, residual_.as<float>(), nullptr, layers_[0].input_norm, eps, rows, h,
-                       x_.ptr, stream_);
-    prof_.mark("embed+moves", stream_);
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const LayerWeights& w = layers_[l];
-      void* k_pool = static_cast<char*>(k_all_) + int64_t(l) * layer_elems * 2;
-      void* v_pool = static_cast<char*>(v_all_) + int64_t(l) * layer_elems * 2;
-      TS_RETURN_IF_ERROR(gemm(x_.ptr, w.qkv, qkv_.ptr, rows, q + 2 * kv, h, false));
-      prof_.mark("gemm qkv", stream_);
-      cuda::rope_and_store_kv(dtype_, qkv_.ptr, d_positions_, inv_freq(), d_slots_, rows, nh, nkv,
-                              d, layout_.page_size, q_.ptr, k_pool, v_pool, stream_);
-      prof_.mark("rope+kv", stream_);
-      TS_RETURN_IF_ERROR(launch_tree_attention(
-          q_.ptr, k_pool, v_pool, attn_.ptr,
-          options_.bfloat16 ? TreeAttentionDtype::kBFloat16 : TreeAttentionDtype::kFloat16, nh, nkv,
-          d, layout_.page_size, scale_, workspace_, stream_));
-      prof_.mark("attention", stream_);
-      TS_RETURN_IF_ERROR(gemm(attn_.ptr, w.o, tmp_.ptr, rows, h, q, false));
-      prof_.mark("gemm o", stream_);
-      cuda::add_rms_norm(dtype_, residual_.as<float>(), tmp_.ptr, w.post_norm, eps, rows, h, x_.ptr,
-                         stream_);
-      prof_.mark("norm", stream_);
-      TS_RETURN_IF_ERROR(gemm(x_.ptr, w.gate_up, gu_.ptr, rows, 2 * im, h, false));
-      prof_.mark("gemm gate_up", stream_);
-      cuda::swiglu(dtype_, gu_.ptr, rows, im, act_.ptr, stream_);
-      prof_.mark("swiglu", stream_);
-      TS_RETURN_IF_ERROR(gemm(act_.ptr, w.down, tmp_.ptr, rows, h, im, false));
-      prof_.mark("gemm down", stream_);
-      // Residual add, fused with the next layer's input norm.
-      const bool last = l + 1 == layers_.size();
-      cuda::add_rms_norm(dtype_, residual_.as<float>(), tmp_.ptr,
-                         last ? nullptr : layers_[l + 1].input_norm, eps, rows, h,
-                         last ? nullptr : x_.ptr, stream_);
-      prof_.mark("norm", stream_);
-    }
-    // Final norm + LM head on the logit rows only: logits float [n][vocab].
+    TS_RETURN_IF_ERROR(enqueue_step(batch, plan_));
+    // Logits float [n][vocab] on the device.
     out->num_rows = int32_t(n_logits);
     out->vocab = config_.vocab_size;
+    out->sampled.clear();
     if (n_logits > 0) {
-      cuda::gather_rows(residual_.as<float>(), d_logit_rows_, n_logits, h, final_.as<float>(),
-                        stream_);
-      cuda::add_rms_norm(dtype_, final_.as<float>(), nullptr, norm_, eps, n_logits, h, x_.ptr,
-                         stream_);
-      TS_RETURN_IF_ERROR(
-          gemm(x_.ptr, lm_head_, logits_.ptr, n_logits, config_.vocab_size, h, true));
-      prof_.mark("lm head", stream_);
       prof_.host("enqueue");
-      if (batch.full_logits) {
+      if (!batch.sampling.empty()) {
+        TS_RETURN_IF_ERROR(sample_on_device(batch, out));
+      } else if (batch.full_logits) {
         const size_t bytes = size_t(n_logits * config_.vocab_size) * 4;
         TS_RETURN_IF_ERROR(reserve_host_logits(bytes));
         TS_CUDA(cudaMemcpyAsync(host_logits_, logits_.ptr, bytes, cudaMemcpyDeviceToHost, stream_),
@@ -290,7 +322,9 @@ class CudaBackend final : public Backend {
         TS_RETURN_IF_ERROR(argmax_.reserve(size_t(n_logits) * 8, "argmax"));
         int32_t* ids = argmax_.as<int32_t>();
         float* lps = reinterpret_cast<float*>(ids + n_logits);
-        cuda::argmax_logprob(logits_.as<float>(), n_logits, config_.vocab_size, ids, lps, stream_);
+        const int64_t limit = batch.vocab_limit > 0 ? batch.vocab_limit : config_.vocab_size;
+        cuda::argmax_logprob(logits_.as<float>(), n_logits, config_.vocab_size, limit, ids, lps,
+                             stream_);
         TS_RETURN_IF_ERROR(reserve_host_logits(size_t(n_logits) * 8));
         TS_CUDA(cudaMemcpyAsync(host_logits_, argmax_.ptr, size_t(n_logits) * 8,
                                 cudaMemcpyDeviceToHost, stream_),
@@ -315,20 +349,245 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
- private:
-  Status alloc(void** p, int64_t bytes) {
-    TS_CUDA(cudaMalloc(p, size_t(std::max<int64_t>(bytes, 16))), "cudaMalloc");
-    allocations_.push_back(*p);
+  // StepBatch::sampling on the device (cuda_sampling.cu): the rows' params up, a token, its
+  // logprob and the alternatives per row down (~170 bytes, not the vocabulary).
+  Status sample_on_device(const StepBatch& batch, Logits* out) {
+    const int64_t n = int64_t(batch.logit_rows.size());
+    const size_t param_bytes = size_t(n) * sizeof(cuda::DeviceSamplingRow);
+    const size_t out_bytes = size_t(n) * sizeof(cuda::DeviceSample);
+    TS_RETURN_IF_ERROR(sample_params_.reserve(param_bytes, "sampling params"));
+    TS_RETURN_IF_ERROR(sample_out_.reserve(out_bytes, "sampled tokens"));
+    TS_RETURN_IF_ERROR(reserve_host_logits(std::max(param_bytes, out_bytes)));
+    auto* rows = static_cast<cuda::DeviceSamplingRow*>(host_logits_);
+    for (int64_t i = 0; i < n; ++i) {
+      const StepSampling& s = batch.sampling[size_t(i)];
+      cuda::DeviceSamplingRow& r = rows[i];
+      r.temperature = s.params.temperature;
+      r.top_k = s.params.top_k;
+      r.top_p = s.params.top_p;
+      r.logprobs = s.params.logprobs;
+      r.seed = s.params.seed;
+      r.stream_key = s.stream_key;
+      r.position = s.position;
+    }
+    TS_CUDA(cudaMemcpyAsync(sample_params_.ptr, host_logits_, param_bytes, cudaMemcpyHostToDevice,
+                            stream_),
+            "sampling params upload");
+    const int64_t limit = batch.vocab_limit > 0 ? batch.vocab_limit : config_.vocab_size;
+    cuda::sample_rows(logits_.as<float>(), n, config_.vocab_size, limit,
+                      sample_params_.as<cuda::DeviceSamplingRow>(),
+                      sample_out_.as<cuda::DeviceSample>(), stream_);
+    // Same stream: the upload above has read the pinned buffer before this overwrites it.
+    TS_CUDA(
+        cudaMemcpyAsync(host_logits_, sample_out_.ptr, out_bytes, cudaMemcpyDeviceToHost, stream_),
+        "sampled tokens download");
+    TS_CUDA(cudaStreamSynchronize(stream_), "step");
+    const auto* got = static_cast<const cuda::DeviceSample*>(host_logits_);
+    out->data.clear();
+    out->argmax.clear();
+    out->argmax_logprob.clear();
+    out->sampled.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) {
+      SampledToken& t = out->sampled[size_t(i)];
+      t.token = got[i].token;
+      t.logprob = got[i].logprob;
+      t.top.clear();
+      for (int32_t a = 0; a < got[i].num_top; ++a) {
+        t.top.push_back({got[i].top_ids[a], got[i].top_logprobs[a]});
+      }
+    }
     return Status::Ok();
   }
 
-  Status upload(const std::vector<float>& src, void* dst) {
-    TS_RETURN_IF_ERROR(staging_.reserve(src.size() * 4, "weight staging"));
-    TS_CUDA(
-        cudaMemcpyAsync(staging_.ptr, src.data(), src.size() * 4, cudaMemcpyHostToDevice, stream_),
-        "weight upload");
-    cuda::convert_from_f32(dtype_, staging_.as<float>(), int64_t(src.size()), dst, stream_);
-    TS_CUDA(cudaStreamSynchronize(stream_), "weight upload");
+  // One rank's share of a tensor-parallel step, on its own thread (reserve_scratch done):
+  // the layers with their all-reduces, then its logits shard into `out` (host memory),
+  // waited for.
+  Status forward_shard(const StepBatch& batch, const AttentionPlan& plan,
+                       const ShardOutput& out) override {
+    TS_CUDA(cudaSetDevice(device_), "cudaSetDevice");
+    prof_.begin(stream_, batch.num_rows());
+    TS_RETURN_IF_ERROR(enqueue_step(batch, plan));
+    const int64_t n = int64_t(batch.logit_rows.size());
+    if (n > 0 && (batch.full_logits || !batch.sampling.empty())) {
+      // This rank's columns [vocab_begin, + vocab_) of the host's [n][vocab] rows.
+      TS_CUDA(cudaMemcpy2DAsync(out.logits + shard_.vocab_begin, size_t(config_.vocab_size) * 4,
+                                logits_.ptr, size_t(vocab_) * 4, size_t(vocab_) * 4, size_t(n),
+                                cudaMemcpyDeviceToHost, stream_),
+              "logits download");
+    } else if (n > 0) {
+      const int64_t limit = batch.vocab_limit > 0 ? batch.vocab_limit : config_.vocab_size;
+      const int64_t mine = std::clamp<int64_t>(limit - shard_.vocab_begin, 0, vocab_);
+      float* maxes = argmax_.as<float>();
+      float* sums = maxes + n;
+      int32_t* ids = reinterpret_cast<int32_t*>(sums + n);
+      cuda::argmax_partial(logits_.as<float>(), n, vocab_, mine, shard_.vocab_begin, maxes, sums,
+                           ids, stream_);
+      TS_CUDA(cudaMemcpyAsync(out.maxes, maxes, size_t(n) * 4, cudaMemcpyDeviceToHost, stream_),
+              "argmax download");
+      TS_CUDA(cudaMemcpyAsync(out.sums, sums, size_t(n) * 4, cudaMemcpyDeviceToHost, stream_),
+              "argmax download");
+      TS_CUDA(cudaMemcpyAsync(out.ids, ids, size_t(n) * 4, cudaMemcpyDeviceToHost, stream_),
+              "argmax download");
+    }
+    prof_.mark("logits", stream_);
+    TS_CUDA(cudaStreamSynchronize(stream_), "step");
+    TS_CUDA(cudaGetLastError(), "kernel launch");
+    prof_.end();
+    return Status::Ok();
+  }
+
+  // Grows the step's device scratch and pinned metadata buffer (on this rank's device; for a
+  // tensor-parallel step, before any rank enqueues its collectives, since cudaFree waits for
+  // the device).
+  Status reserve_scratch(const StepBatch& batch) override {
+    if (world_ > 1) TS_CUDA(cudaSetDevice(device_), "cudaSetDevice");
+    const int64_t rows = batch.num_rows();
+    const int64_t n_logits = int64_t(batch.logit_rows.size());
+    const int64_t h = h_, q = q_size_, kv = kv_size_, im = im_;
+    TS_RETURN_IF_ERROR(residual_.reserve(size_t(rows * h) * 4, "residual"));
+    TS_RETURN_IF_ERROR(x_.reserve(size_t(std::max(rows, n_logits) * h) * 2, "x"));
+    TS_RETURN_IF_ERROR(tmp_.reserve(size_t(rows * h) * 2, "tmp"));
+    TS_RETURN_IF_ERROR(qkv_.reserve(size_t(rows * (q + 2 * kv)) * 2, "qkv"));
+    TS_RETURN_IF_ERROR(q_.reserve(size_t(rows * q) * 2, "q"));
+    TS_RETURN_IF_ERROR(attn_.reserve(size_t(rows * q) * 2, "attn"));
+    TS_RETURN_IF_ERROR(gu_.reserve(size_t(rows * 2 * im) * 2, "gate_up"));
+    TS_RETURN_IF_ERROR(act_.reserve(size_t(rows * im) * 2, "act"));
+    TS_RETURN_IF_ERROR(final_.reserve(size_t(std::max<int64_t>(n_logits, 1) * h) * 4, "final"));
+    TS_RETURN_IF_ERROR(
+        logits_.reserve(size_t(std::max<int64_t>(n_logits, 1) * vocab_) * 4, "logits"));
+    if (world_ > 1) {
+      TS_RETURN_IF_ERROR(partial_.reserve(size_t(std::max<int64_t>(rows, 1) * h) * 4, "partial"));
+      TS_RETURN_IF_ERROR(argmax_.reserve(size_t(std::max<int64_t>(n_logits, 1)) * 12, "argmax"));
+    }
+    const size_t meta = meta_bytes(batch);
+    TS_RETURN_IF_ERROR(meta_.reserve(meta, "step metadata"));
+    if (meta > host_meta_bytes_) {
+      cudaFreeHost(host_meta_);
+      host_meta_ = nullptr;
+      host_meta_bytes_ = 0;
+      TS_CUDA(cudaMallocHost(&host_meta_, meta * 2), "pinned metadata");
+      host_meta_bytes_ = meta * 2;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  // Enqueues the step's device work up to the LM head (logits_ float [n][vocab_]): metadata
+  // and plan upload, slot moves, page copies, embedding, every layer.
+  Status enqueue_step(const StepBatch& batch, const AttentionPlan& plan) {
+    const int64_t rows = batch.num_rows();
+    const int64_t n_logits = int64_t(batch.logit_rows.size());
+    TS_RETURN_IF_ERROR(upload_metadata(batch));
+    TS_RETURN_IF_ERROR(workspace_.upload(plan, stream_));
+    prof_.mark("upload", stream_);
+
+    // This rank's sizes (the whole model's when world_ == 1).
+    const int64_t h = h_, q = q_size_, kv = kv_size_, im = im_;
+    const int32_t nh = nh_, nkv = nkv_, d = int32_t(d_);
+    const float eps = float(config_.rms_norm_eps);
+    const int64_t layer_elems = layout_.layer_elems();
+    cuda::move_slots(dtype_, k_all_, v_all_, layout_.num_layers, layer_elems, layout_.page_elems(),
+                     nkv, layout_.page_size, d, d_move_src_, d_move_dst_,
+                     int32_t(batch.slot_moves.size()), stream_);
+    cuda::copy_pages(dtype_, k_all_, v_all_, layout_.num_layers, layer_elems, layout_.page_elems(),
+                     nkv, layout_.page_size, d, d_copy_src_, d_copy_dst_, d_copy_n_,
+                     int32_t(batch.page_copies.size()), stream_);
+    if (world_ == 1) {
+      cuda::embed(dtype_, d_ids_, rows, embed_, h, residual_.as<float>(), stream_);
+    } else {
+      // Each rank embeds the ids of its vocabulary shard (zeros elsewhere); the sum is exact.
+      cuda::embed_vocab_range(dtype_, d_ids_, rows, embed_, h, shard_.vocab_begin, vocab_,
+                              residual_.as<float>(), stream_);
+      TS_RETURN_IF_ERROR(all_reduce(residual_.as<float>(), rows * h));
+    }
+    cuda::add_rms_norm(dtype_, residual_.as<float>(), nullptr, layers_[0].input_norm, eps, rows, h,
+                       x_.ptr, stream_);
+    prof_.mark("embed+moves", stream_);
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const LayerWeights& w = layers_[l];
+      void* k_pool = static_cast<char*>(k_all_) + int64_t(l) * layer_elems * 2;
+      void* v_pool = static_cast<char*>(v_all_) + int64_t(l) * layer_elems * 2;
+      TS_RETURN_IF_ERROR(gemm(x_.ptr, w.qkv, qkv_.ptr, rows, q + 2 * kv, h, false));
+      prof_.mark("gemm qkv", stream_);
+      cuda::rope_and_store_kv(dtype_, qkv_.ptr, d_positions_, inv_freq(), d_slots_, rows, nh, nkv,
+                              d, layout_.page_size, q_.ptr, k_pool, v_pool, stream_);
+      prof_.mark("rope+kv", stream_);
+      TS_RETURN_IF_ERROR(launch_tree_attention(
+          q_.ptr, k_pool, v_pool, attn_.ptr,
+          options_.bfloat16 ? TreeAttentionDtype::kBFloat16 : TreeAttentionDtype::kFloat16, nh, nkv,
+          d, layout_.page_size, scale_, workspace_, stream_));
+      prof_.mark("attention", stream_);
+      TS_RETURN_IF_ERROR(residual_gemm(attn_.ptr, w.o, rows, q, w.post_norm, x_.ptr, "gemm o"));
+      TS_RETURN_IF_ERROR(gemm(x_.ptr, w.gate_up, gu_.ptr, rows, 2 * im, h, false));
+      prof_.mark("gemm gate_up", stream_);
+      cuda::swiglu(dtype_, gu_.ptr, rows, im, act_.ptr, stream_);
+      prof_.mark("swiglu", stream_);
+      // Residual add, fused with the next layer's input norm.
+      const bool last = l + 1 == layers_.size();
+      TS_RETURN_IF_ERROR(residual_gemm(act_.ptr, w.down, rows, im,
+                                       last ? nullptr : layers_[l + 1].input_norm,
+                                       last ? nullptr : x_.ptr, "gemm down"));
+    }
+    // Final norm + LM head on the logit rows only: logits float [n][vocab shard].
+    if (n_logits > 0) {
+      cuda::gather_rows(residual_.as<float>(), d_logit_rows_, n_logits, h, final_.as<float>(),
+                        stream_);
+      cuda::add_rms_norm(dtype_, final_.as<float>(), nullptr, norm_, eps, n_logits, h, x_.ptr,
+                         stream_);
+      TS_RETURN_IF_ERROR(gemm(x_.ptr, lm_head_, logits_.ptr, n_logits, vocab_, h, true));
+      prof_.mark("lm head", stream_);
+    }
+    return Status::Ok();
+  }
+
+  // residual (float [rows][h]) += x [rows][k] . w [h][k]^T, then out = rmsnorm(residual) *
+  // norm (when norm is not null). Tensor parallel: the GEMM is row-parallel (k is this
+  // rank's slice), so its float32 partial sums are all-reduced first.
+  Status residual_gemm(const void* x, const void* w, int64_t rows, int64_t k, const void* norm,
+                       void* out, const char* name) {
+    const float eps = float(config_.rms_norm_eps);
+    if (world_ == 1) {
+      TS_RETURN_IF_ERROR(gemm(x, w, tmp_.ptr, rows, h_, k, false));
+      prof_.mark(name, stream_);
+      cuda::add_rms_norm(dtype_, residual_.as<float>(), tmp_.ptr, norm, eps, rows, h_, out,
+                         stream_);
+    } else {
+      float* partial = partial_.as<float>();
+      TS_RETURN_IF_ERROR(gemm(x, w, partial, rows, h_, k, true));
+      prof_.mark(name, stream_);
+      TS_RETURN_IF_ERROR(all_reduce(partial, rows * h_));
+      cuda::add_rms_norm_f32_delta(dtype_, residual_.as<float>(), partial, norm, eps, rows, h_, out,
+                                   stream_);
+    }
+    prof_.mark("norm", stream_);
+    return Status::Ok();
+  }
+
+  // In-place float32 sum over the ranks (none with world_ == 1, or when the benchmark option
+  // skip_collectives measures the step without communication).
+  Status all_reduce(float* data, int64_t n) {
+    if (world_ == 1 || options_.skip_collectives || n == 0) return Status::Ok();
+    const ncclResult_t r =
+        ncclAllReduce(data, data, size_t(n), ncclFloat32, ncclSum, comm_, stream_);
+    if (r != ncclSuccess) {
+      return Internal(std::string("NCCL all-reduce failed: ") + ncclGetErrorString(r));
+    }
+    prof_.mark("all-reduce", stream_);
+    return Status::Ok();
+  }
+
+  // The step buffers and the attention workspace, freed while this rank's device is current.
+  void release_buffers() {
+    for (DeviceBuffer* b : {&argmax_, &residual_, &x_, &tmp_, &qkv_, &q_, &attn_, &gu_, &act_,
+                            &final_, &logits_, &meta_, &partial_}) {
+      b->release();
+    }
+    workspace_.release();
+  }
+
+  Status alloc(void** p, int64_t bytes) {
+    TS_CUDA(cudaMalloc(p, size_t(std::max<int64_t>(bytes, 16))), "cudaMalloc");
+    allocations_.push_back(*p);
     return Status::Ok();
   }
 
@@ -343,32 +602,6 @@ class CudaBackend final : public Backend {
                      int(k), x, t, int(k), &beta, y, f32_out ? CUDA_R_32F : t, int(n),
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "gemm");
-  }
-
-  Status reserve_scratch(int64_t rows, int64_t n_logits, const StepBatch& batch) {
-    const int64_t h = config_.hidden_size, q = config_.q_size(), kv = config_.kv_size();
-    const int64_t im = config_.intermediate_size;
-    TS_RETURN_IF_ERROR(residual_.reserve(size_t(rows * h) * 4, "residual"));
-    TS_RETURN_IF_ERROR(x_.reserve(size_t(std::max(rows, n_logits) * h) * 2, "x"));
-    TS_RETURN_IF_ERROR(tmp_.reserve(size_t(rows * h) * 2, "tmp"));
-    TS_RETURN_IF_ERROR(qkv_.reserve(size_t(rows * (q + 2 * kv)) * 2, "qkv"));
-    TS_RETURN_IF_ERROR(q_.reserve(size_t(rows * q) * 2, "q"));
-    TS_RETURN_IF_ERROR(attn_.reserve(size_t(rows * q) * 2, "attn"));
-    TS_RETURN_IF_ERROR(gu_.reserve(size_t(rows * 2 * im) * 2, "gate_up"));
-    TS_RETURN_IF_ERROR(act_.reserve(size_t(rows * im) * 2, "act"));
-    TS_RETURN_IF_ERROR(final_.reserve(size_t(std::max<int64_t>(n_logits, 1) * h) * 4, "final"));
-    TS_RETURN_IF_ERROR(
-        logits_.reserve(size_t(std::max<int64_t>(n_logits, 1) * config_.vocab_size) * 4, "logits"));
-    const size_t meta = meta_bytes(batch);
-    TS_RETURN_IF_ERROR(meta_.reserve(meta, "step metadata"));
-    if (meta > host_meta_bytes_) {
-      cudaFreeHost(host_meta_);
-      host_meta_ = nullptr;
-      host_meta_bytes_ = 0;
-      TS_CUDA(cudaMallocHost(&host_meta_, meta * 2), "pinned metadata");
-      host_meta_bytes_ = meta * 2;
-    }
-    return Status::Ok();
   }
 
   Status reserve_host_logits(size_t bytes) {
@@ -431,6 +664,14 @@ class CudaBackend final : public Backend {
 
   ModelConfig config_;
   CudaBackendOptions options_;
+  TensorParallelShard shard_;
+  int32_t world_ = 1;
+  int32_t device_ = 0;
+  ncclComm_t comm_ = nullptr;  // world_ > 1; owned by the TensorParallelBackend
+  // This rank's sizes: hidden, head_dim, q / kv heads, q / kv widths, intermediate, vocab.
+  int64_t h_ = 0, d_ = 0;
+  int32_t nh_ = 0, nkv_ = 0;
+  int64_t q_size_ = 0, kv_size_ = 0, im_ = 0, vocab_ = 0;
   cuda::Dtype dtype_ = cuda::Dtype::kFloat16;
   KvLayout layout_;
   float scale_ = 1.0f;
@@ -453,8 +694,9 @@ class CudaBackend final : public Backend {
   AttentionPlan plan_;
   StepBatchCheckScratch check_;
 
-  DeviceBuffer argmax_, staging_, residual_, x_, tmp_, qkv_, q_, attn_, gu_, act_, final_, logits_,
-      meta_;
+  DeviceBuffer argmax_, residual_, x_, tmp_, qkv_, q_, attn_, gu_, act_, final_, logits_, meta_;
+  DeviceBuffer sample_params_, sample_out_;
+  DeviceBuffer partial_;  // float [rows][hidden]: row-parallel GEMM partial sums (world_ > 1)
   void* host_meta_ = nullptr;
   size_t host_meta_bytes_ = 0;
   void* host_logits_ = nullptr;
@@ -468,9 +710,21 @@ class CudaBackend final : public Backend {
 };
 
 Status check_options(const ModelConfig& config, const CudaBackendOptions& options) {
+  if (options.tensor_parallel < 1 || options.tensor_parallel > 8) {
+    return InvalidArgument("tensor_parallel must be in [1, 8], got " +
+                           std::to_string(options.tensor_parallel));
+  }
+  TS_RETURN_IF_ERROR(check_tensor_parallel(config, options.tensor_parallel));
   if (cuda_device_count() <= options.device) {
     return Unavailable("no CUDA device " + std::to_string(options.device) + " (this machine has " +
                        std::to_string(cuda_device_count()) + ")");
+  }
+  if (options.tensor_parallel > 1 &&
+      cuda_device_count() < options.device + options.tensor_parallel) {
+    return Unavailable("tensor_parallel = " + std::to_string(options.tensor_parallel) +
+                       " needs CUDA devices " + std::to_string(options.device) + ".." +
+                       std::to_string(options.device + options.tensor_parallel - 1) +
+                       "; this machine has " + std::to_string(cuda_device_count()));
   }
   if (options.page_size < 1 || options.page_size > 256) {
     return InvalidArgument("page_size must be in [1, 256]");
@@ -496,6 +750,16 @@ Status check_options(const ModelConfig& config, const CudaBackendOptions& option
 
 }  // namespace
 
+namespace detail {
+
+std::unique_ptr<CudaRank> make_cuda_rank(const ModelConfig& config,
+                                         const CudaBackendOptions& options, int32_t rank,
+                                         int32_t world, ncclComm_t comm) {
+  return std::make_unique<CudaBackend>(config, options, rank, world, comm);
+}
+
+}  // namespace detail
+
 int32_t cuda_device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -509,6 +773,9 @@ StatusOr<std::unique_ptr<Backend>> create_cuda_backend(const ModelConfig& config
                                                        const LlamaWeights& weights,
                                                        const CudaBackendOptions& options) {
   TS_RETURN_IF_ERROR(check_options(config, options));
+  if (options.tensor_parallel > 1) {
+    return detail::create_tensor_parallel_backend(config, options, &weights, 0);
+  }
   auto backend = std::make_unique<CudaBackend>(config, options);
   TS_RETURN_IF_ERROR(backend->init());
   TS_RETURN_IF_ERROR(backend->load(weights));
@@ -519,6 +786,9 @@ StatusOr<std::unique_ptr<Backend>> create_cuda_backend_random(const ModelConfig&
                                                               const CudaBackendOptions& options,
                                                               uint64_t seed) {
   TS_RETURN_IF_ERROR(check_options(config, options));
+  if (options.tensor_parallel > 1) {
+    return detail::create_tensor_parallel_backend(config, options, nullptr, seed);
+  }
   auto backend = std::make_unique<CudaBackend>(config, options);
   TS_RETURN_IF_ERROR(backend->init());
   TS_RETURN_IF_ERROR(backend->randomize(seed));

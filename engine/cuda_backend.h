@@ -23,19 +23,30 @@ struct CudaBackendOptions {
   // Force the prefix-unaware baseline schedule for attention (per-query flash-decoding over
   // each query's whole path): for A/B benchmarks only.
   bool baseline_attention = false;
+  // Tensor parallelism over devices device .. device + tensor_parallel - 1 (NCCL; Megatron
+  // sharding, engine/tensor_parallel.h). num_pages is per rank: each holds its KV heads'
+  // share of every page.
+  int32_t tensor_parallel = 1;
+  // Benchmarks only: ranks skip their all-reduces (the results are wrong), so the step time
+  // without communication can be compared with the real one.
+  bool skip_collectives = false;
 };
 
 // Number of usable CUDA devices (0 when there is no driver or device).
 int32_t cuda_device_count();
 
-// Uploads the checkpoint (any of F32/F16/BF16, converted on the device) and allocates the
-// pool. UNAVAILABLE without a device; RESOURCE_EXHAUSTED when memory is short.
+// Uploads the checkpoint (any of F32/F16/BF16, converted on the device; each rank only its
+// slices, straight from the mapped tensors) and allocates the pool. UNAVAILABLE without a
+// device or with fewer than tensor_parallel devices; INVALID_ARGUMENT (naming the field)
+// when the model does not split over tensor_parallel ranks; RESOURCE_EXHAUSTED when memory
+// is short.
 StatusOr<std::unique_ptr<Backend>> create_cuda_backend(const ModelConfig& config,
                                                        const LlamaWeights& weights,
                                                        const CudaBackendOptions& options);
 
 // Same model shape with random weights drawn on the device (for benchmarks of a shape,
-// e.g. Llama-3-8B, without its checkpoint).
+// e.g. Llama-3-8B, without its checkpoint): the same global weights for every
+// tensor_parallel (each element is a hash of the seed and its index in the whole matrix).
 StatusOr<std::unique_ptr<Backend>> create_cuda_backend_random(const ModelConfig& config,
                                                               const CudaBackendOptions& options,
                                                               uint64_t seed);

@@ -5,6 +5,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "engine/cuda_ops.h"
 
 namespace treeserve::cuda {
@@ -40,6 +42,20 @@ __global__ void embed_kernel(const int32_t* ids, const T* table, int64_t hidden,
   for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) out[r * hidden + i] = to_f(src[i]);
 }
 
+// A vocabulary shard's rows: ids outside [vocab_begin, vocab_begin + vocab_count) give zeros
+// (another rank holds them; the all-reduce of the residual adds them in exactly).
+template <typename T>
+__global__ void embed_range_kernel(const int32_t* ids, const T* table, int64_t hidden,
+                                   int64_t vocab_begin, int64_t vocab_count, float* out) {
+  const int64_t r = blockIdx.x;
+  const int64_t local = int64_t(ids[r]) - vocab_begin;
+  const bool mine = local >= 0 && local < vocab_count;
+  const T* src = table + (mine ? local : 0) * hidden;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    out[r * hidden + i] = mine ? to_f(src[i]) : 0.0f;
+  }
+}
+
 __device__ float block_sum(float v) {
   __shared__ float warp_sums[32];
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -64,8 +80,19 @@ __device__ float block_sum(float v) {
 // make each load wait for the previous store.
 constexpr int kNormPerThread = 16;
 
-template <typename T, int kPer>
-__global__ void add_rms_norm_kernel(float* __restrict__ residual, const T* __restrict__ delta,
+// D: the delta's type, T or float. A float delta (tensor parallel: the all-reduced sum of the
+// ranks' float partial GEMM outputs) is rounded to T first, as the unsharded GEMM's output is.
+template <typename T, typename D>
+__device__ __forceinline__ float delta_value(D d) {
+  if constexpr (std::is_same_v<D, float>) {
+    return to_f(from_f<T>(d));
+  } else {
+    return to_f(d);
+  }
+}
+
+template <typename T, typename D, int kPer>
+__global__ void add_rms_norm_kernel(float* __restrict__ residual, const D* __restrict__ delta,
                                     const T* __restrict__ weight, float eps, int64_t hidden,
                                     T* __restrict__ out) {
   const int64_t r = blockIdx.x;
@@ -81,7 +108,7 @@ __global__ void add_rms_norm_kernel(float* __restrict__ residual, const T* __res
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
-      if (i < hidden) v[k] += to_f(delta[r * hidden + i]);
+      if (i < hidden) v[k] += delta_value<T>(delta[r * hidden + i]);
     }
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
@@ -200,9 +227,9 @@ __global__ void move_slots_kernel(T* k_all, T* v_all, int64_t layer_elems, int64
 }
 
 // One block per row: max and argmax, then the sum of exp(x - max).
-__global__ void argmax_logprob_kernel(const float* logits, int64_t vocab, int32_t* ids,
-                                      float* logprobs) {
-  const float* x = logits + int64_t(blockIdx.x) * vocab;
+__global__ void argmax_logprob_kernel(const float* logits, int64_t stride, int64_t vocab,
+                                      int32_t* ids, float* logprobs) {
+  const float* x = logits + int64_t(blockIdx.x) * stride;
   float best = -INFINITY;
   int32_t best_id = INT32_MAX;
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
@@ -248,6 +275,58 @@ __global__ void argmax_logprob_kernel(const float* logits, int64_t vocab, int32_
   }
 }
 
+// One block per row of a vocabulary shard (tensor parallel): the shard's max, its argmax as a
+// global id (id_offset + local index, lowest on ties) and sum(exp(x - max)) over the row's
+// first `vocab` entries. vocab == 0 gives (-inf, INT32_MAX, 0). The host merges the shards.
+__global__ void argmax_partial_kernel(const float* logits, int64_t stride, int64_t vocab,
+                                      int64_t id_offset, float* maxes, float* sums, int32_t* ids) {
+  const float* x = logits + int64_t(blockIdx.x) * stride;
+  float best = -INFINITY;
+  int32_t best_id = INT32_MAX;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = x[i];
+    if (v > best || (v == best && int32_t(i) < best_id)) {
+      best = v;
+      best_id = int32_t(i);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, best_id, o);
+    if (ov > best || (ov == best && oi < best_id)) {
+      best = ov;
+      best_id = oi;
+    }
+  }
+  __shared__ float warp_best[32];
+  __shared__ int32_t warp_id[32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    warp_best[warp] = best;
+    warp_id[warp] = best_id;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < int(blockDim.x / 32); ++w) {
+      if (warp_best[w] > warp_best[0] ||
+          (warp_best[w] == warp_best[0] && warp_id[w] < warp_id[0])) {
+        warp_best[0] = warp_best[w];
+        warp_id[0] = warp_id[w];
+      }
+    }
+  }
+  __syncthreads();
+  const float m = warp_best[0];
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += __expf(x[i] - m);
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) {
+    maxes[blockIdx.x] = m;
+    sums[blockIdx.x] = sum;
+    ids[blockIdx.x] = warp_id[0] == INT32_MAX ? INT32_MAX : int32_t(id_offset + warp_id[0]);
+  }
+}
+
 template <typename T>
 __global__ void convert_kernel(const float* src, int64_t n, T* dst) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -269,6 +348,40 @@ __global__ void fill_random_kernel(T* dst, int64_t n, uint64_t seed, float scale
     const uint64_t h = mix64(seed * 0x9e3779b97f4a7c15ull + uint64_t(i));
     const float u = float(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
     dst[i] = from_f<T>(offset + scale * (2.0f * u - 1.0f));
+  }
+}
+
+// fill_random_kernel's values for the block [row0, row0 + rows) x [col0, col0 + cols) of a
+// [*][src_cols] matrix: element (r, c) hashes its index in the whole matrix, so every
+// tensor-parallel shard draws the values of the unsharded weights.
+template <typename T>
+__global__ void fill_random_block_kernel(T* dst, int64_t rows, int64_t cols, uint64_t seed,
+                                         int64_t src_cols, int64_t row0, int64_t col0, float scale,
+                                         float offset) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t index = (row0 + i / cols) * src_cols + col0 + i % cols;
+    const uint64_t h = mix64(seed * 0x9e3779b97f4a7c15ull + uint64_t(index));
+    const float u = float(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    dst[i] = from_f<T>(offset + scale * (2.0f * u - 1.0f));
+  }
+}
+
+template <typename S>
+__device__ __forceinline__ float load_f(S v) {
+  if constexpr (std::is_same_v<S, float>) {
+    return v;
+  } else {
+    return to_f(v);
+  }
+}
+
+template <typename S, typename T>
+__global__ void convert_any_kernel(const S* src, int64_t n, T* dst) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    dst[i] = from_f<T>(load_f(src[i]));
   }
 }
 
@@ -295,6 +408,15 @@ void embed(Dtype dt, const int32_t* ids, int64_t rows, const void* table, int64_
                       ids, static_cast<const T*>(table), hidden, residual));
 }
 
+void embed_vocab_range(Dtype dt, const int32_t* ids, int64_t rows, const void* table,
+                       int64_t hidden, int64_t vocab_begin, int64_t vocab_count, float* residual,
+                       cudaStream_t stream) {
+  if (rows == 0) return;
+  TS_DISPATCH(dt,
+              embed_range_kernel<T><<<rows, kRowThreads, 0, stream>>>(
+                  ids, static_cast<const T*>(table), hidden, vocab_begin, vocab_count, residual));
+}
+
 void add_rms_norm(Dtype dt, float* residual, const void* delta, const void* weight, float eps,
                   int64_t rows, int64_t hidden, void* out, cudaStream_t stream) {
   if (rows == 0) return;
@@ -302,9 +424,20 @@ void add_rms_norm(Dtype dt, float* residual, const void* delta, const void* weig
   // threads, hidden <= 16384).
   int threads = kRowThreads;
   while (int64_t(threads) * kNormPerThread < hidden && threads < 1024) threads *= 2;
-  TS_DISPATCH(dt, add_rms_norm_kernel<T, kNormPerThread><<<rows, threads, 0, stream>>>(
+  TS_DISPATCH(dt, add_rms_norm_kernel<T, T, kNormPerThread><<<rows, threads, 0, stream>>>(
                       residual, static_cast<const T*>(delta), static_cast<const T*>(weight), eps,
                       hidden, static_cast<T*>(out)));
+}
+
+void add_rms_norm_f32_delta(Dtype dt, float* residual, const float* delta, const void* weight,
+                            float eps, int64_t rows, int64_t hidden, void* out,
+                            cudaStream_t stream) {
+  if (rows == 0) return;
+  int threads = kRowThreads;
+  while (int64_t(threads) * kNormPerThread < hidden && threads < 1024) threads *= 2;
+  TS_DISPATCH(
+      dt, add_rms_norm_kernel<T, float, kNormPerThread><<<rows, threads, 0, stream>>>(
+              residual, delta, static_cast<const T*>(weight), eps, hidden, static_cast<T*>(out)));
 }
 
 void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t hidden, float* out,
@@ -350,10 +483,40 @@ void move_slots(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t laye
                                          layer_elems, page_elems, nkv, page_size, d, src, dst, n));
 }
 
-void argmax_logprob(const float* logits, int64_t n, int64_t vocab, int32_t* ids, float* logprobs,
+void argmax_logprob(const float* logits, int64_t n, int64_t stride, int64_t vocab, int32_t* ids,
+                    float* logprobs, cudaStream_t stream) {
+  if (n == 0) return;
+  argmax_logprob_kernel<<<n, 1024, 0, stream>>>(logits, stride, vocab, ids, logprobs);
+}
+
+void argmax_partial(const float* logits, int64_t n, int64_t stride, int64_t vocab,
+                    int64_t id_offset, float* maxes, float* sums, int32_t* ids,
                     cudaStream_t stream) {
   if (n == 0) return;
-  argmax_logprob_kernel<<<n, 1024, 0, stream>>>(logits, vocab, ids, logprobs);
+  argmax_partial_kernel<<<n, 1024, 0, stream>>>(logits, stride, vocab, id_offset, maxes, sums, ids);
+}
+
+void convert_weights(Dtype dt, SrcDtype src_dt, const void* src, int64_t n, void* dst,
+                     cudaStream_t stream) {
+  if (n == 0) return;
+  if (src_dt == SrcDtype::kFloat32) {
+    TS_DISPATCH(dt, convert_any_kernel<float, T><<<grid_for(n), 256, 0, stream>>>(
+                        static_cast<const float*>(src), n, static_cast<T*>(dst)));
+  } else if (src_dt == SrcDtype::kFloat16) {
+    TS_DISPATCH(dt, convert_any_kernel<__half, T><<<grid_for(n), 256, 0, stream>>>(
+                        static_cast<const __half*>(src), n, static_cast<T*>(dst)));
+  } else {
+    TS_DISPATCH(dt, convert_any_kernel<__nv_bfloat16, T><<<grid_for(n), 256, 0, stream>>>(
+                        static_cast<const __nv_bfloat16*>(src), n, static_cast<T*>(dst)));
+  }
+}
+
+void fill_random_block(Dtype dt, void* dst, int64_t rows, int64_t cols, uint64_t seed,
+                       int64_t src_cols, int64_t row0, int64_t col0, float scale, float offset,
+                       cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  TS_DISPATCH(dt, fill_random_block_kernel<T><<<grid_for(rows * cols), 256, 0, stream>>>(
+                      static_cast<T*>(dst), rows, cols, seed, src_cols, row0, col0, scale, offset));
 }
 
 void convert_from_f32(Dtype dt, const float* src, int64_t n, void* dst, cudaStream_t stream) {

@@ -15,11 +15,23 @@ enum class Dtype : int32_t { kFloat16 = 0, kBFloat16 = 1 };
 void embed(Dtype dt, const int32_t* ids, int64_t rows, const void* table, int64_t hidden,
            float* residual, cudaStream_t stream);
 
+// residual [rows][hidden] float = table[ids[r] - vocab_begin] for ids in the shard
+// [vocab_begin, vocab_begin + vocab_count) (table T [vocab_count][hidden]), zeros for others.
+void embed_vocab_range(Dtype dt, const int32_t* ids, int64_t rows, const void* table,
+                       int64_t hidden, int64_t vocab_begin, int64_t vocab_count, float* residual,
+                       cudaStream_t stream);
+
 // With delta != null first residual += delta (T [rows][hidden]); then
 // out (T [rows][hidden]) = rmsnorm(residual) * weight (T [hidden]), float statistics.
 // out may be null (residual update only).
 void add_rms_norm(Dtype dt, float* residual, const void* delta, const void* weight, float eps,
                   int64_t rows, int64_t hidden, void* out, cudaStream_t stream);
+
+// add_rms_norm with a float delta [rows][hidden], rounded to T before the add (as a GEMM
+// writing T rounds it): for all-reduced tensor-parallel partial sums.
+void add_rms_norm_f32_delta(Dtype dt, float* residual, const float* delta, const void* weight,
+                            float eps, int64_t rows, int64_t hidden, void* out,
+                            cudaStream_t stream);
 
 // out (float [n][hidden]) = src[rows[i]] (float [*][hidden]).
 void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t hidden, float* out,
@@ -49,9 +61,32 @@ void move_slots(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t laye
                 int64_t page_elems, int32_t nkv, int32_t page_size, int32_t d, const int64_t* src,
                 const int64_t* dst, int32_t n, cudaStream_t stream);
 
-// Per row of logits (float [n][vocab]): the argmax (lowest id on ties) and its log-softmax.
-void argmax_logprob(const float* logits, int64_t n, int64_t vocab, int32_t* ids, float* logprobs,
+// Per row of logits (float [n][stride]): the argmax (lowest id on ties) over the row's first
+// vocab entries (vocab <= stride; ids past a tokenizer's vocabulary are left out) and its
+// log-softmax over those entries.
+void argmax_logprob(const float* logits, int64_t n, int64_t stride, int64_t vocab, int32_t* ids,
+                    float* logprobs, cudaStream_t stream);
+
+// Per row of a vocabulary shard's logits (float [n][stride]), over its first vocab entries
+// (0 allowed): maxes[r], sums[r] = sum exp(x - max), ids[r] = id_offset + argmax (lowest on
+// ties; INT32_MAX when vocab == 0). Shards merge to argmax_logprob's result: the largest
+// max (lowest id on ties) and -log(sum_s sums[s] * exp(maxes[s] - max)).
+void argmax_partial(const float* logits, int64_t n, int64_t stride, int64_t vocab,
+                    int64_t id_offset, float* maxes, float* sums, int32_t* ids,
                     cudaStream_t stream);
+
+// A checkpoint tensor's element type (models/safetensors.h's DType, without including it).
+enum class SrcDtype : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// dst (T [n]) = src (src_dt [n]) rounded to T.
+void convert_weights(Dtype dt, SrcDtype src_dt, const void* src, int64_t n, void* dst,
+                     cudaStream_t stream);
+
+// dst (T [rows][cols]) = fill_random's values of the block [row0, +rows) x [col0, +cols) of a
+// [*][src_cols] matrix drawn with `seed` (each element hashes its index in the whole matrix).
+void fill_random_block(Dtype dt, void* dst, int64_t rows, int64_t cols, uint64_t seed,
+                       int64_t src_cols, int64_t row0, int64_t col0, float scale, float offset,
+                       cudaStream_t stream);
 
 // dst (T [n]) = src (float [n]).
 void convert_from_f32(Dtype dt, const float* src, int64_t n, void* dst, cudaStream_t stream);

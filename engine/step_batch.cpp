@@ -19,6 +19,19 @@ Status check_rows(const StepBatch& batch, const KvLayout& layout, int64_t vocab_
                            std::to_string(rows) + ", " + std::to_string(batch.positions.size()) +
                            ", " + std::to_string(batch.kv_slots.size()) + ")");
   }
+  if (batch.vocab_limit < 0 || batch.vocab_limit > vocab_size) {
+    return InvalidArgument("vocab_limit = " + std::to_string(batch.vocab_limit) +
+                           " is outside [0, " + std::to_string(vocab_size) + "] (0 = all)");
+  }
+  if (!batch.sampling.empty() && batch.sampling.size() != batch.logit_rows.size()) {
+    return InvalidArgument("sampling must be empty or have one entry per logit row (" +
+                           std::to_string(batch.sampling.size()) + " for " +
+                           std::to_string(batch.logit_rows.size()) + ")");
+  }
+  for (size_t i = 0; i < batch.sampling.size(); ++i) {
+    const Status ok = validate_sampling_params(batch.sampling[i].params);
+    if (!ok.ok()) return InvalidArgument(at("sampling", i) + ": " + ok.message());
+  }
   const int64_t pool_slots = layout.num_pages * layout.page_size;
   for (size_t r = 0; r < rows; ++r) {
     if (batch.token_ids[r] < 0 || batch.token_ids[r] >= vocab_size) {

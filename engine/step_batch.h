@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/sampling.h"
 #include "kernels/attention_view.h"
 #include "kernels/kv_layout.h"
 
@@ -34,6 +35,15 @@ struct StepSlotMove {
   int64_t dst_slot = 0;
 };
 
+// What to draw from one logit row when the backend samples (StepBatch::sampling): the
+// params and the draw's counter (sampling.h: the uniform is a hash of seed, stream_key and
+// position).
+struct StepSampling {
+  SamplingParams params;
+  uint64_t stream_key = 0;
+  int64_t position = 0;
+};
+
 struct StepBatch {
   std::vector<int32_t> token_ids;   // [num_rows] token id of each row
   std::vector<int32_t> positions;   // [num_rows] sequence position (RoPE angle) of each row
@@ -44,6 +54,15 @@ struct StepBatch {
   // may return only each row's argmax and its logprob (Logits::argmax) instead of the full
   // [rows][vocab] logits (a GPU backend then copies a few bytes per row, not the vocab).
   bool full_logits = true;
+  // Ids >= vocab_limit are never produced: the backend's argmax (full_logits == false) and
+  // its logprob consider only the first vocab_limit logits of a row, and so must the
+  // caller's sampling of full rows. For checkpoints whose embedding is padded past the
+  // tokenizer's vocabulary. 0 = the model's whole vocab_size.
+  int64_t vocab_limit = 0;
+  // Non-empty (one entry per logit row): the backend samples every logit row itself and
+  // returns Logits::sampled instead of logits or argmaxes — a GPU backend then copies a
+  // token, its logprob and the requested alternatives per row, not the vocabulary.
+  std::vector<StepSampling> sampling;
   std::vector<StepSlotMove> slot_moves;   // done first, in order
   std::vector<StepPageCopy> page_copies;  // done next, in order; then the forward
 
@@ -56,6 +75,8 @@ struct StepBatch {
     view.clear();
     logit_rows.clear();
     full_logits = true;
+    vocab_limit = 0;
+    sampling.clear();
     slot_moves.clear();
     page_copies.clear();
   }
@@ -67,11 +88,11 @@ struct StepBatchCheckScratch {
 };
 
 // Checks the batch against the pool layout and the vocabulary: equal row counts, ids in
-// [0, vocab), slots inside the pool and distinct, page copies and slot moves inside the pool, logit
-// rows in range, exactly one view query per row, and each row's own token where the view says it
-// is: position = depth_tokens + leaf_tokens - 1 of its query, kv_slot = the page and slot of
-// token leaf_tokens - 1 of its leaf run. (The view's own structure is checked by
-// validate_attention_view, which build_attention_plan runs.) Returns INVALID_ARGUMENT
+// [0, vocab), vocab_limit in [0, vocab], slots inside the pool and distinct, page copies and slot
+// moves inside the pool, logit rows in range, exactly one view query per row, and each row's own
+// token where the view says it is: position = depth_tokens + leaf_tokens - 1 of its query, kv_slot
+// = the page and slot of token leaf_tokens - 1 of its leaf run. (The view's own structure is
+// checked by validate_attention_view, which build_attention_plan runs.) Returns INVALID_ARGUMENT
 // naming the first bad field.
 Status validate_step_batch(const StepBatch& batch, const KvLayout& layout, int64_t vocab_size,
                            StepBatchCheckScratch* scratch);

@@ -30,6 +30,13 @@ Status Scheduler::Impl::start_beam_search(GenerateJob* job, SchedBranch* root) {
   return Status::Ok();
 }
 
+SamplingParams Scheduler::Impl::beam_step_sampling(const GenerateJob& job) {
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.logprobs = std::min(kMaxLogprobs, std::max(2, 2 * job.beam_width));
+  return greedy;
+}
+
 void Scheduler::Impl::after_beam_step(GenerateJob* job) {
   struct Candidate {
     int32_t beam;
@@ -38,9 +45,7 @@ void Scheduler::Impl::after_beam_step(GenerateJob* job) {
     double total;
   };
   std::vector<Candidate> candidates;
-  SamplingParams greedy;
-  greedy.temperature = 0;
-  greedy.logprobs = std::min(kMaxLogprobs, std::max(2, 2 * job->beam_width));
+  const SamplingParams greedy = beam_step_sampling(*job);
   int32_t ended = 0;
   for (size_t i = 0; i < job->beams.size(); ++i) {
     Beam& beam = job->beams[i];

@@ -78,6 +78,11 @@ bool Scheduler::Impl::has_work() const {
 
 SampledToken Scheduler::Impl::sample(int32_t logit_index, const SamplingParams& params,
                                      const SchedBranch* b, int64_t position) {
+  if (!logits_.sampled.empty()) {
+    // The backend drew the row with these params, stream key and position
+    // (request_sampling).
+    return logits_.sampled.at(logit_index);
+  }
   if (logits_.data.empty()) {
     // The backend returned only argmaxes (every row of the step is greedy, no alternatives).
     SampledToken t;
@@ -85,8 +90,40 @@ SampledToken Scheduler::Impl::sample(int32_t logit_index, const SamplingParams& 
     t.logprob = logits_.argmax_logprob.at(logit_index);
     return t;
   }
-  return sample_token(logits_.row(logit_index), logits_.vocab, params,
-                      static_cast<uint64_t>(b->index), position, &sampling_scratch_);
+  return sample_token(logits_.row(logit_index), vocab_, params, static_cast<uint64_t>(b->index),
+                      position, &sampling_scratch_);
+}
+
+void Scheduler::Impl::request_sampling() {
+  batch_.full_logits = false;
+  batch_.sampling.clear();
+  bool draws = false;
+  for (const StepEntry& e : entries_) {
+    if (e.samples && e.logit_index >= 0) {
+      draws |= e.sampling.temperature > 0 || e.sampling.logprobs > 0;
+    }
+  }
+  if (!draws) return;  // greedy only: the backend's argmaxes suffice
+  StepSampling greedy;
+  greedy.params.temperature = 0;
+  batch_.sampling.assign(batch_.logit_rows.size(), greedy);
+  std::vector<int32_t> depth;
+  for (const StepEntry& e : entries_) {
+    if (!e.samples || e.logit_index < 0) continue;
+    // The position and stream key each consumer passes to sample(): after_generate and
+    // beams the branch's KV length; after_verify that plus the accepted path's length.
+    const SchedBranch* b = e.branch;
+    const uint64_t key = static_cast<uint64_t>(b->index);
+    batch_.sampling[e.logit_index] = {e.sampling, key, b->kv_len};
+    if (e.draft_rows > 0 && b->verify) {
+      const std::vector<int32_t>& parents = b->verify->parents;
+      depth.assign(parents.size(), 0);
+      for (size_t i = 0; i < parents.size(); ++i) {
+        depth[i] = parents[i] < 0 ? 0 : depth[parents[i]] + 1;
+        batch_.sampling[e.draft_logits + i] = {e.sampling, key, b->kv_len + depth[i] + 1};
+      }
+    }
+  }
 }
 
 bool Scheduler::Impl::add_rows(SchedBranch* b, int32_t count, bool want_logits, StepEntry* e) {
@@ -206,6 +243,8 @@ bool Scheduler::Impl::step() {
       stalled = true;
       continue;
     }
+    e.samples = true;
+    e.sampling = v->sampling;
     slots_.clear();
     if (!kv_->append_token_tree(*b->kv, v->tokens, v->parents, &slots_).ok()) {
       rollback(e);
@@ -240,6 +279,8 @@ bool Scheduler::Impl::step() {
         stalled = true;
         continue;
       }
+      e.samples = true;
+      e.sampling = job->sampling;
       entries_.push_back(std::move(e));
     }
   }
@@ -254,6 +295,8 @@ bool Scheduler::Impl::step() {
         stalled = true;
         continue;
       }
+      e.samples = true;
+      e.sampling = beam_step_sampling(*job);
       beam.logit_index = e.logit_index;
       entries_.push_back(std::move(e));
     }
@@ -298,13 +341,8 @@ bool Scheduler::Impl::step() {
     return false;
   }
 
-  // Full logits only when some row samples with temperature or reports alternatives.
-  bool full = false;
-  for (auto& v : verifies_) full |= v->done && v->sampling.temperature > 0;
-  for (auto& j : jobs_) {
-    full |= j->sampling.temperature > 0 || j->sampling.logprobs > 0 || j->beam_width > 0;
-  }
-  batch_.full_logits = full;
+  batch_.vocab_limit = vocab_;
+  request_sampling();
   Status built = kv_->build_attention_view(view_queries_, &batch_.view);
   Status ran = built.ok() ? backend_->forward(batch_, &logits_) : built;
   if (metrics_ && built.ok()) {

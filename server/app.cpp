@@ -38,8 +38,8 @@ namespace {
 struct CommandLine {
   std::string config_file;
   std::optional<std::string> model, listen, backend, log_level, metrics_listen;
-  std::optional<int64_t> kv_cache_bytes;
-  std::optional<int32_t> page_size;
+  std::optional<int64_t> kv_cache_bytes, random_weights;
+  std::optional<int32_t> page_size, tensor_parallel;
   bool print_config = false;
 };
 
@@ -81,6 +81,22 @@ Status resolve_backend(const std::string& requested, std::string* backend) {
   return Status::Ok();
 }
 
+// Random weights make every output meaningless: say so where an operator cannot miss it.
+void warn_random_weights(const std::string& model_dir, uint64_t seed) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(model_dir, ec)) {
+    if (entry.path().extension() == ".safetensors") {
+      spdlog::warn("model.random_weights_seed is set: ignoring the checkpoint's weights in {}",
+                   model_dir);
+      break;
+    }
+  }
+  spdlog::warn(
+      "*** RANDOM WEIGHTS (seed {}): serving the shape of {} with random weights; its tokens "
+      "are meaningless (for load tests only) ***",
+      seed, model_dir);
+}
+
 }  // namespace
 
 int run_treeserve(int argc, char** argv) {
@@ -99,7 +115,13 @@ int run_treeserve(int argc, char** argv) {
   app.add_option("--log-level", cl.log_level, "trace|debug|info|warn|error|critical|off");
   app.add_option("--metrics-listen", cl.metrics_listen, "Prometheus metrics host:port (off)");
   app.add_option("--kv-cache-bytes", cl.kv_cache_bytes, "KV pool budget in bytes");
+  app.add_option("--random-weights", cl.random_weights,
+                 "serve random weights drawn from SEED instead of the checkpoint's (the model "
+                 "dir needs only config.json and tokenizer.model)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--page-size", cl.page_size, "KV page size in tokens (1..256)");
+  app.add_option("--tensor-parallel", cl.tensor_parallel,
+                 "GPUs to split the model over (NCCL; cuda backend; default 1)");
   app.add_flag("--print-config", cl.print_config, "print the effective config and exit");
   try {
     app.parse(argc, argv);
@@ -122,6 +144,8 @@ int run_treeserve(int argc, char** argv) {
   if (cl.metrics_listen) config.server.metrics_listen = *cl.metrics_listen;
   if (cl.kv_cache_bytes) config.kv_cache.memory_bytes = *cl.kv_cache_bytes;
   if (cl.page_size) config.kv_cache.page_size = *cl.page_size;
+  if (cl.tensor_parallel) config.engine.tensor_parallel = *cl.tensor_parallel;
+  if (cl.random_weights) config.model.random_weights_seed = *cl.random_weights;
   if (config.model.dir.empty()) config.model.dir = default_model_dir();
   if (Status s = validate_config(config); !s.ok()) return fail(s);
   spdlog::set_level(spdlog::level::from_str(config.log_level));
@@ -143,11 +167,11 @@ int run_treeserve(int argc, char** argv) {
 
   std::string backend;
   if (Status s = resolve_backend(config.engine.backend, &backend); !s.ok()) return fail(s);
-  if (config.engine.tensor_parallel != 1) {
-    return fail(
-        Unimplemented("engine.tensor_parallel = " + std::to_string(config.engine.tensor_parallel) +
-                      ": tensor parallelism over several GPUs is not implemented yet; "
-                      "use 1"));
+  if (config.engine.tensor_parallel != 1 && backend != "cuda") {
+    return fail(InvalidArgument(
+        "engine.tensor_parallel = " + std::to_string(config.engine.tensor_parallel) +
+        " needs the cuda backend (engine.backend resolved to '" + backend +
+        "'); use 1 with the cpu backend"));
   }
 
   // KV capacity: the CPU backend keeps KV in float32.
@@ -168,6 +192,8 @@ int run_treeserve(int argc, char** argv) {
   ServingInfo info;
   info.model_name = std::filesystem::path(config.model.dir).filename().string();
   if (info.model_name.empty()) info.model_name = config.model.dir;
+  const bool random_weights = config.model.random_weights_seed >= 0;
+  if (random_weights) info.model_name += " (random weights)";
   info.backend = backend;
   info.tensor_parallel = config.engine.tensor_parallel;
   info.page_size = config.kv_cache.page_size;
@@ -179,25 +205,49 @@ int run_treeserve(int argc, char** argv) {
   ServerMetrics metrics(&metrics_registry);
   std::unique_ptr<Backend> engine;
   {
-    auto reader = SafetensorsReader::open_dir(config.model.dir);
-    if (!reader.ok()) return fail(reader.status());
-    auto weights = load_llama_weights(*model_config, *reader);
-    if (!weights.ok()) return fail(weights.status());
     StatusOr<std::unique_ptr<Backend>> created = Unavailable("no backend");
-    if (backend == "cuda") {
+    CpuBackendOptions cpu;
+    cpu.num_pages = pages;
+    cpu.page_size = config.kv_cache.page_size;
+    cpu.num_threads = config.engine.cpu_threads;
+    cpu.baseline_attention = config.engine.attention == "baseline";
 #ifdef TREESERVE_HAVE_CUDA
-      CudaBackendOptions cuda;
-      cuda.num_pages = pages;
-      cuda.page_size = config.kv_cache.page_size;
-      cuda.bfloat16 = model_config->torch_dtype == "bfloat16";
-      created = create_cuda_backend(*model_config, *weights, cuda);
+    CudaBackendOptions cuda;
+    cuda.num_pages = pages;
+    cuda.page_size = config.kv_cache.page_size;
+    cuda.bfloat16 = model_config->torch_dtype == "bfloat16";
+    // num_pages is per rank; each rank holds its KV heads' share of every page.
+    cuda.tensor_parallel = config.engine.tensor_parallel;
+    cuda.baseline_attention = config.engine.attention == "baseline";
 #endif
+    if (random_weights) {
+      const uint64_t seed = uint64_t(config.model.random_weights_seed);
+      warn_random_weights(config.model.dir, seed);
+      if (backend == "cuda") {
+#ifdef TREESERVE_HAVE_CUDA
+        created = create_cuda_backend_random(*model_config, cuda, seed);
+#endif
+      } else {
+        created = create_cpu_backend_random(*model_config, cpu, seed);
+      }
     } else {
-      CpuBackendOptions cpu;
-      cpu.num_pages = pages;
-      cpu.page_size = config.kv_cache.page_size;
-      cpu.num_threads = config.engine.cpu_threads;
-      created = create_cpu_backend(*model_config, *weights, cpu);
+      auto reader = SafetensorsReader::open_dir(config.model.dir);
+      if (reader.status().code() == StatusCode::kNotFound) {
+        return fail(Status(reader.status().code(),
+                           reader.status().message() +
+                               " (to serve this model's shape without weights, pass "
+                               "--random-weights SEED)"));
+      }
+      if (!reader.ok()) return fail(reader.status());
+      auto weights = load_llama_weights(*model_config, *reader);
+      if (!weights.ok()) return fail(weights.status());
+      if (backend == "cuda") {
+#ifdef TREESERVE_HAVE_CUDA
+        created = create_cuda_backend(*model_config, *weights, cuda);
+#endif
+      } else {
+        created = create_cpu_backend(*model_config, *weights, cpu);
+      }
     }
     if (!created.ok()) return fail(created.status());
     engine = std::move(*created);
@@ -231,8 +281,8 @@ int run_treeserve(int argc, char** argv) {
   spdlog::info(
       "treeserve {} ready: model={} ({} layers, hidden {}, {} heads / {} kv heads, vocab {}) "
       "backend={} listen={} (port {}) kv_capacity={} pages x {} tokens = {} tokens ({} MiB)",
-      TREESERVE_VERSION, config.model.dir, model_config->num_hidden_layers,
-      model_config->hidden_size, model_config->num_attention_heads,
+      TREESERVE_VERSION, config.model.dir + (random_weights ? " (RANDOM WEIGHTS)" : ""),
+      model_config->num_hidden_layers, model_config->hidden_size, model_config->num_attention_heads,
       model_config->num_key_value_heads, model_config->vocab_size, backend, config.server.listen,
       selected_port, pages, layout.page_size, pages * layout.page_size,
       config.kv_cache.memory_bytes >> 20);

@@ -94,6 +94,7 @@ Status merge_config_json(const std::string& json_text, const std::string& source
   if (obj) {
     Section s(*obj, "model.", source);
     TS_RETURN_IF_ERROR(s.get("dir", &c->model.dir));
+    TS_RETURN_IF_ERROR(s.get("random_weights_seed", &c->model.random_weights_seed));
     TS_RETURN_IF_ERROR(s.check_unknown());
   }
   TS_RETURN_IF_ERROR(sub_object(root, "engine", source, &obj));
@@ -102,6 +103,7 @@ Status merge_config_json(const std::string& json_text, const std::string& source
     TS_RETURN_IF_ERROR(s.get("backend", &c->engine.backend));
     TS_RETURN_IF_ERROR(s.get("cpu_threads", &c->engine.cpu_threads));
     TS_RETURN_IF_ERROR(s.get("tensor_parallel", &c->engine.tensor_parallel));
+    TS_RETURN_IF_ERROR(s.get("attention", &c->engine.attention));
     TS_RETURN_IF_ERROR(s.check_unknown());
   }
   TS_RETURN_IF_ERROR(sub_object(root, "kv_cache", source, &obj));
@@ -194,6 +196,14 @@ Status validate_config(const TreeserveConfig& c) {
     return InvalidArgument("engine.tensor_parallel must be >= 1");
   }
   if (c.engine.cpu_threads < 0) return InvalidArgument("engine.cpu_threads must be >= 0");
+  if (c.engine.attention != "tree" && c.engine.attention != "baseline") {
+    return InvalidArgument("engine.attention must be tree or baseline, got '" + c.engine.attention +
+                           "'");
+  }
+  if (c.model.random_weights_seed < -1) {
+    return InvalidArgument("model.random_weights_seed must be >= 0 (or -1 = off), got " +
+                           std::to_string(c.model.random_weights_seed));
+  }
   const auto& l = c.limits;
   if (l.max_prompt_tokens < 1 || l.max_n < 1 || l.max_tokens < 1 || l.max_verify_tokens < 1 ||
       l.max_stop_strings < 0 || l.max_live_trees < 1) {
@@ -223,7 +233,8 @@ std::string config_to_json(const TreeserveConfig& c) {
                       {"engine",
                        {{"backend", c.engine.backend},
                         {"cpu_threads", c.engine.cpu_threads},
-                        {"tensor_parallel", c.engine.tensor_parallel}}},
+                        {"tensor_parallel", c.engine.tensor_parallel},
+                        {"attention", c.engine.attention}}},
                       {"kv_cache",
                        {{"page_size", c.kv_cache.page_size},
                         {"memory_bytes", c.kv_cache.memory_bytes},
@@ -238,6 +249,7 @@ std::string config_to_json(const TreeserveConfig& c) {
                       {"scheduler",
                        {{"max_step_tokens", c.scheduler.max_step_tokens},
                         {"default_max_tokens", c.scheduler.default_max_tokens}}}};
+  j["model"]["random_weights_seed"] = c.model.random_weights_seed;
   return j.dump();
 }
 

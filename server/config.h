@@ -19,12 +19,21 @@ struct ServerOptions {
 
 struct ModelOptions {
   std::string dir;  // Hugging Face checkpoint dir; empty = the built tiny model
+  // >= 0: serve random weights drawn from this seed instead of the checkpoint's (the dir
+  // needs only config.json and tokenizer.model; safetensors there are ignored), for load
+  // tests of a model shape without its weights. -1 = off.
+  int64_t random_weights_seed = -1;
 };
 
 struct EngineOptions {
   std::string backend = "auto";  // "cpu" | "cuda" | "auto"
   int32_t cpu_threads = 0;       // 0 = hardware concurrency
   int32_t tensor_parallel = 1;
+  // "tree": the flattened tree-attention plan (each shared KV run read once per step);
+  // "baseline": per-query attention over each query's whole root-to-leaf path, what a
+  // prefix-unaware server does (for side-by-side measurements; see
+  // configs/server/no-prefix-sharing.json).
+  std::string attention = "tree";
 };
 
 struct KvCacheOptions {

@@ -3,9 +3,13 @@
 // workloads for a fixed number of steps. Per workload it prints the mean step time, tokens/s,
 // the roofline step time ((weight bytes + unique KV bytes) / measured copy bandwidth), and
 // the same steps with attention forced to the prefix-unaware baseline, in the same run.
+// With --tensor-parallel N (N GPUs, NCCL) it also runs every workload with the ranks'
+// all-reduces skipped (CudaBackendOptions::skip_collectives: wrong results, same kernels) and
+// reports the all-reduce share of the step as 1 - (step without communication / step); the
+// roofline then divides the streamed bytes over the N GPUs.
 //
 //   bench_decode [--config configs/models/llama-3-8b.json] [--steps 16] [--json FILE]
-//                [--workloads fewshot,spec,tot] [--kv-gib 6]
+//                [--workloads fewshot,sampled,spec,tot] [--kv-gib 6] [--tensor-parallel N]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,8 +33,9 @@ struct Args {
   std::string config = "configs/models/llama-3-8b.json";
   int steps = 16;
   std::string json;
-  std::string workloads = "fewshot,spec,tot";
+  std::string workloads = "fewshot,sampled,spec,tot";
   double kv_gib = 6.0;
+  int tensor_parallel = 1;
 };
 
 double copy_bandwidth_bytes_per_s() {
@@ -81,6 +86,12 @@ class Runner {
  public:
   Runner(const ModelConfig& config, Backend* backend, KvCache* kv)
       : config_(config), backend_(backend), kv_(kv) {}
+
+  // How decode steps draw their tokens: greedy (argmax on the device), or temperature 0.8 /
+  // top-p 0.95 sampling drawn by the backend (StepBatch::sampling) or on the host from the
+  // full logits rows (what the engine did before device sampling).
+  enum class Draw { kGreedy, kBackend, kHost };
+  void set_draw(Draw d) { draw_ = d; }
 
   // Prefills `tokens` on a new branch in chunks of up to 1024 tokens; returns the branch.
   BranchId prefill(const std::vector<int32_t>& tokens) {
@@ -181,9 +192,25 @@ class Runner {
     if (logits) batch_.logit_rows.push_back(batch_.num_rows() - 1);
   }
   void step(const std::vector<ViewQuery>& q) {
-    batch_.full_logits = false;  // greedy decoding: argmax on the device
+    batch_.full_logits = draw_ == Draw::kHost;  // greedy decoding: argmax on the device
+    SamplingParams sp;
+    sp.temperature = 0.8f;
+    sp.top_p = 0.95f;
+    sp.seed = 1;
+    batch_.sampling.clear();
+    if (draw_ == Draw::kBackend) {
+      for (size_t i = 0; i < batch_.logit_rows.size(); ++i) {
+        batch_.sampling.push_back({sp, uint64_t(i), batch_.positions[batch_.logit_rows[i]] + 1});
+      }
+    }
     check(kv_->build_attention_view(q, &batch_.view));
     check(backend_->forward(batch_, &logits_));
+    if (draw_ == Draw::kHost) {
+      for (int32_t i = 0; i < logits_.num_rows; ++i) {
+        (void)sample_token(logits_.row(i), logits_.vocab, sp, uint64_t(i),
+                           batch_.positions[batch_.logit_rows[i]] + 1, &scratch_);
+      }
+    }
   }
   static void check(const Status& s) {
     if (!s.ok()) {
@@ -197,6 +224,8 @@ class Runner {
   KvCache* kv_;
   StepBatch batch_;
   Logits logits_;
+  Draw draw_ = Draw::kGreedy;
+  SamplingScratch scratch_;
 };
 
 std::vector<int32_t> tokens(int n, uint32_t seed) {
@@ -228,6 +257,7 @@ struct Result {
   std::string name;
   int64_t rows = 0;
   double ms = 0, baseline_ms = 0, roofline_ms = 0, unique_kv_gb = 0;
+  double no_comm_ms = 0;  // tensor parallel: the same steps without the all-reduces
 };
 
 int run(const Args& args) {
@@ -250,7 +280,13 @@ int run(const Args& args) {
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   const double bw = copy_bandwidth_bytes_per_s();
-  std::printf("device: %s, copy bandwidth %.2f TB/s\n", prop.name, bw / 1e12);
+  std::printf("device: %s, copy bandwidth %.2f TB/s, tensor parallel %d\n", prop.name, bw / 1e12,
+              args.tensor_parallel);
+  if (cuda_device_count() < args.tensor_parallel) {
+    std::fprintf(stderr, "bench_decode: --tensor-parallel %d needs %d devices, found %d\n",
+                 args.tensor_parallel, args.tensor_parallel, cuda_device_count());
+    return 1;
+  }
   const double wbytes = weight_bytes(*config);
   std::printf("model: %s shape, %lld layers, hidden %lld, fp16 weights streamed per step %.2f GB\n",
               args.config.c_str(), (long long)config->num_hidden_layers,
@@ -258,11 +294,16 @@ int run(const Args& args) {
   const int64_t kv_token_bytes = config->num_hidden_layers * 2 * config->kv_size() * 2;
 
   std::vector<Result> results;
-  for (bool baseline : {false, true}) {
+  // Passes: 0 the measured run, 1 baseline attention, 2 (tensor parallel) no all-reduces.
+  const int passes = args.tensor_parallel > 1 ? 3 : 2;
+  for (int pass = 0; pass < passes; ++pass) {
+    const bool baseline = pass == 1;
     CudaBackendOptions opt;
     opt.page_size = 16;
     opt.num_pages = int64_t(args.kv_gib * (1ull << 30)) / (kv_token_bytes * opt.page_size);
     opt.baseline_attention = baseline;
+    opt.tensor_parallel = args.tensor_parallel;
+    opt.skip_collectives = pass == 2;
     auto backend = create_cuda_backend_random(*config, opt, 42);
     if (!backend.ok()) {
       std::fprintf(stderr, "%s\n", backend.status().message().c_str());
@@ -270,16 +311,19 @@ int run(const Args& args) {
     }
     size_t index = 0;
     auto record = [&](const std::string& name, int64_t rows, int64_t unique_tokens, double ms) {
-      if (!baseline) {
+      if (pass == 0) {
         Result r;
         r.name = name;
         r.rows = rows;
         r.ms = ms;
         r.unique_kv_gb = double(unique_tokens * kv_token_bytes) / 1e9;
-        r.roofline_ms = (wbytes + double(unique_tokens * kv_token_bytes)) / bw * 1e3;
+        r.roofline_ms =
+            (wbytes + double(unique_tokens * kv_token_bytes)) / (bw * args.tensor_parallel) * 1e3;
         results.push_back(r);
-      } else {
+      } else if (pass == 1) {
         results[index++].baseline_ms = ms;
+      } else {
+        results[index++].no_comm_ms = ms;
       }
     };
     auto want = [&](const char* w) { return args.workloads.find(w) != std::string::npos; };
@@ -296,6 +340,24 @@ int run(const Args& args) {
         r.extend(w.branches, 200, 7);
         const double ms = r.measure(w, args.steps);
         record(w.name, b, 4000 + int64_t(b) * 200, ms);
+      }
+    }
+    if (want("sampled")) {
+      // Few-shot b=50 drawing with temperature / top-p: on the device vs on the host.
+      for (Runner::Draw d : {Runner::Draw::kBackend, Runner::Draw::kHost}) {
+        KvCacheConfig kc{16, int32_t(opt.num_pages)};
+        auto kv = KvCache::create(kc);
+        Runner r(*config, backend->get(), kv->get());
+        BranchId root = r.prefill(tokens(4000, 1));
+        auto forked = (*kv)->fork(root, 50);
+        Workload w;
+        w.name = std::string("fewshot b=50 T=0.8 top-p .95, ") +
+                 (d == Runner::Draw::kBackend ? "device draw" : "host draw");
+        w.branches = forked->branches;
+        r.extend(w.branches, 200, 7);
+        r.set_draw(d);
+        const double ms = r.measure(w, args.steps);
+        record(w.name, 50, 4000 + 50 * 200, ms);
       }
     }
     if (want("spec")) {
@@ -331,23 +393,32 @@ int run(const Args& args) {
       record(w.name, 100, 1000 + 10 * 100 + 100 * 50, ms);
     }
   }
-  std::printf("\n%-36s %6s %10s %10s %12s %12s %10s\n", "workload", "rows", "step ms", "tok/s",
+  std::printf("\n%-36s %6s %10s %10s %12s %12s %10s", "workload", "rows", "step ms", "tok/s",
               "roofline ms", "baseline ms", "speedup");
+  if (passes == 3) std::printf(" %12s %11s", "no-comm ms", "all-reduce");
+  std::printf("\n");
   for (const Result& r : results) {
-    std::printf("%-36s %6lld %10.3f %10.0f %12.3f %12.3f %9.2fx\n", r.name.c_str(),
-                (long long)r.rows, r.ms, double(r.rows) / (r.ms * 1e-3), r.roofline_ms,
-                r.baseline_ms, r.baseline_ms / r.ms);
+    std::printf("%-36s %6lld %10.3f %10.0f %12.3f %12.3f %9.2fx", r.name.c_str(), (long long)r.rows,
+                r.ms, double(r.rows) / (r.ms * 1e-3), r.roofline_ms, r.baseline_ms,
+                r.baseline_ms / r.ms);
+    if (passes == 3)
+      std::printf(" %12.3f %10.1f%%", r.no_comm_ms, 100.0 * (1.0 - r.no_comm_ms / r.ms));
+    std::printf("\n");
   }
   if (!args.json.empty()) {
     std::ofstream out(args.json);
     out << "{\"device\": \"" << prop.name << "\", \"copy_bandwidth_tbps\": " << bw / 1e12
-        << ", \"results\": [";
+        << ", \"tensor_parallel\": " << args.tensor_parallel << ", \"results\": [";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       out << (i ? ", " : "") << "{\"name\": \"" << r.name << "\", \"rows\": " << r.rows
           << ", \"step_ms\": " << r.ms << ", \"roofline_ms\": " << r.roofline_ms
-          << ", \"baseline_ms\": " << r.baseline_ms << ", \"unique_kv_gb\": " << r.unique_kv_gb
-          << "}";
+          << ", \"baseline_ms\": " << r.baseline_ms << ", \"unique_kv_gb\": " << r.unique_kv_gb;
+      if (passes == 3) {
+        out << ", \"no_comm_ms\": " << r.no_comm_ms
+            << ", \"allreduce_share\": " << 1.0 - r.no_comm_ms / r.ms;
+      }
+      out << "}";
     }
     out << "]}\n";
   }
@@ -372,10 +443,12 @@ int main(int argc, char** argv) {
       args.workloads = next();
     else if (a == "--kv-gib")
       args.kv_gib = std::stod(next());
+    else if (a == "--tensor-parallel")
+      args.tensor_parallel = std::stoi(next());
     else {
       std::fprintf(stderr,
                    "usage: bench_decode [--config F] [--steps N] [--json F] "
-                   "[--workloads fewshot,spec,tot] [--kv-gib G]\n");
+                   "[--workloads fewshot,sampled,spec,tot] [--kv-gib G] [--tensor-parallel N]\n");
       return 2;
     }
   }

@@ -132,6 +132,9 @@ struct StepEntry {
   int32_t kv_len_before = 0;      // for rollback on a failed forward
   bool created_kv = false;        // the kv branch was created this step
   std::vector<int32_t> consumed;  // the pending tokens this step moved into KV
+  // How the entry's logit rows are sampled (when `samples`; a prefill chunk's are not).
+  bool samples = false;
+  SamplingParams sampling;
 };
 
 class Scheduler::Impl {
@@ -201,8 +204,13 @@ class Scheduler::Impl {
   void after_beam_step(GenerateJob* job);
   void finish_beam_search(GenerateJob* job, Status status);
   double beam_score(const GenerateJob& job, const Beam& beam) const;
+  // A beam step's draw: greedy, with 2 x width alternatives (the candidates).
+  static SamplingParams beam_step_sampling(const GenerateJob& job);
   SampledToken sample(int32_t logit_index, const SamplingParams& params, const SchedBranch* b,
                       int64_t position);
+  // Fills batch_.sampling from the entries (the backend draws every logit row) when some row
+  // samples with temperature or reports alternatives; otherwise asks for argmaxes only.
+  void request_sampling();
 
   Backend* backend_;
   const Tokenizer* tokenizer_;
@@ -210,7 +218,7 @@ class Scheduler::Impl {
   ServerMetrics* metrics_;
   std::unique_ptr<KvCache> kv_;
   std::vector<int32_t> eos_ids_;
-  int64_t vocab_ = 0;
+  int64_t vocab_ = 0;  // ids sampled: min(model vocab_size, tokenizer vocabulary)
 
   std::map<std::string, std::unique_ptr<Tree>> trees_;
   int64_t next_tree_ = 0;

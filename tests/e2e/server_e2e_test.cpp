@@ -41,11 +41,17 @@ TEST(CliErrors, UnknownConfigKeyIsNamed) {
   EXPECT_NE(r.output.find("kv_cache.page_sise"), std::string::npos) << r.output;
 }
 
-TEST(CliErrors, TensorParallelIsRefusedUntilImplemented) {
+TEST(CliErrors, TensorParallelNeedsTheCudaBackend) {
   std::string path = write_temp("tp.json", R"({"engine": {"tensor_parallel": 2}})");
   auto r = run_treeserve_to_exit({"--config", path, "--backend", "cpu"});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("tensor parallelism"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("engine.tensor_parallel = 2 needs the cuda backend"), std::string::npos)
+      << r.output;
+  auto flag = run_treeserve_to_exit({"--tensor-parallel", "4", "--backend", "cpu"});
+  EXPECT_NE(flag.exit_code, 0);
+  EXPECT_NE(flag.output.find("engine.tensor_parallel = 4 needs the cuda backend"),
+            std::string::npos)
+      << flag.output;
 }
 
 TEST(CliErrors, MissingConfigFile) {

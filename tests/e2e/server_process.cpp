@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -24,6 +25,10 @@ std::vector<std::string> backend_args() {
   if (const char* model = std::getenv("TREESERVE_E2E_MODEL")) {
     args.push_back("--model");
     args.push_back(model);
+  }
+  if (const char* tp = std::getenv("TREESERVE_E2E_TENSOR_PARALLEL")) {
+    args.push_back("--tensor-parallel");
+    args.push_back(tp);
   }
   return args;
 }
@@ -110,6 +115,12 @@ RunResult run_treeserve_to_exit(const std::vector<std::string>& args, int timeou
 }
 
 ServerProcess::ServerProcess(std::vector<std::string> args) {
+  // A model carried elsewhere (e.g. to a GPU machine) serves every test's server.
+  const char* model = std::getenv("TREESERVE_E2E_MODEL");
+  if (model != nullptr && std::find(args.begin(), args.end(), "--model") == args.end()) {
+    args.push_back("--model");
+    args.push_back(model);
+  }
   address_ = "127.0.0.1:" + std::to_string(pick_free_port());
   args.push_back("--listen");
   args.push_back(address_);

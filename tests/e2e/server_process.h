@@ -14,8 +14,9 @@
 namespace treeserve::testing {
 
 // {"--backend", B} with B from $TREESERVE_E2E_BACKEND (default "cpu"), plus
-// {"--model", M} when $TREESERVE_E2E_MODEL is set: the same e2e tests then run against the
-// CUDA backend on a GPU machine.
+// {"--model", M} when $TREESERVE_E2E_MODEL is set and {"--tensor-parallel", N} when
+// $TREESERVE_E2E_TENSOR_PARALLEL is: the same e2e tests then run against the CUDA backend on
+// a GPU machine, on one GPU or N.
 std::vector<std::string> backend_args();
 
 // A loopback port that was free a moment ago (bind to port 0, read it back, close).

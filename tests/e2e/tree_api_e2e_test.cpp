@@ -605,7 +605,6 @@ TEST(TreeApiSmallPool, ExhaustionRefusesOrQueues) {
   // Tiny model, float32 KV: 4 layers x 2 (K, V) x 2 kv heads x 64 dims x 4 B = 4 KiB/token.
   ServerProcess server({"--backend", "cpu", "--kv-cache-bytes", std::to_string(8 * 16 * 4096)});
   ASSERT_TRUE(server.wait_ready()) << server.output();
-  fprintf(stderr, "T ready\n");
   Client c(server.channel());
   ASSERT_EQ(c.info().kv_pages_total(), 8);
   grpc::Status st;

@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/cpu_weights.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace treeserve::testing {
@@ -144,6 +146,39 @@ TEST_F(CpuBackendTest, TreeOfEightBranchesMatchesEachSequenceAlone) {
     }
   }
   for (int i = 0; i < kBranches; ++i) EXPECT_EQ(driver.tokens(branches[i]), seqs[i]);
+}
+
+// engine.attention = baseline (the prefix-unaware schedule for A/B measurements) computes the
+// same logits for a forked tree: each branch reads its whole path instead of sharing runs.
+TEST_F(CpuBackendTest, BaselineAttentionScheduleMatchesTheReference) {
+  constexpr int32_t kPage = 4, kPages = 64, kBranches = 4;
+  CpuBackendOptions options;
+  options.page_size = kPage;
+  options.num_pages = kPages;
+  options.num_threads = 2;
+  options.baseline_attention = true;
+  auto created = create_cpu_backend(model_->config, model_->weights, options);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  TreeDriver driver(created->get(), kPage, kPages);
+  const std::vector<int32_t> prompt = test_tokens(23, 5, vocab_);
+  const BranchId root = driver.start(prompt);
+  Logits out;
+  ASSERT_TRUE(driver.step(std::vector<BranchId>{root}, false, &out).ok());
+  const std::vector<BranchId> branches = driver.fork(root, kBranches);
+  driver.prune(root);
+  std::vector<std::vector<int32_t>> seqs(kBranches, prompt);
+  for (int step = 0; step < 2; ++step) {
+    for (int i = 0; i < kBranches; ++i) {
+      const int32_t token = int32_t(3 + (29 * i + 7 * step) % (vocab_ - 3));
+      seqs[i].push_back(token);
+      driver.append(branches[i], std::vector<int32_t>{token});
+    }
+    ASSERT_TRUE(driver.step(branches, false, &out).ok());
+    for (int i = 0; i < kBranches; ++i) {
+      expect_matches(out, i, seqs[i], int32_t(seqs[i].size()),
+                     "baseline branch " + std::to_string(i) + " step " + std::to_string(step));
+    }
+  }
 }
 
 // (c) Prefill chunks, multi-token appends and decode rows of several trees in one batch,
@@ -402,6 +437,55 @@ TEST_F(CpuBackendTest, RejectsBadOptions) {
   r = create_cpu_backend(model_->config, model_->weights, options);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("num_pages"), std::string::npos);
+}
+
+// Random weights (--random-weights): matrices uniform in +-1/sqrt(fan_in), the embedding in
+// +-1, norms of ones; one seed reproduces them, another does not; the backend runs on them.
+TEST(CpuRandomWeights, HaveTheDocumentedDistributionAndAreReproducible) {
+  const TinyModel* model = tiny_model();
+  ASSERT_NE(model, nullptr);
+  const ModelConfig& c = model->config;
+  StatusOr<CpuModelWeights> a = random_cpu_weights(c, 4);
+  StatusOr<CpuModelWeights> b = random_cpu_weights(c, 4);
+  StatusOr<CpuModelWeights> other = random_cpu_weights(c, 5);
+  ASSERT_TRUE(a.ok() && b.ok() && other.ok());
+  ASSERT_EQ(a->layers.size(), size_t(c.num_hidden_layers));
+  EXPECT_EQ(a->embed, b->embed);
+  EXPECT_EQ(a->layers[1].down, b->layers[1].down);
+  EXPECT_NE(a->embed, other->embed);
+  EXPECT_NE(a->layers[0].qkv, a->layers[1].qkv);  // one seed per matrix
+  // Uniform(-s, s): within the bound, mean ~0, variance ~s^2/3.
+  auto check_uniform = [](const std::vector<float>& w, int64_t n, double s, const char* what) {
+    SCOPED_TRACE(what);
+    ASSERT_EQ(int64_t(w.size()), n);
+    double sum = 0, sq = 0;
+    for (float x : w) {
+      ASSERT_LE(std::fabs(x), s);
+      sum += x;
+      sq += double(x) * x;
+    }
+    EXPECT_NEAR(sum / double(n), 0.0, 0.02 * s);
+    EXPECT_NEAR(sq / double(n), s * s / 3, 0.03 * s * s);
+  };
+  const int64_t h = c.hidden_size, im = c.intermediate_size;
+  check_uniform(a->embed, c.vocab_size * h, 1.0, "embed");
+  check_uniform(a->layers[0].qkv, (c.q_size() + 2 * c.kv_size()) * h, 1 / std::sqrt(double(h)),
+                "qkv");
+  check_uniform(a->layers[2].down, h * im, 1 / std::sqrt(double(im)), "down");
+  check_uniform(a->lm_head, c.vocab_size * h, 1 / std::sqrt(double(h)), "lm_head");
+  EXPECT_EQ(a->layers[3].post_norm, std::vector<float>(size_t(h), 1.0f));
+  EXPECT_EQ(a->norm, std::vector<float>(size_t(h), 1.0f));
+
+  CpuBackendOptions options;
+  options.num_pages = 16;
+  options.num_threads = 2;
+  auto backend = create_cpu_backend_random(c, options, 4);
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  TreeDriver driver(backend->get(), options.page_size, int32_t(options.num_pages));
+  const BranchId br = driver.start(test_tokens(20, 1, c.vocab_size));
+  Logits out;
+  ASSERT_TRUE(driver.step(std::vector<BranchId>{br}, false, &out).ok());
+  for (int64_t v = 0; v < out.vocab; ++v) ASSERT_TRUE(std::isfinite(out.row(0)[v]));
 }
 
 }  // namespace

@@ -275,6 +275,43 @@ TEST(SamplingTest, LargeVocabulary) {
   }
 }
 
+// A padded row (model vocab_size past the tokenizer's vocabulary): sampling the first `limit`
+// logits of it, as the scheduler does, never looks at the padding, which here holds the
+// largest logits of all. Every mode gives exactly the tokens and logprobs of the row cut to
+// `limit` (601: not a multiple of the 8-lane vectors, so the ragged end is exercised too).
+TEST(SamplingTest, VocabLimitIgnoresThePaddedTail) {
+  constexpr int64_t kLimit = 601;
+  std::vector<float> padded(1000);
+  for (size_t i = 0; i < padded.size(); ++i) {
+    padded[i] = i < size_t(kLimit) ? float((i * 2654435761u) % 1009) * 4e-3f : 30.0f + float(i);
+  }
+  const std::vector<float> cut(padded.begin(), padded.begin() + kLimit);
+  const std::vector<double> p = softmax(cut);
+  SamplingScratch s1, s2;
+  for (float temperature : {0.0f, 0.7f, 1.0f}) {
+    for (int32_t top_k : {0, 5, 700}) {
+      for (float top_p : {1.0f, 0.9f}) {
+        SamplingParams params;
+        params.temperature = temperature;
+        params.top_k = top_k;
+        params.top_p = top_p;
+        params.logprobs = 5;
+        for (int64_t pos = 0; pos < 50; ++pos) {
+          const SampledToken a = sample_token(padded.data(), kLimit, params, 3, pos, &s1);
+          const SampledToken b = sample_token(cut.data(), kLimit, params, 3, pos, &s2);
+          ASSERT_LT(a.token, kLimit);
+          EXPECT_EQ(a.token, b.token);
+          EXPECT_EQ(a.logprob, b.logprob);
+          EXPECT_EQ(a.top, b.top);
+          // Normalised over the first kLimit logits.
+          EXPECT_NEAR(a.logprob, std::log(p[size_t(a.token)]), 1e-4);
+          for (const TokenLogprob& t : a.top) EXPECT_LT(t.token, kLimit);
+        }
+      }
+    }
+  }
+}
+
 TEST(SamplingTest, RowsWithoutADistribution) {
   // NaN logits are never picked while a finite one exists, and weigh nothing.
   const float nan = std::numeric_limits<float>::quiet_NaN();

@@ -88,6 +88,17 @@ TEST_F(StepBatchTest, RejectsEachMalformedFieldAndLeavesThePoolUntouched) {
       {"two rows one slot", [](StepBatch* b) { b->kv_slots[1] = b->kv_slots[0]; }, "kv_slots"},
       {"logit row past the rows", [](StepBatch* b) { b->logit_rows[0] = 2; }, "logit_rows[0]"},
       {"negative logit row", [](StepBatch* b) { b->logit_rows[1] = -1; }, "logit_rows[1]"},
+      {"vocab_limit past the vocab", [&](StepBatch* b) { b->vocab_limit = vocab + 1; },
+       "vocab_limit"},
+      {"negative vocab_limit", [](StepBatch* b) { b->vocab_limit = -1; }, "vocab_limit"},
+      {"sampling for one of two logit rows", [](StepBatch* b) { b->sampling.resize(1); },
+       "sampling"},
+      {"sampling with a bad top_p",
+       [](StepBatch* b) {
+         b->sampling.resize(2);
+         b->sampling[1].params.top_p = 0.0f;
+       },
+       "sampling[1]"},
       {"copy onto itself",
        [](StepBatch* b) {
          b->page_copies.insert(b->page_copies.begin(), {3, 3, 1});
@@ -150,6 +161,35 @@ TEST_F(StepBatchTest, ValidBatchPasses) {
   StepBatchCheckScratch scratch;
   EXPECT_TRUE(
       validate_step_batch(probe_, backend_->kv_layout(), model_->config.vocab_size, &scratch).ok());
+}
+
+// StepBatch::sampling: the backend draws each logit row itself; the CPU backend's draws are
+// the host sampler's on the very logits a full-logits step returns.
+TEST_F(StepBatchTest, BackendSamplingDrawsWhatTheHostSamplerDraws) {
+  StepBatch batch = probe_;
+  batch.sampling.resize(2);
+  batch.sampling[0].params.temperature = 0.0f;
+  batch.sampling[0].params.logprobs = 3;
+  batch.sampling[1].params.temperature = 0.9f;
+  batch.sampling[1].params.top_k = 20;
+  batch.sampling[1].params.top_p = 0.8f;
+  batch.sampling[1].params.seed = 5;
+  batch.sampling[1].stream_key = 7;
+  batch.sampling[1].position = 11;
+  Logits out;
+  ASSERT_TRUE(backend_->forward(batch, &out).ok());
+  ASSERT_EQ(out.sampled.size(), 2u);
+  EXPECT_TRUE(out.data.empty());
+  SamplingScratch scratch;
+  for (int32_t i = 0; i < 2; ++i) {
+    const StepSampling& s = batch.sampling[size_t(i)];
+    const SampledToken want = sample_token(expected_.row(i), model_->config.vocab_size, s.params,
+                                           s.stream_key, s.position, &scratch);
+    EXPECT_EQ(out.sampled[size_t(i)].token, want.token) << "row " << i;
+    EXPECT_EQ(out.sampled[size_t(i)].logprob, want.logprob) << "row " << i;
+    EXPECT_EQ(out.sampled[size_t(i)].top, want.top) << "row " << i;
+  }
+  EXPECT_EQ(out.sampled[0].top.size(), 3u);
 }
 
 TEST_F(StepBatchTest, EmptyBatchWithOnlyCopiesRuns) {

@@ -214,6 +214,85 @@ TEST(CudaBackend, ArgmaxOnlyStepsMatchCpuGreedy) {
   }
 }
 
+// With StepBatch::vocab_limit the device argmax and its logprob cover only the first
+// vocab_limit ids (a tokenizer smaller than the model's padded vocab_size).
+TEST(CudaBackend, ArgmaxOnlyStepsHonourTheVocabLimit) {
+  REQUIRE_GPU();
+  Models m = load(false);
+  ASSERT_TRUE(m.gpu && m.cpu);
+  constexpr int64_t kLimit = 200;
+  KvCacheConfig kc;
+  kc.page_size = kPageSize;
+  kc.num_pages = int32_t(kPages);
+  auto kv = std::move(KvCache::create(kc).value());
+  const std::vector<int32_t> prompt = prompt_tokens(40);
+  auto nb = kv->create_branch(prompt);
+  ASSERT_TRUE(nb.ok());
+  StepBatch batch;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    batch.token_ids.push_back(prompt[i]);
+    batch.positions.push_back(int32_t(i));
+    batch.kv_slots.push_back(int64_t(nb->slots[i].page) * kPageSize + nb->slots[i].slot);
+    batch.logit_rows.push_back(int32_t(i));  // every position: many different rows
+  }
+  std::vector<ViewQuery> q = {{nb->id, int32_t(prompt.size())}};
+  ASSERT_TRUE(kv->build_attention_view(q, &batch.view).ok());
+  Logits a, b;
+  ASSERT_TRUE(m.cpu->forward(batch, &a).ok());
+  batch.full_logits = false;
+  batch.vocab_limit = kLimit;
+  ASSERT_TRUE(m.gpu->forward(batch, &b).ok());
+  ASSERT_EQ(b.argmax.size(), prompt.size());
+  int32_t limited = 0;  // rows whose unlimited argmax is past the limit
+  for (int32_t r = 0; r < a.num_rows; ++r) {
+    const float* x = a.row(r);
+    const int32_t best = int32_t(std::max_element(x, x + kLimit) - x);
+    limited += std::max_element(x, x + a.vocab) - x >= kLimit;
+    double sum = 0;
+    for (int64_t v = 0; v < kLimit; ++v) sum += std::exp(double(x[v]) - double(x[best]));
+    EXPECT_EQ(b.argmax[r], best) << "row " << r;
+    EXPECT_NEAR(b.argmax_logprob[r], -std::log(sum), 2e-2) << "row " << r;
+  }
+  EXPECT_GT(limited, 0) << "no row needed the limit: the test proves nothing";
+}
+
+// create_cuda_backend_random draws the values create_cpu_backend_random does (the same hash
+// of seed and index), so the two agree to fp16 rounding: a GPU random-weights run can be
+// checked on the CPU.
+TEST(CudaBackend, RandomWeightsMatchTheCpuBackendsRandomWeights) {
+  REQUIRE_GPU();
+  Models m;
+  auto config = load_model_config(tiny_dir());
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  m.config = *config;
+  CpuBackendOptions co;
+  co.num_pages = kPages;
+  co.page_size = kPageSize;
+  auto cpu = create_cpu_backend_random(m.config, co, 9);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+  m.cpu = std::move(*cpu);
+  CudaBackendOptions go;
+  go.num_pages = kPages;
+  go.page_size = kPageSize;
+  auto gpu = create_cuda_backend_random(m.config, go, 9);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().message();
+  m.gpu = std::move(*gpu);
+  Lockstep ls(&m);
+  const std::vector<int32_t> prompt = prompt_tokens(29);
+  auto nb = ls.kv().create_branch(prompt);
+  ASSERT_TRUE(nb.ok());
+  ls.add_rows(nb->id, prompt, nb->slots, 0, true);
+  std::vector<int32_t> gc, gg;
+  EXPECT_LE(ls.run(&gc, &gg), 2e-2f) << "prefill";
+  int32_t pos = int32_t(prompt.size());
+  for (int step = 0; step < 8; ++step) {
+    std::vector<KvSlot> slots;
+    ASSERT_TRUE(ls.kv().append(nb->id, std::vector<int32_t>{gc[0]}, &slots).ok());
+    ls.add_rows(nb->id, {gc[0]}, slots, pos++, true);
+    EXPECT_LE(ls.run(&gc, &gg), 2e-2f) << "decode step " << step;
+  }
+}
+
 TEST(CudaBackend, ForkedTreeMatchesCpu) {
   REQUIRE_GPU();
   Models m = load(false);

@@ -76,6 +76,41 @@ TEST(Config, ValidationCatchesRanges) {
   c = {};
   c.limits.max_n = 0;
   EXPECT_FALSE(validate_config(c).ok());
+  c = {};
+  c.model.random_weights_seed = -2;
+  EXPECT_NE(validate_config(c).message().find("model.random_weights_seed"), std::string::npos);
+  c = {};
+  c.engine.attention = "flat";
+  EXPECT_NE(validate_config(c).message().find("engine.attention"), std::string::npos);
+}
+
+TEST(Config, AttentionScheduleAndTheNoSharingPreset) {
+  TreeserveConfig c;
+  EXPECT_EQ(c.engine.attention, "tree");
+  ASSERT_TRUE(merge_config_json(R"({"engine": {"attention": "baseline"}})", "a.json", &c).ok());
+  EXPECT_EQ(c.engine.attention, "baseline");
+  EXPECT_TRUE(validate_config(c).ok());
+  // Prefix sharing off, for A/B measurements: no radix reuse and prefix-unaware attention.
+  TreeserveConfig off;
+  ASSERT_TRUE(
+      load_config_file(std::string(TREESERVE_SOURCE_DIR) + "/configs/server/no-prefix-sharing.json",
+                       &off)
+          .ok());
+  EXPECT_FALSE(off.kv_cache.prefix_sharing);
+  EXPECT_EQ(off.engine.attention, "baseline");
+}
+
+TEST(Config, RandomWeightsSeed) {
+  TreeserveConfig c;
+  EXPECT_EQ(c.model.random_weights_seed, -1);  // off by default
+  ASSERT_TRUE(merge_config_json(R"({"model": {"random_weights_seed": 7}})", "r.json", &c).ok());
+  EXPECT_EQ(c.model.random_weights_seed, 7);
+  EXPECT_TRUE(validate_config(c).ok());
+  TreeserveConfig back;
+  ASSERT_TRUE(merge_config_json(config_to_json(c), "dump", &back).ok());
+  EXPECT_EQ(back.model.random_weights_seed, 7);
+  Status s = merge_config_json(R"({"model": {"random_weights_seed": "x"}})", "r.json", &c);
+  EXPECT_NE(s.message().find("model.random_weights_seed"), std::string::npos) << s.message();
 }
 
 TEST(Config, ListenAddresses) {

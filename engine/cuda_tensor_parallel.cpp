@@ -1,0 +1,203 @@
+// The tensor-parallel CUDA backend: N ranks (detail::CudaRank, one per GPU) of one model,
+// split Megatron-style (engine/tensor_parallel.h), each driven by its own persistent thread.
+// A step is validated and its attention plan built once here; every rank uploads the same
+// plan and runs its share of the layers, all-reducing the row-parallel GEMMs' partial sums
+// over NCCL; the ranks' logits shards are gathered in pinned host memory (full rows) or
+// merged there (greedy steps: argmax and log-softmax from each shard's max and sum).
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/detail/cuda_rank.h"
+#include "engine/detail/rank_workers.h"
+#include "engine/tensor_parallel.h"
+
+namespace treeserve::detail {
+namespace {
+
+// N CudaBackend shards, one per GPU (devices options.device .. + N - 1), each driven by its
+// own persistent thread. The communicators come from ncclCommInitAll: one process owns every
+// GPU, so no unique id has to be handed around (ncclGetUniqueId + ncclCommInitRank are for
+// one process per GPU), and one thread per communicator issues its collectives.
+class TensorParallelBackend final : public Backend {
+ public:
+  TensorParallelBackend(const ModelConfig& config, const CudaBackendOptions& options)
+      : config_(config), options_(options), world_(options.tensor_parallel), workers_(world_) {
+    // The pool as the scheduler sees it: every rank has these pages, each with its heads.
+    layout_.num_layers = int32_t(config.num_hidden_layers);
+    layout_.num_kv_heads = int32_t(config.num_key_value_heads);
+    layout_.head_dim = int32_t(config.head_dim);
+    layout_.page_size = options.page_size;
+    layout_.num_pages = options.num_pages;
+    layout_.dtype_bytes = 2;
+  }
+
+  ~TensorParallelBackend() override {
+    shards_.clear();  // each waits for its stream and frees its memory on its device
+    if (!aborted_) {
+      for (ncclComm_t c : comms_) ncclCommDestroy(c);
+    }
+    cudaFreeHost(host_);
+  }
+
+  Status init() {
+    // NVLink multicast (NVLS) stays off unless the operator set it: on shared hosts it can
+    // take the GPUs out of service (see the device notes).
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    std::vector<int> devices(static_cast<size_t>(world_));
+    for (int32_t r = 0; r < world_; ++r) devices[size_t(r)] = options_.device + r;
+    comms_.assign(size_t(world_), nullptr);
+    const ncclResult_t nr = ncclCommInitAll(comms_.data(), world_, devices.data());
+    if (nr != ncclSuccess) {
+      comms_.clear();
+      return Unavailable("tensor_parallel = " + std::to_string(world_) +
+                         ": NCCL could not connect devices " + std::to_string(options_.device) +
+                         ".." + std::to_string(options_.device + world_ - 1) + ": " +
+                         ncclGetErrorString(nr));
+    }
+    for (int32_t r = 0; r < world_; ++r) {
+      shards_.push_back(make_cuda_rank(config_, options_, r, world_, comms_[size_t(r)]));
+    }
+    return workers_.run([&](int32_t r) { return shards_[size_t(r)]->init(); });
+  }
+
+  // Every rank loads its slices in parallel, from the same mapped checkpoint.
+  Status load(const LlamaWeights& weights) {
+    return workers_.run([&](int32_t r) { return shards_[size_t(r)]->load(weights); });
+  }
+  Status randomize(uint64_t seed) {
+    return workers_.run([&](int32_t r) { return shards_[size_t(r)]->randomize(seed); });
+  }
+
+  std::string_view name() const override { return "cuda"; }
+  const ModelConfig& model_config() const override { return config_; }
+  const KvLayout& kv_layout() const override { return layout_; }
+
+  Status forward(const StepBatch& batch, Logits* out) override {
+    if (aborted_) {
+      return Internal(
+          "CUDA tensor-parallel backend: a rank failed during an earlier step and the NCCL "
+          "communicators were aborted; restart the server");
+    }
+    TS_RETURN_IF_ERROR(validate_step_batch(batch, layout_, config_.vocab_size, &check_));
+    TS_RETURN_IF_ERROR(shards_[0]->build_plan(batch.view, &plan_));
+    const int64_t n = int64_t(batch.logit_rows.size());
+    const int64_t vocab = config_.vocab_size;
+    // Allocations before any rank starts its collectives (cudaFree waits for its device).
+    int previous_device = 0;
+    cudaGetDevice(&previous_device);
+    for (const auto& shard : shards_) TS_RETURN_IF_ERROR(shard->reserve_scratch(batch));
+    cudaSetDevice(previous_device);
+    // Sampling with temperature / top-k / top-p gathers the rows and draws on the host (one
+    // GPU draws on the device; the vocabulary-sharded draw is not there yet).
+    const bool rows_to_host = batch.full_logits || !batch.sampling.empty();
+    TS_RETURN_IF_ERROR(reserve_host(size_t(rows_to_host ? n * vocab * 4 : n * world_ * 12)));
+    float* host = static_cast<float*>(host_);
+    TS_RETURN_IF_ERROR(workers_.run([&](int32_t r) {
+      ShardOutput o;
+      o.logits = host;
+      // Greedy: rank r's [maxes | sums | ids] of n rows each.
+      o.maxes = host + int64_t(r) * n * 3;
+      o.sums = o.maxes + n;
+      o.ids = reinterpret_cast<int32_t*>(o.sums + n);
+      Status s = shards_[size_t(r)]->forward_shard(batch, plan_, o);
+      // The other ranks may be waiting in an all-reduce this rank will never join: abort
+      // the communicators so that their collectives return.
+      if (!s.ok()) abort_communicators();
+      return s;
+    }));
+    out->num_rows = int32_t(n);
+    out->vocab = vocab;
+    out->argmax.clear();
+    out->argmax_logprob.clear();
+    out->sampled.clear();
+    if (n > 0 && !batch.sampling.empty()) {
+      const int64_t limit = batch.vocab_limit > 0 ? batch.vocab_limit : vocab;
+      for (int64_t i = 0; i < n; ++i) {
+        const StepSampling& s = batch.sampling[size_t(i)];
+        out->sampled.push_back(sample_token(host + i * vocab, limit, s.params, s.stream_key,
+                                            s.position, &sampling_scratch_));
+      }
+      out->data.clear();
+      return Status::Ok();
+    }
+    if (n == 0 || batch.full_logits) {
+      out->data.assign(host, host + n * vocab);
+      return Status::Ok();
+    }
+    out->data.clear();
+    merge_.resize(size_t(world_));
+    for (int32_t r = 0; r < world_; ++r) {
+      const float* part = host + int64_t(r) * n * 3;  // [maxes | sums | ids]
+      merge_[size_t(r)] = {part, part + n, reinterpret_cast<const int32_t*>(part + 2 * n)};
+    }
+    out->argmax.resize(size_t(n));
+    out->argmax_logprob.resize(size_t(n));
+    merge_argmax_shards(merge_, n, out->argmax.data(), out->argmax_logprob.data());
+    return Status::Ok();
+  }
+
+ private:
+  void abort_communicators() {
+    std::call_once(abort_once_, [this] {
+      aborted_ = true;
+      for (ncclComm_t c : comms_) ncclCommAbort(c);
+    });
+  }
+
+  // Pinned, portable (every device's stream copies into it).
+  Status reserve_host(size_t bytes) {
+    if (bytes <= host_bytes_) return Status::Ok();
+    cudaFreeHost(host_);
+    host_ = nullptr;
+    host_bytes_ = 0;
+    if (cudaHostAlloc(&host_, bytes * 2, cudaHostAllocPortable) != cudaSuccess) {
+      cudaGetLastError();
+      host_ = nullptr;
+      return ResourceExhausted("CUDA backend: cannot allocate " + std::to_string(bytes * 2) +
+                               " bytes of pinned memory for the logits");
+    }
+    host_bytes_ = bytes * 2;
+    return Status::Ok();
+  }
+
+  ModelConfig config_;
+  CudaBackendOptions options_;
+  int32_t world_;
+  KvLayout layout_;
+  std::vector<ncclComm_t> comms_;
+  std::vector<std::unique_ptr<CudaRank>> shards_;
+  StepBatchCheckScratch check_;
+  AttentionPlan plan_;
+  std::vector<ArgmaxShard> merge_;
+  SamplingScratch sampling_scratch_;
+  std::once_flag abort_once_;
+  std::atomic<bool> aborted_{false};
+  void* host_ = nullptr;
+  size_t host_bytes_ = 0;
+  detail::RankWorkers workers_;  // idle between calls; joined after the shards are gone
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Backend>> create_tensor_parallel_backend(const ModelConfig& config,
+                                                                  const CudaBackendOptions& options,
+                                                                  const LlamaWeights* weights,
+                                                                  uint64_t seed) {
+  auto backend = std::make_unique<TensorParallelBackend>(config, options);
+  TS_RETURN_IF_ERROR(backend->init());
+  if (weights != nullptr) {
+    TS_RETURN_IF_ERROR(backend->load(*weights));
+  } else {
+    TS_RETURN_IF_ERROR(backend->randomize(seed));
+  }
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace treeserve::detail

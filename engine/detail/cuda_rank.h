@@ -1,0 +1,62 @@
+// The seam between the CUDA backend's per-GPU model runtime and tensor parallelism:
+// CudaRank is one rank's shard (cuda_backend.cpp's CudaBackend: its slices of the weights,
+// its heads' share of the KV pool, its stream and workspace), and the tensor-parallel
+// backend (cuda_tensor_parallel.cpp) drives N of them, one thread per GPU.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "common/status.h"
+#include "engine/backend.h"
+#include "engine/cuda_backend.h"
+#include "engine/step_batch.h"
+#include "kernels/attention_plan.h"
+#include "kernels/attention_view.h"
+#include "models/model_config.h"
+
+typedef struct ncclComm* ncclComm_t;  // same declaration as nccl.h
+
+namespace treeserve::detail {
+
+// Where a rank's step output goes (pinned host memory of the tensor-parallel backend): full
+// logits into its vocabulary columns of [rows][vocab]; for greedy steps its shard's per-row
+// max, sum of exp(x - max) and argmax id (tensor_parallel.h's ArgmaxShard).
+struct ShardOutput {
+  float* logits = nullptr;  // float [n][vocab]
+  float* maxes = nullptr;   // [n]
+  float* sums = nullptr;    // [n]
+  int32_t* ids = nullptr;   // [n]
+};
+
+class CudaRank {
+ public:
+  virtual ~CudaRank() = default;
+  // Device, stream, weight buffers, pool, workspace (on the calling thread's device, which
+  // it sets).
+  virtual Status init() = 0;
+  // This rank's slices: from the checkpoint, or random (the global weights' values).
+  virtual Status load(const LlamaWeights& weights) = 0;
+  virtual Status randomize(uint64_t seed) = 0;
+  // The step's attention plan; every rank's is the same (same head counts), so one is built.
+  virtual Status build_plan(const AttentionView& view, AttentionPlan* plan) const = 0;
+  // Grows the step's buffers; before any rank starts the step's collectives.
+  virtual Status reserve_scratch(const StepBatch& batch) = 0;
+  // The step on this rank (its all-reduces included), its logits shard into `out`, waited for.
+  virtual Status forward_shard(const StepBatch& batch, const AttentionPlan& plan,
+                               const ShardOutput& out) = 0;
+};
+
+// Rank `rank` of `world` on device options.device + rank, all-reducing over `comm`.
+std::unique_ptr<CudaRank> make_cuda_rank(const ModelConfig& config,
+                                         const CudaBackendOptions& options, int32_t rank,
+                                         int32_t world, ncclComm_t comm);
+
+// The tensor-parallel backend (options.tensor_parallel > 1; options already checked): the
+// checkpoint's weights, or random weights from `seed` when weights is null.
+StatusOr<std::unique_ptr<Backend>> create_tensor_parallel_backend(const ModelConfig& config,
+                                                                  const CudaBackendOptions& options,
+                                                                  const LlamaWeights* weights,
+                                                                  uint64_t seed);
+
+}  // namespace treeserve::detail

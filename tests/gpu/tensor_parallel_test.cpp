@@ -1,0 +1,370 @@
+// Tensor parallelism (label gpu): a TP=N CUDA backend against TP=1 on the same step batches
+// (built by one KvCache, so both pools hold the same pages) — forked trees decoding 32 greedy
+// steps, with page copies, a speculative token tree and its accept (slot moves), and argmax-only
+// steps with and without a vocab limit. Logits must agree within fp16 tolerance and greedy
+// tokens must be the same. Models: the tiny checkpoint (4 heads, 2 KV heads: TP=4 replicates KV
+// heads) and a Llama-3-8B-shaped model with random weights, cut to 4 layers to keep the test
+// fast (the per-layer sharding is the same for every layer). Each case needs N devices and
+// skips with a message otherwise; the start-up checks need no device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "engine/backend.h"
+#include "engine/cuda_backend.h"
+#include "kvcache/kv_cache.h"
+#include "models/llama_weights.h"
+#include "models/model_config.h"
+#include "models/safetensors.h"
+
+namespace treeserve {
+namespace {
+
+constexpr int64_t kPages = 256;
+constexpr int32_t kPageSize = 16;
+
+#define REQUIRE_DEVICES(n)                                                                         \
+  do {                                                                                             \
+    if (cuda_device_count() < (n)) {                                                               \
+      GTEST_SKIP() << "needs " << (n) << " CUDA devices, this machine has " << cuda_device_count() \
+                   << ": tensor-parallel GPU test skipped";                                        \
+    }                                                                                              \
+  } while (0)
+
+std::string tiny_dir() {
+  const char* env = std::getenv("TREESERVE_TINY_MODEL_DIR");
+  return env ? env : TREESERVE_TINY_MODEL_DIR;
+}
+
+// Llama-3-8B's shape (configs/models/llama-3-8b.json) with 4 of its 32 layers.
+ModelConfig llama3_8b_shape(int64_t layers) {
+  ModelConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.vocab_size = 128256;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.head_dim = 128;
+  c.max_position_embeddings = 8192;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  return c;
+}
+
+CudaBackendOptions options(int32_t tp) {
+  CudaBackendOptions o;
+  o.num_pages = kPages;
+  o.page_size = kPageSize;
+  o.tensor_parallel = tp;
+  return o;
+}
+
+struct Pair {
+  ModelConfig config;
+  std::unique_ptr<Backend> one, many;  // TP = 1 and TP = N
+};
+
+Pair load_tiny(int32_t tp) {
+  Pair p;
+  auto config = load_model_config(tiny_dir());
+  EXPECT_TRUE(config.ok()) << config.status().message();
+  p.config = *config;
+  auto reader = SafetensorsReader::open_dir(tiny_dir());
+  EXPECT_TRUE(reader.ok()) << reader.status().message();
+  auto weights = load_llama_weights(p.config, *reader);
+  EXPECT_TRUE(weights.ok()) << weights.status().message();
+  for (int32_t n : {1, tp}) {
+    auto b = create_cuda_backend(p.config, *weights, options(n));
+    EXPECT_TRUE(b.ok()) << "tp=" << n << ": " << b.status().message();
+    if (b.ok()) (n == 1 ? p.one : p.many) = std::move(*b);
+  }
+  return p;
+}
+
+Pair random_8b(int32_t tp) {
+  Pair p;
+  p.config = llama3_8b_shape(4);
+  for (int32_t n : {1, tp}) {
+    auto b = create_cuda_backend_random(p.config, options(n), 42);
+    EXPECT_TRUE(b.ok()) << "tp=" << n << ": " << b.status().message();
+    if (b.ok()) (n == 1 ? p.one : p.many) = std::move(*b);
+  }
+  return p;
+}
+
+struct StepDiff {
+  float max_abs = 0.0f;         // over every logit of every row
+  int32_t mismatches = 0;       // rows whose argmax differs, TP=1's top two further apart than tol
+  int32_t near_ties = 0;        // rows whose argmax differs where TP=1's top two are within tol
+  std::vector<int32_t> greedy;  // TP=1's argmax per row
+};
+
+// Builds step batches from one KvCache and runs each on both backends.
+class Lockstep {
+ public:
+  explicit Lockstep(Pair* p) : p_(p) {
+    KvCacheConfig kc;
+    kc.page_size = kPageSize;
+    kc.num_pages = int32_t(kPages);
+    kv_ = std::move(KvCache::create(kc).value());
+  }
+  KvCache& kv() { return *kv_; }
+  StepBatch& batch() { return batch_; }
+
+  void add_rows(BranchId branch, const std::vector<int32_t>& tokens,
+                const std::vector<KvSlot>& slots, int32_t first_position, bool logits) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      batch_.token_ids.push_back(tokens[i]);
+      batch_.positions.push_back(first_position + int32_t(i));
+      batch_.kv_slots.push_back(int64_t(slots[i].page) * kPageSize + slots[i].slot);
+    }
+    if (logits) batch_.logit_rows.push_back(batch_.num_rows() - 1);
+    queries_.push_back({branch, int32_t(tokens.size())});
+  }
+
+  // Full logits from both; compares every row.
+  StepDiff run(float tol) {
+    EXPECT_TRUE(kv_->build_attention_view(queries_, &batch_.view).ok());
+    Logits a, b;
+    Status sa = p_->one->forward(batch_, &a);
+    Status sb = p_->many->forward(batch_, &b);
+    EXPECT_TRUE(sa.ok()) << sa.message();
+    EXPECT_TRUE(sb.ok()) << sb.message();
+    StepDiff d;
+    EXPECT_EQ(a.num_rows, b.num_rows);
+    EXPECT_EQ(a.vocab, b.vocab);
+    EXPECT_EQ(a.data.size(), b.data.size());
+    if (!sa.ok() || !sb.ok() || a.data.size() != b.data.size()) return clear(d);
+    for (int32_t r = 0; r < a.num_rows; ++r) {
+      const float* x = a.row(r);
+      const float* y = b.row(r);
+      for (int64_t v = 0; v < a.vocab; ++v) d.max_abs = std::max(d.max_abs, std::fabs(x[v] - y[v]));
+      const int32_t ga = int32_t(std::max_element(x, x + a.vocab) - x);
+      const int32_t gb = int32_t(std::max_element(y, y + b.vocab) - y);
+      d.greedy.push_back(ga);
+      if (ga != gb) ++(std::fabs(x[ga] - x[gb]) <= tol ? d.near_ties : d.mismatches);
+    }
+    return clear(d);
+  }
+
+  // Argmax-only step (full_logits = false) on both: logprobs within tol, ids the same unless
+  // the two picks are a near tie (their logprobs within tol: then both are top logits within
+  // tol of each other). Returns the near ties; *greedy = TP=1's ids.
+  int32_t run_argmax(int64_t vocab_limit, float tol, std::vector<int32_t>* greedy) {
+    EXPECT_TRUE(kv_->build_attention_view(queries_, &batch_.view).ok());
+    batch_.full_logits = false;
+    batch_.vocab_limit = vocab_limit;
+    Logits a, b;
+    Status sa = p_->one->forward(batch_, &a);
+    Status sb = p_->many->forward(batch_, &b);
+    StepDiff unused;
+    clear(unused);
+    EXPECT_TRUE(sa.ok()) << sa.message();
+    EXPECT_TRUE(sb.ok()) << sb.message();
+    EXPECT_TRUE(b.data.empty());
+    EXPECT_EQ(a.argmax.size(), b.argmax.size());
+    if (!sa.ok() || !sb.ok() || a.argmax.size() != b.argmax.size()) return 0;
+    *greedy = a.argmax;
+    int32_t near_ties = 0;
+    for (size_t r = 0; r < a.argmax.size(); ++r) {
+      const bool close = std::fabs(a.argmax_logprob[r] - b.argmax_logprob[r]) <= tol;
+      EXPECT_TRUE(close) << "row " << r << ": logprob " << a.argmax_logprob[r] << " vs "
+                         << b.argmax_logprob[r];
+      if (a.argmax[r] != b.argmax[r]) {
+        if (close) {
+          ++near_ties;
+        } else {
+          ADD_FAILURE() << "row " << r << " vocab_limit " << vocab_limit << ": argmax "
+                        << a.argmax[r] << " vs " << b.argmax[r];
+        }
+      }
+      if (vocab_limit > 0) {
+        EXPECT_LT(b.argmax[r], vocab_limit);
+      }
+    }
+    return near_ties;
+  }
+
+ private:
+  StepDiff& clear(StepDiff& d) {
+    batch_.clear();
+    queries_.clear();
+    return d;
+  }
+
+  Pair* p_;
+  std::unique_ptr<KvCache> kv_;
+  StepBatch batch_;
+  std::vector<ViewQuery> queries_;
+};
+
+std::vector<int32_t> prompt_tokens(int n, int32_t vocab) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(1 + (i * 53 + 7) % (vocab - 1));
+  return p;
+}
+
+// A prompt ending mid-page forked into 6 branches (page copies), two of which append two
+// tokens at first; then 32 greedy steps of all 6 (both follow TP=1's tokens), every fourth an
+// argmax-only step, one of them with a vocab limit inside the last rank's shard.
+void run_forked_tree(Pair* p, float tol, int32_t max_near_ties) {
+  ASSERT_TRUE(p->one && p->many);
+  const int32_t vocab = int32_t(p->config.vocab_size);
+  Lockstep ls(p);
+  std::vector<int32_t> prompt = prompt_tokens(45, vocab);
+  auto root = ls.kv().create_branch(prompt);
+  ASSERT_TRUE(root.ok());
+  ls.add_rows(root->id, prompt, root->slots, 0, true);
+  StepDiff d = ls.run(tol);
+  EXPECT_LE(d.max_abs, tol) << "prefill";
+  EXPECT_EQ(d.mismatches, 0) << "prefill";
+  auto forked = ls.kv().fork(root->id, 6);
+  ASSERT_TRUE(forked.ok());
+  for (const PageCopy& c : forked->copies) {
+    ls.batch().page_copies.push_back({c.src_page, c.dst_page, c.num_slots});
+  }
+  std::vector<int32_t> len(6, int32_t(prompt.size()));
+  std::vector<int32_t> next(6);
+  for (int i = 0; i < 6; ++i) next[i] = (10 + 17 * i) % vocab;
+  int32_t near_ties = 0;
+  for (int step = 0; step < 32; ++step) {
+    for (int i = 0; i < 6; ++i) {
+      std::vector<KvSlot> slots;
+      std::vector<int32_t> toks = {next[i]};
+      if (step == 0 && i % 2 == 1) toks.push_back((300 + i) % vocab);
+      ASSERT_TRUE(ls.kv().append(forked->branches[i], toks, &slots).ok());
+      ls.add_rows(forked->branches[i], toks, slots, len[i], true);
+      len[i] += int32_t(toks.size());
+    }
+    if (step % 4 == 3) {
+      // The limit cuts into the last rank's vocabulary shard.
+      near_ties += ls.run_argmax(step == 7 ? vocab - vocab / 8 + 3 : 0, tol, &next);
+      ASSERT_EQ(next.size(), 6u);
+      continue;
+    }
+    d = ls.run(tol);
+    EXPECT_LE(d.max_abs, tol) << "step " << step;
+    EXPECT_EQ(d.mismatches, 0) << "step " << step;
+    near_ties += d.near_ties;
+    ASSERT_EQ(d.greedy.size(), 6u);
+    next = d.greedy;
+  }
+  EXPECT_LE(near_ties, max_near_ties) << "argmaxes that differ within the logit tolerance";
+}
+
+// The prompt but its last token, then that token with a token tree of drafts; accept a chain
+// (its KV moves into place, slot moves); 8 more decode steps.
+void run_speculative(Pair* p, float tol) {
+  ASSERT_TRUE(p->one && p->many);
+  const int32_t vocab = int32_t(p->config.vocab_size);
+  Lockstep ls(p);
+  std::vector<int32_t> prompt = prompt_tokens(30, vocab);
+  std::vector<int32_t> head(prompt.begin(), prompt.end() - 1);
+  auto b = ls.kv().create_branch(head);
+  ASSERT_TRUE(b.ok());
+  ls.add_rows(b->id, head, b->slots, 0, false);
+  ls.run(tol);
+  std::vector<KvSlot> slots;
+  ASSERT_TRUE(ls.kv().append(b->id, std::vector<int32_t>{prompt.back()}, &slots).ok());
+  ls.add_rows(b->id, {prompt.back()}, slots, int32_t(head.size()), true);
+  slots.clear();
+  std::vector<int32_t> drafts = {5, 6, 7, 8, 9, 10, 11};
+  std::vector<int32_t> parents = {-1, -1, 0, 0, 2, 1, 4};
+  ASSERT_TRUE(ls.kv().append_token_tree(b->id, drafts, parents, &slots).ok());
+  std::vector<int32_t> depth(drafts.size());
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    depth[i] = parents[i] < 0 ? 0 : depth[parents[i]] + 1;
+    ls.batch().token_ids.push_back(drafts[i]);
+    ls.batch().positions.push_back(int32_t(prompt.size()) + depth[i]);
+    ls.batch().kv_slots.push_back(int64_t(slots[i].page) * kPageSize + slots[i].slot);
+    ls.batch().logit_rows.push_back(ls.batch().num_rows() - 1);
+  }
+  StepDiff d = ls.run(tol);
+  EXPECT_LE(d.max_abs, tol);
+  EXPECT_EQ(d.mismatches, 0);
+  std::vector<SlotMove> moves;
+  ASSERT_TRUE(ls.kv().accept(b->id, std::vector<int32_t>{0, 2, 4, 6}, &moves).ok());
+  for (const SlotMove& mv : moves) {
+    ls.batch().slot_moves.push_back({int64_t(mv.src.page) * kPageSize + mv.src.slot,
+                                     int64_t(mv.dst.page) * kPageSize + mv.dst.slot});
+  }
+  int32_t pos = int32_t(prompt.size()) + 4;
+  for (int step = 0; step < 8; ++step) {
+    std::vector<KvSlot> s;
+    const int32_t tok = 40 + step;
+    ASSERT_TRUE(ls.kv().append(b->id, std::vector<int32_t>{tok}, &s).ok());
+    ls.add_rows(b->id, {tok}, s, pos++, true);
+    d = ls.run(tol);
+    EXPECT_LE(d.max_abs, tol) << "after accept, step " << step;
+    EXPECT_EQ(d.mismatches, 0) << "after accept, step " << step;
+  }
+}
+
+class TensorParallel : public ::testing::TestWithParam<int32_t> {};
+
+// The tiny model's logits are well spread (std ~3): no near ties are expected.
+TEST_P(TensorParallel, TinyForkedTreeMatchesOneGpu) {
+  REQUIRE_DEVICES(GetParam());
+  Pair p = load_tiny(GetParam());
+  run_forked_tree(&p, 2e-2f, 0);
+}
+
+TEST_P(TensorParallel, TinySpeculativeAcceptMatchesOneGpu) {
+  REQUIRE_DEVICES(GetParam());
+  Pair p = load_tiny(GetParam());
+  run_speculative(&p, 2e-2f);
+}
+
+// Random weights spread the logits little (std ~0.6 over 128256 ids), so two ids can sit
+// within fp16 rounding of each other: a differing argmax is allowed only there, at most twice
+// in the run, and never where TP=1's top two are further apart than the tolerance.
+TEST_P(TensorParallel, Llama3ShapeForkedTreeMatchesOneGpu) {
+  REQUIRE_DEVICES(GetParam());
+  Pair p = random_8b(GetParam());
+  run_forked_tree(&p, 2e-2f, 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallel, ::testing::Values(2, 4),
+                         [](const ::testing::TestParamInfo<int32_t>& info) {
+                           return "tp" + std::to_string(info.param);
+                         });
+
+// Start-up checks: they come before any device is touched, so they run anywhere.
+TEST(TensorParallelOptions, RejectsShapesThatDoNotSplit) {
+  ModelConfig c = llama3_8b_shape(1);
+  auto three = create_cuda_backend_random(c, options(3), 1);
+  ASSERT_FALSE(three.ok());
+  EXPECT_EQ(three.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(three.status().message().find("num_attention_heads"), std::string::npos)
+      << three.status().message();
+  c.intermediate_size = 14337;
+  auto im = create_cuda_backend_random(c, options(2), 1);
+  ASSERT_FALSE(im.ok());
+  EXPECT_NE(im.status().message().find("intermediate_size"), std::string::npos)
+      << im.status().message();
+  c = llama3_8b_shape(1);
+  c.vocab_size = 128257;
+  auto vocab = create_cuda_backend_random(c, options(2), 1);
+  ASSERT_FALSE(vocab.ok());
+  EXPECT_NE(vocab.status().message().find("vocab_size"), std::string::npos)
+      << vocab.status().message();
+  auto zero = create_cuda_backend_random(llama3_8b_shape(1), options(0), 1);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_EQ(zero.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(TensorParallelOptions, MoreRanksThanDevicesIsUnavailable) {
+  const int32_t devices = cuda_device_count();
+  if (devices >= 8) GTEST_SKIP() << "this machine has 8 devices: nothing to refuse";
+  auto b = create_cuda_backend_random(llama3_8b_shape(1), options(8), 1);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kUnavailable) << b.status().message();
+}
+
+}  // namespace
+}  // namespace treeserve

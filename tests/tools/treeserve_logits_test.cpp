@@ -1,0 +1,168 @@
+// treeserve_logits (the HF-comparison tool) run as a process on the tiny model: its first-token
+// logits and greedy continuation equal the Hugging Face golden data (tests/golden/), its vocab
+// limit holds, random weights are reproducible, and bad input exits non-zero with a message.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace treeserve::testing {
+namespace {
+
+using nlohmann::json;
+
+constexpr float kGoldenTolerance = 1e-3f;  // as tests/engine/golden_test.cpp
+
+struct ToolRun {
+  int exit_code = -1;
+  std::string output;  // stdout + stderr
+  json result;         // the --out file, when it was written
+};
+
+std::string join(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+// Runs the tool with `args` (plus --out FILE and --threads 2), capturing its output.
+ToolRun run_tool(const std::vector<std::string>& args) {
+  // ctest runs each test in its own process, concurrently: the pid keeps the files apart.
+  static int counter = 0;
+  const std::string out = ::testing::TempDir() + "/treeserve_logits_" + std::to_string(getpid()) +
+                          "_" + std::to_string(++counter) + ".json";
+  std::filesystem::remove(out);
+  std::string cmd =
+      std::string("'") + TREESERVE_LOGITS_BINARY + "' --threads 2 --out '" + out + "'";
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  cmd += " 2>&1";
+  ToolRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (std::ifstream in(out); in) r.result = json::parse(in, nullptr, false);
+  return r;
+}
+
+float max_abs_diff(const json& got, const json& want) {
+  EXPECT_EQ(got.size(), want.size());
+  float m = 0.0f;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    const float d = std::fabs(got[i].get<float>() - want[i].get<float>());
+    if (!(d <= m)) m = d;  // NaN fails
+  }
+  return m;
+}
+
+class TreeserveLogits : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::ifstream in(TREESERVE_GOLDEN_JSON);
+    ASSERT_TRUE(in) << TREESERVE_GOLDEN_JSON << " is missing (see tests/golden/README.md)";
+    golden_ = json::parse(in, nullptr, false);
+    ASSERT_FALSE(golden_.is_discarded());
+  }
+  json golden_;
+};
+
+TEST_F(TreeserveLogits, GreedyContinuationMatchesTransformers) {
+  const json& g = golden_["greedy"];
+  const auto prompt = g["prompt_ids"].get<std::vector<int32_t>>();
+  const auto want = g["tokens"].get<std::vector<int32_t>>();
+  ToolRun r = run_tool({"--model", TREESERVE_TINY_MODEL_DIR, "--backend", "cpu", "--ids",
+                        join(prompt), "--greedy", std::to_string(want.size())});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(r.result.is_object()) << r.output;
+  EXPECT_EQ(r.result["prompt_ids"].get<std::vector<int32_t>>(), prompt);
+  const float err = max_abs_diff(r.result["first_logits"], g["step_logits"][0]);
+  EXPECT_LE(err, kGoldenTolerance) << "first-token logits vs transformers";
+  EXPECT_EQ(r.result["greedy"]["tokens"].get<std::vector<int32_t>>(), want);
+  const json& margins = r.result["greedy"]["top2_margin"];
+  ASSERT_EQ(margins.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    EXPECT_NEAR(margins[k].get<float>(), g["top2_margin"][k].get<float>(), 2 * kGoldenTolerance)
+        << "step " << k;
+  }
+  std::printf("[ first-token max |logit - transformers| = %.3g ]\n", double(err));
+}
+
+TEST_F(TreeserveLogits, PromptLogitsMatchTransformers) {
+  for (const json& p : golden_["prompts"]) {
+    SCOPED_TRACE(p["name"].get<std::string>());
+    const auto ids = p["ids"].get<std::vector<int32_t>>();
+    // The prompt from a file, as hf_compare.py passes it.
+    const std::string file = ::testing::TempDir() + "/ids.json";
+    std::ofstream(file) << json(ids).dump();
+    ToolRun r =
+        run_tool({"--model", TREESERVE_TINY_MODEL_DIR, "--ids-file", file, "--greedy", "1"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_LE(max_abs_diff(r.result["first_logits"], p["last_logits"]), kGoldenTolerance);
+  }
+}
+
+TEST_F(TreeserveLogits, VocabLimitKeepsTokensBelowIt) {
+  const auto prompt = golden_["greedy"]["prompt_ids"].get<std::vector<int32_t>>();
+  ToolRun r = run_tool({"--model", TREESERVE_TINY_MODEL_DIR, "--ids", join(prompt), "--greedy",
+                        "24", "--vocab-limit", "100"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto tokens = r.result["greedy"]["tokens"].get<std::vector<int32_t>>();
+  ASSERT_EQ(tokens.size(), 24u);
+  for (int32_t t : tokens) EXPECT_LT(t, 100);
+  // The unlimited continuation leaves [0, 100) (the golden tokens do), so the limit mattered.
+  const auto golden = golden_["greedy"]["tokens"].get<std::vector<int32_t>>();
+  EXPECT_TRUE(std::any_of(golden.begin(), golden.end(), [](int32_t t) { return t >= 100; }));
+  EXPECT_EQ(r.result["first_logits"].size(), golden_["reference"]["vocab_size"].get<size_t>());
+}
+
+TEST_F(TreeserveLogits, RandomWeightsAreReproducibleAndNotTheCheckpoint) {
+  const std::vector<std::string> args = {
+      "--model", TREESERVE_TINY_MODEL_DIR, "--ids", "1,300,301,302", "--greedy",
+      "4",       "--random-weights",       "5"};
+  ToolRun a = run_tool(args), b = run_tool(args);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(a.result["first_logits"], b.result["first_logits"]);
+  EXPECT_EQ(a.result["random_weights_seed"].get<int64_t>(), 5);
+  ToolRun real =
+      run_tool({"--model", TREESERVE_TINY_MODEL_DIR, "--ids", "1,300,301,302", "--greedy", "4"});
+  ASSERT_EQ(real.exit_code, 0) << real.output;
+  EXPECT_GT(max_abs_diff(a.result["first_logits"], real.result["first_logits"]), 0.1f);
+}
+
+TEST_F(TreeserveLogits, BadInputExitsNonZeroWithMessage) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::string m = TREESERVE_TINY_MODEL_DIR;
+  const std::vector<Case> cases = {
+      {{"--model", m, "--ids", "1,512"}, "outside the vocabulary"},
+      {{"--model", m, "--ids", "1,x"}, "not a token id"},
+      {{"--model", m}, "exactly one of --ids or --ids-file"},
+      {{"--model", m, "--ids-file", "/nonexistent/ids.json"}, "cannot be opened"},
+      {{"--model", "/nonexistent/model", "--ids", "1"}, "/nonexistent/model"},
+      {{"--model", m, "--ids", "1", "--backend", "tpu"}, "--backend must be cpu or cuda"},
+      {{"--model", m, "--ids", "1", "--vocab-limit", "513"}, "--vocab-limit"},
+      {{"--model", m, "--ids", "1", "--greedy", "4000"}, "max_position_embeddings"},
+  };
+  for (const Case& c : cases) {
+    ToolRun r = run_tool(c.args);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace treeserve::testing
