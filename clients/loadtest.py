@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 from loadtest_workloads import PARAMS, WORKLOADS, is_rpc_error  # noqa: E402
+from plot_loadtest import plot  # noqa: E402  (the same figure for a saved --json)
 from treeserve_client import (TreeServeClient, finish_reason_name, is_idle,  # noqa: E402
                               kv_pages_in_use)
 
@@ -358,34 +359,6 @@ def check_plot_available():
     except ImportError:
         raise SystemExit("--plot needs matplotlib, which %s cannot import (Debian: apt-get "
                          "install python3-matplotlib)" % sys.executable)
-
-
-def plot(res, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
-    reqs = res["timeline"]["requests"]
-    itl = res["timeline"].get("itl", [])
-    a.scatter([p[0] for p in itl], [1000 * p[1] for p in itl], s=2, alpha=0.3, color="grey",
-              label="inter-token latency")
-    a.scatter([r[0] for r in reqs], [1000 * r[1] for r in reqs], s=10, label="request latency")
-    a.scatter([r[0] for r in reqs if r[2] is not None],
-              [1000 * r[2] for r in reqs if r[2] is not None], s=10, marker="x",
-              label="time to first token")
-    a.set_ylabel("ms (log; at completion time)")
-    a.set_yscale("log")
-    a.legend(loc="upper left")
-    a.set_title("treeserve %s (%s scale): %.1f tok/s, backend %s" % (
-        res["workload"], res["scale"], res["throughput_tok_s"], res["server"]["backend"]))
-    kv = res["timeline"]["kv"]
-    b.plot([k[0] for k in kv], [k[1] for k in kv], label="pages in use")
-    b.plot([k[0] for k in kv], [k[1] + k[2] for k in kv], label="in use + evictable cache")
-    b.set_xlabel("seconds since start")
-    b.set_ylabel("KV pages (pool: %d)" % res["kv_pages"]["total"])
-    b.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
 
 
 def parse_args(argv):

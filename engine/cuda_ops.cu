@@ -226,10 +226,14 @@ __global__ void move_slots_kernel(T* k_all, T* v_all, int64_t layer_elems, int64
   }
 }
 
-// One block per row: max and argmax, then the sum of exp(x - max).
-__global__ void argmax_logprob_kernel(const float* logits, int64_t stride, int64_t vocab,
-                                      int32_t* ids, float* logprobs) {
-  const float* x = logits + int64_t(blockIdx.x) * stride;
+// The block's row x[0, vocab): its max, the lowest id holding it (INT32_MAX when vocab == 0)
+// and sum(exp(x - max)); every thread gets them.
+struct RowMax {
+  float max;
+  int32_t id;
+  float sum;
+};
+__device__ RowMax row_max_and_sum(const float* x, int64_t vocab) {
   float best = -INFINITY;
   int32_t best_id = INT32_MAX;
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
@@ -265,13 +269,20 @@ __global__ void argmax_logprob_kernel(const float* logits, int64_t stride, int64
     }
   }
   __syncthreads();
-  const float m = warp_best[0];
+  RowMax r{warp_best[0], warp_id[0], 0.0f};
   float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += __expf(x[i] - m);
-  sum = block_sum(sum);
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += __expf(x[i] - r.max);
+  r.sum = block_sum(sum);
+  return r;
+}
+
+// One block per row: the argmax (lowest id on ties) and its log-softmax.
+__global__ void argmax_logprob_kernel(const float* logits, int64_t stride, int64_t vocab,
+                                      int32_t* ids, float* logprobs) {
+  const RowMax r = row_max_and_sum(logits + int64_t(blockIdx.x) * stride, vocab);
   if (threadIdx.x == 0) {
-    ids[blockIdx.x] = warp_id[0];
-    logprobs[blockIdx.x] = -logf(sum);
+    ids[blockIdx.x] = r.id;
+    logprobs[blockIdx.x] = -logf(r.sum);
   }
 }
 
@@ -280,50 +291,11 @@ __global__ void argmax_logprob_kernel(const float* logits, int64_t stride, int64
 // first `vocab` entries. vocab == 0 gives (-inf, INT32_MAX, 0). The host merges the shards.
 __global__ void argmax_partial_kernel(const float* logits, int64_t stride, int64_t vocab,
                                       int64_t id_offset, float* maxes, float* sums, int32_t* ids) {
-  const float* x = logits + int64_t(blockIdx.x) * stride;
-  float best = -INFINITY;
-  int32_t best_id = INT32_MAX;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = x[i];
-    if (v > best || (v == best && int32_t(i) < best_id)) {
-      best = v;
-      best_id = int32_t(i);
-    }
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, best_id, o);
-    if (ov > best || (ov == best && oi < best_id)) {
-      best = ov;
-      best_id = oi;
-    }
-  }
-  __shared__ float warp_best[32];
-  __shared__ int32_t warp_id[32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    warp_best[warp] = best;
-    warp_id[warp] = best_id;
-  }
-  __syncthreads();
+  const RowMax r = row_max_and_sum(logits + int64_t(blockIdx.x) * stride, vocab);
   if (threadIdx.x == 0) {
-    for (int w = 1; w < int(blockDim.x / 32); ++w) {
-      if (warp_best[w] > warp_best[0] ||
-          (warp_best[w] == warp_best[0] && warp_id[w] < warp_id[0])) {
-        warp_best[0] = warp_best[w];
-        warp_id[0] = warp_id[w];
-      }
-    }
-  }
-  __syncthreads();
-  const float m = warp_best[0];
-  float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += __expf(x[i] - m);
-  sum = block_sum(sum);
-  if (threadIdx.x == 0) {
-    maxes[blockIdx.x] = m;
-    sums[blockIdx.x] = sum;
-    ids[blockIdx.x] = warp_id[0] == INT32_MAX ? INT32_MAX : int32_t(id_offset + warp_id[0]);
+    maxes[blockIdx.x] = r.max;
+    sums[blockIdx.x] = r.sum;
+    ids[blockIdx.x] = r.id == INT32_MAX ? INT32_MAX : int32_t(id_offset + r.id);
   }
 }
 

@@ -16,44 +16,17 @@
 #include "models/model_config.h"
 #include "models/safetensors.h"
 #include "models/tokenizer.h"
+#include "tests/scheduler/scheduler_test_util.h"
 
 namespace treeserve {
 namespace {
 
+using testing::expect_idle;
+using testing::prompt;
+using testing::serve;
+using testing::Served;
+
 using std::chrono::milliseconds;
-
-struct Served {
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Scheduler> scheduler;
-};
-
-Served serve(int64_t pages, SchedulerOptions options = {}) {
-  Served s;
-  auto config = load_model_config(TREESERVE_TINY_MODEL_DIR);
-  EXPECT_TRUE(config.ok());
-  auto reader = SafetensorsReader::open_dir(TREESERVE_TINY_MODEL_DIR);
-  EXPECT_TRUE(reader.ok());
-  auto weights = load_llama_weights(*config, *reader);
-  EXPECT_TRUE(weights.ok());
-  CpuBackendOptions co;
-  co.num_pages = pages;
-  co.page_size = 16;
-  co.num_threads = 1;
-  s.backend = std::move(create_cpu_backend(*config, *weights, co).value());
-  s.tokenizer = std::move(
-      Tokenizer::load(std::string(TREESERVE_TINY_MODEL_DIR) + "/tokenizer.model").value());
-  options.max_sequence_tokens = config->max_position_embeddings;
-  s.scheduler =
-      std::move(Scheduler::create(s.backend.get(), s.tokenizer.get(), options, nullptr).value());
-  return s;
-}
-
-std::vector<int32_t> prompt(int n, int salt = 0) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < n; ++i) p.push_back(3 + (i * 31 + salt * 7) % 500);
-  return p;
-}
 
 struct Drained {
   std::map<std::string, std::vector<int32_t>> tokens;
@@ -75,13 +48,6 @@ Drained drain(GenerateStream& stream, int cancel_after = -1) {
     if (++events == cancel_after) stream.cancel();
   }
   return d;
-}
-
-void expect_idle(Scheduler& s) {
-  SchedulerStats st = s.stats();
-  EXPECT_EQ(st.live_trees, 0);
-  EXPECT_EQ(st.live_branches, 0);
-  EXPECT_EQ(st.kv_pages_free + st.kv_pages_evictable, st.kv_pages_total);
 }
 
 TEST(Scheduler, TreeLifecycle) {
