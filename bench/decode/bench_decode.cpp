@@ -294,6 +294,12 @@ int run(const Args& args) {
   const int64_t kv_token_bytes = config->num_hidden_layers * 2 * config->kv_size() * 2;
 
   std::vector<Result> results;
+  std::string memory_line;
+  auto gib = [](double bytes) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.2f GiB", bytes / double(1ull << 30));
+    return std::string(b);
+  };
   // Passes: 0 the measured run, 1 baseline attention, 2 (tensor parallel) no all-reduces.
   const int passes = args.tensor_parallel > 1 ? 3 : 2;
   for (int pass = 0; pass < passes; ++pass) {
@@ -304,6 +310,8 @@ int run(const Args& args) {
     opt.baseline_attention = baseline;
     opt.tensor_parallel = args.tensor_parallel;
     opt.skip_collectives = pass == 2;
+    size_t free_before = 0, total_mem = 0;
+    cudaMemGetInfo(&free_before, &total_mem);
     auto backend = create_cuda_backend_random(*config, opt, 42);
     if (!backend.ok()) {
       std::fprintf(stderr, "%s\n", backend.status().message().c_str());
@@ -392,7 +400,23 @@ int run(const Args& args) {
       const double ms = r.measure(w, args.steps);
       record(w.name, 100, 1000 + 10 * 100 + 100 * 50, ms);
     }
+    if (pass == 0 && args.tensor_parallel == 1) {
+      // Device memory the backend holds after every workload (its buffers only grow): the
+      // weights, the KV pool, and the rest — attention workspace, step activations at the
+      // largest step (1024-token prefill chunks here), cuBLAS.
+      size_t free_after = 0;
+      cudaMemGetInfo(&free_after, &total_mem);
+      const double used = double(free_before) - double(free_after);
+      const double weights = weight_bytes(*config) + double(config->vocab_size) *
+                                                         double(config->hidden_size) * 2.0 *
+                                                         (config->tie_word_embeddings ? 0 : 1);
+      const double pool = double(opt.num_pages) * opt.page_size * double(kv_token_bytes);
+      memory_line = "device memory held by the backend: " + gib(used) + " = weights " +
+                    gib(weights) + " + KV pool " + gib(pool) + " + workspace and activations " +
+                    gib(used - weights - pool);
+    }
   }
+  if (!memory_line.empty()) std::printf("\n%s\n", memory_line.c_str());
   std::printf("\n%-36s %6s %10s %10s %12s %12s %10s", "workload", "rows", "step ms", "tok/s",
               "roofline ms", "baseline ms", "speedup");
   if (passes == 3) std::printf(" %12s %11s", "no-comm ms", "all-reduce");
