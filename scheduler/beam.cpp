@@ -25,7 +25,9 @@ Status Scheduler::Impl::start_beam_search(GenerateJob* job, SchedBranch* root) {
   b->activity = Activity::kBeam;
   b->beam_job = job;
   job->beam_root = root;
-  job->beams.push_back(Beam{b});
+  Beam first;
+  first.branch = b;
+  job->beams.push_back(std::move(first));
   job->unfinished = 1;
   return Status::Ok();
 }

@@ -3,11 +3,13 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,27 @@ class ServerProcess {
   std::string address_;
   std::string log_path_;
   std::shared_ptr<grpc::Channel> channel_;
+};
+
+// A suite sharing one server (started once with backend_args()): a fresh ClientT per test
+// and, after each, ClientT::expect_idle() (the pool back to its idle state).
+template <typename ClientT>
+class SharedServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess(backend_args());
+    ASSERT_TRUE(server_->wait_ready()) << server_->output();
+  }
+  static void TearDownTestSuite() {
+    EXPECT_EQ(server_->terminate(), 0) << server_->output();
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override { client_ = std::make_unique<ClientT>(server_->channel()); }
+  void TearDown() override { client_->expect_idle(); }
+
+  static inline ServerProcess* server_ = nullptr;
+  std::unique_ptr<ClientT> client_;
 };
 
 }  // namespace treeserve::testing

@@ -212,24 +212,8 @@ v1::GenerateRequest one_shot(const v1::Prompt& prompt, int n, int max_tokens, fl
   return req;
 }
 
-class TreeApi : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    server_ = new ServerProcess(backend_args());
-    ASSERT_TRUE(server_->wait_ready()) << server_->output();
-  }
-  static void TearDownTestSuite() {
-    EXPECT_EQ(server_->terminate(), 0) << server_->output();
-    delete server_;
-    server_ = nullptr;
-  }
-  void SetUp() override { client_ = std::make_unique<Client>(server_->channel()); }
-  void TearDown() override { client_->expect_idle(); }
-
-  static ServerProcess* server_;
-  std::unique_ptr<Client> client_;
-};
-ServerProcess* TreeApi::server_ = nullptr;
+// One server for the suite; every test ends with the pool idle.
+class TreeApi : public SharedServerTest<Client> {};
 
 TEST_F(TreeApi, CreateTreeReusesTheRadixCacheAcrossTrees) {
   auto first = client_->create_tree(kPromptText);

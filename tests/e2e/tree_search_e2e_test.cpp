@@ -186,24 +186,8 @@ std::vector<std::string> best_by_score(const v1::TreeSearchLevel& level, size_t 
   return out;
 }
 
-class TreeSearchApi : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    server_ = new ServerProcess(backend_args());
-    ASSERT_TRUE(server_->wait_ready()) << server_->output();
-  }
-  static void TearDownTestSuite() {
-    EXPECT_EQ(server_->terminate(), 0) << server_->output();
-    delete server_;
-    server_ = nullptr;
-  }
-  void SetUp() override { client_ = std::make_unique<Client>(server_->channel()); }
-  void TearDown() override { client_->expect_idle(); }
-
-  static ServerProcess* server_;
-  std::unique_ptr<Client> client_;
-};
-ServerProcess* TreeSearchApi::server_ = nullptr;
+// One server for the suite; every test ends with the pool idle.
+class TreeSearchApi : public SharedServerTest<Client> {};
 
 TEST_F(TreeSearchApi, LogprobSearchKeepsTheBestPaths) {
   auto tree = client_->create_tree(kPrompt);
