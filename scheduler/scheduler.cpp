@@ -702,6 +702,7 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::create(Backend* backend, const T
   if (!backend) return InvalidArgument("backend must not be null");
   if (!tokenizer) return InvalidArgument("tokenizer must not be null");
   if (options.max_step_tokens < 1) return InvalidArgument("max_step_tokens must be >= 1");
+  if (options.max_step_rows < 1) return InvalidArgument("max_step_rows must be >= 1");
   const KvLayout& layout = backend->kv_layout();
   KvCacheConfig kc;
   kc.page_size = layout.page_size;

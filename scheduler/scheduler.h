@@ -38,7 +38,12 @@ class Tokenizer;
 struct ServerMetrics;
 
 struct SchedulerOptions {
-  int32_t max_step_tokens = 512;  // prefill tokens per step (decode/verify rows always run)
+  int32_t max_step_tokens = 512;  // prefill tokens per step
+  // Rows per step (decode rows, speculative trees, prefill chunks): work past it waits for a
+  // later step, jobs taking turns to go first (a step always runs its first piece of work).
+  // Bounds one forward's size, so a flood of branches queues instead of overflowing the
+  // backend's fixed buffers.
+  int32_t max_step_rows = 4096;
   int32_t max_live_trees = 4096;
   int32_t max_branches_per_tree = 4096;
   bool prefix_sharing = true;  // false: no radix reuse across trees (for A/B measurements)

@@ -234,10 +234,15 @@ bool Scheduler::Impl::step() {
   batch_.page_copies = deferred_copies_;
   int32_t budget = options_.max_step_tokens;
   bool stalled = false;
+  // Rows of this step (max_step_rows): work past it waits for the next step (a step always
+  // takes its first piece of work, whatever its size).
+  int32_t rows_left = options_.max_step_rows;
+  auto fits = [&](int32_t rows) { return rows <= rows_left || entries_.empty(); };
 
   // 1. Speculative token trees: the branch's pending tokens and the whole draft tree.
   for (auto& v : verifies_) {
     SchedBranch* b = v->branch;
+    if (!fits(static_cast<int32_t>(b->pending.size() + v->tokens.size()))) continue;
     StepEntry e;
     if (!add_rows(b, static_cast<int32_t>(b->pending.size()), true, &e)) {
       stalled = true;
@@ -267,28 +272,41 @@ bool Scheduler::Impl::step() {
       batch_.kv_slots.push_back(int64_t(slots_[i].page) * ps + slots_[i].slot);
       batch_.logit_rows.push_back(batch_.num_rows() - 1);
     }
+    rows_left -= e.num_rows + e.draft_rows;
     entries_.push_back(std::move(e));
   }
-  // 2. Generating branches: one decode row each, or a chunk of appended text.
-  for (auto& job : jobs_) {
-    if (job->waiting_prefill) continue;
-    for (GenerateBranchState& st : job->branches) {
-      if (st.finished || !st.branch) continue;
-      StepEntry e;
-      if (!add_pending_rows(st.branch, &budget, &e)) {
-        stalled = true;
-        continue;
+  // 2. Generating branches: one decode row each, or a chunk of appended text; beam searches:
+  //    every live beam runs its pending token(s) with logits — all of a search's beams in one
+  //    step or none (their candidates compete). When the step's rows run out, the jobs after
+  //    that point go first next step (the start rotates).
+  const size_t num_jobs = jobs_.size();
+  for (size_t k = 0; k < num_jobs; ++k) {
+    GenerateJob* job = jobs_[(k + rotation_) % num_jobs].get();
+    if (!job->waiting_prefill) {
+      for (GenerateBranchState& st : job->branches) {
+        if (st.finished || !st.branch) continue;
+        if (!fits(1)) break;
+        StepEntry e;
+        if (!add_pending_rows(st.branch, &budget, &e)) {
+          stalled = true;
+          continue;
+        }
+        e.samples = true;
+        e.sampling = job->sampling;
+        rows_left -= e.num_rows;
+        entries_.push_back(std::move(e));
       }
-      e.samples = true;
-      e.sampling = job->sampling;
-      entries_.push_back(std::move(e));
     }
-  }
-  // 2b. Beam searches: every live beam runs its pending token(s) with logits.
-  for (auto& job : jobs_) {
     if (job->beam_width <= 0) continue;
+    int32_t beam_rows = 0;
     for (Beam& beam : job->beams) {
       beam.logit_index = -1;
+      if (!beam.ended && beam.branch) {
+        beam_rows += static_cast<int32_t>(beam.branch->pending.size());
+      }
+    }
+    if (!fits(beam_rows)) continue;
+    for (Beam& beam : job->beams) {
       if (beam.ended || !beam.branch) continue;
       StepEntry e;
       if (!add_pending_rows(beam.branch, &budget, &e)) {
@@ -298,26 +316,30 @@ bool Scheduler::Impl::step() {
       e.samples = true;
       e.sampling = beam_step_sampling(*job);
       beam.logit_index = e.logit_index;
+      rows_left -= e.num_rows;
       entries_.push_back(std::move(e));
     }
   }
+  ++rotation_;
   // 3. Prefill of new trees (all but the prompt's last token), in arrival order, within
   //    the remaining budget.
   for (auto& p : prefills_) {
     SchedBranch* b = p->branch;
     const int32_t want = static_cast<int32_t>(b->pending.size()) - 1;
-    if (want <= 0 || budget <= 0) continue;
+    const int32_t room = entries_.empty() ? budget : std::min(budget, rows_left);
+    if (want <= 0 || room <= 0) continue;
     int32_t skip = 0;
     if (!b->kv && options_.prefix_sharing && want > 1) {
       skip = kv_->match_prefix_length(std::span(b->pending.data(), want));
     }
-    const int32_t count = std::min(want, skip + budget);
+    const int32_t count = std::min(want, skip + room);
     budget -= count - skip;
     StepEntry e;
     if (!add_rows(b, count, false, &e)) {
       stalled = true;
       continue;
     }
+    rows_left -= e.num_rows;
     entries_.push_back(std::move(e));
   }
 

@@ -255,6 +255,7 @@ int run_treeserve(int argc, char** argv) {
   SchedulerOptions sched;
   sched.max_live_trees = config.limits.max_live_trees;
   sched.max_step_tokens = config.scheduler.max_step_tokens;
+  sched.max_step_rows = config.scheduler.max_step_rows;
   sched.default_max_tokens = config.scheduler.default_max_tokens;
   sched.prefix_sharing = config.kv_cache.prefix_sharing;
   sched.max_sequence_tokens = model_config->max_position_embeddings;

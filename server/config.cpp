@@ -129,6 +129,7 @@ Status merge_config_json(const std::string& json_text, const std::string& source
   if (obj) {
     Section s(*obj, "scheduler.", source);
     TS_RETURN_IF_ERROR(s.get("max_step_tokens", &c->scheduler.max_step_tokens));
+    TS_RETURN_IF_ERROR(s.get("max_step_rows", &c->scheduler.max_step_rows));
     TS_RETURN_IF_ERROR(s.get("default_max_tokens", &c->scheduler.default_max_tokens));
     TS_RETURN_IF_ERROR(s.check_unknown());
   }
@@ -209,6 +210,9 @@ Status validate_config(const TreeserveConfig& c) {
       l.max_stop_strings < 0 || l.max_live_trees < 1) {
     return InvalidArgument("limits.* must be positive");
   }
+  if (c.scheduler.max_step_rows < 1) {
+    return InvalidArgument("scheduler.max_step_rows must be >= 1");
+  }
   if (c.scheduler.max_step_tokens < 1) {
     return InvalidArgument("scheduler.max_step_tokens must be >= 1");
   }
@@ -248,6 +252,7 @@ std::string config_to_json(const TreeserveConfig& c) {
                         {"max_live_trees", c.limits.max_live_trees}}},
                       {"scheduler",
                        {{"max_step_tokens", c.scheduler.max_step_tokens},
+                        {"max_step_rows", c.scheduler.max_step_rows},
                         {"default_max_tokens", c.scheduler.default_max_tokens}}}};
   j["model"]["random_weights_seed"] = c.model.random_weights_seed;
   return j.dump();

@@ -52,7 +52,8 @@ struct LimitOptions {
 };
 
 struct SchedulerConfig {
-  int32_t max_step_tokens = 512;    // prefill tokens per step (decode rows always run)
+  int32_t max_step_tokens = 512;    // prefill tokens per step
+  int32_t max_step_rows = 4096;     // rows (all kinds) per step; the rest waits a step
   int32_t default_max_tokens = 16;  // Generate's max_tokens when the request says 0
 };
 

@@ -218,7 +218,9 @@ class Scheduler::Impl {
   ServerMetrics* metrics_;
   std::unique_ptr<KvCache> kv_;
   std::vector<int32_t> eos_ids_;
-  int64_t vocab_ = 0;  // ids sampled: min(model vocab_size, tokenizer vocabulary)
+  int64_t vocab_ = 0;
+  size_t rotation_ = 0;  // which generate job goes first in the next step  // ids sampled:
+                         // min(model vocab_size, tokenizer vocabulary)
 
   std::map<std::string, std::unique_ptr<Tree>> trees_;
   int64_t next_tree_ = 0;

@@ -126,6 +126,57 @@ TEST(Scheduler, ChunkedPrefillOneShotAndCancel) {
   expect_idle(s);
 }
 
+// max_step_rows: a step takes at most that many rows; the rest waits (jobs take turns going
+// first, a beam search's beams run together). Greedy tokens are the same as without the cap,
+// only spread over more steps.
+TEST(Scheduler, StepRowCapQueuesWorkWithoutChangingIt) {
+  auto run = [](int32_t max_rows, int64_t* steps) {
+    SchedulerOptions o;
+    o.max_step_rows = max_rows;
+    Served sv = serve(256, o);
+    Scheduler& s = *sv.scheduler;
+    std::vector<std::shared_ptr<GenerateStream>> streams;
+    for (int j = 0; j < 2; ++j) {
+      GenerateSpec spec;
+      spec.prompt = prompt(20 + j, 4 + j);
+      spec.n = 5;
+      spec.sampling.temperature = 0.0f;
+      spec.max_tokens = 6;
+      auto st = s.generate(spec);
+      EXPECT_TRUE(st.ok());
+      streams.push_back(std::move(*st));
+    }
+    GenerateSpec beam;
+    beam.prompt = prompt(18, 9);
+    beam.beam_width = 4;
+    beam.max_tokens = 5;
+    auto bs = s.generate(beam);
+    EXPECT_TRUE(bs.ok());
+    streams.push_back(std::move(*bs));
+    std::vector<std::map<std::string, std::vector<int32_t>>> out;
+    for (auto& st : streams) {
+      Drained d = drain(*st);
+      EXPECT_TRUE(d.status.ok()) << d.status.ToString();
+      out.push_back(d.tokens);
+    }
+    *steps = s.stats().steps;
+    expect_idle(s);
+    return out;
+  };
+  int64_t free_steps = 0, capped_steps = 0;
+  const auto free = run(4096, &free_steps);
+  const auto capped = run(3, &capped_steps);
+  EXPECT_EQ(capped, free);
+  EXPECT_EQ(capped[0].size(), 5u);
+  EXPECT_EQ(capped[1].size(), 5u);
+  EXPECT_GT(capped_steps, free_steps + 10) << "the cap did not split the steps";
+  SchedulerOptions bad;
+  bad.max_step_rows = 0;
+  Served sv = serve(16);
+  EXPECT_EQ(Scheduler::create(sv.backend.get(), sv.tokenizer.get(), bad, nullptr).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST(Scheduler, ExhaustionAndShutdownLeaveNothingBehind) {
   Served sv = serve(6);  // 96 tokens
   Scheduler& s = *sv.scheduler;
