@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cassert>
 
 #include "common/metrics.h"
 #include "scheduler/detail/scheduler_impl.h"
@@ -81,6 +82,9 @@ SampledToken Scheduler::Impl::sample(int32_t logit_index, const SamplingParams& 
   if (!logits_.sampled.empty()) {
     // The backend drew the row with these params, stream key and position
     // (request_sampling).
+    assert(batch_.sampling.at(logit_index).position == position &&
+           batch_.sampling.at(logit_index).stream_key == static_cast<uint64_t>(b->index) &&
+           "request_sampling asked the backend for another draw than this one");
     return logits_.sampled.at(logit_index);
   }
   if (logits_.data.empty()) {
@@ -107,22 +111,16 @@ void Scheduler::Impl::request_sampling() {
   StepSampling greedy;
   greedy.params.temperature = 0;
   batch_.sampling.assign(batch_.logit_rows.size(), greedy);
-  std::vector<int32_t> depth;
+  auto draw = [&](const StepEntry& e, int32_t logit_index) {
+    // Every consumer of sample() passes the position after the row's token: the branch's
+    // KV length for generate and beams, that plus the accepted path for a verify's drafts.
+    const int64_t position = batch_.positions[batch_.logit_rows[logit_index]] + 1;
+    batch_.sampling[logit_index] = {e.sampling, static_cast<uint64_t>(e.branch->index), position};
+  };
   for (const StepEntry& e : entries_) {
     if (!e.samples || e.logit_index < 0) continue;
-    // The position and stream key each consumer passes to sample(): after_generate and
-    // beams the branch's KV length; after_verify that plus the accepted path's length.
-    const SchedBranch* b = e.branch;
-    const uint64_t key = static_cast<uint64_t>(b->index);
-    batch_.sampling[e.logit_index] = {e.sampling, key, b->kv_len};
-    if (e.draft_rows > 0 && b->verify) {
-      const std::vector<int32_t>& parents = b->verify->parents;
-      depth.assign(parents.size(), 0);
-      for (size_t i = 0; i < parents.size(); ++i) {
-        depth[i] = parents[i] < 0 ? 0 : depth[parents[i]] + 1;
-        batch_.sampling[e.draft_logits + i] = {e.sampling, key, b->kv_len + depth[i] + 1};
-      }
-    }
+    draw(e, e.logit_index);
+    for (int32_t i = 0; i < e.draft_rows; ++i) draw(e, e.draft_logits + i);
   }
 }
 
