@@ -96,12 +96,8 @@ class CpuBackend final : public Backend {
     out->sampled.clear();
     if (!batch.sampling.empty()) {
       // The backend draws (StepBatch::sampling): the host sampler on each row, then no logits.
-      const int64_t vocab = batch.vocab_limit > 0 ? batch.vocab_limit : config_.vocab_size;
-      for (size_t i = 0; i < batch.sampling.size(); ++i) {
-        const StepSampling& s = batch.sampling[i];
-        out->sampled.push_back(sample_token(out->row(int32_t(i)), vocab, s.params, s.stream_key,
-                                            s.position, &sampling_scratch_));
-      }
+      sample_rows_on_host(batch, out->data.data(), config_.vocab_size, config_.vocab_size,
+                          &sampling_scratch_, &out->sampled);
       out->data.clear();
     }
     return Status::Ok();

@@ -322,7 +322,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
         TS_RETURN_IF_ERROR(argmax_.reserve(size_t(n_logits) * 8, "argmax"));
         int32_t* ids = argmax_.as<int32_t>();
         float* lps = reinterpret_cast<float*>(ids + n_logits);
-        const int64_t limit = batch.vocab_limit > 0 ? batch.vocab_limit : config_.vocab_size;
+        const int64_t limit = batch.drawable_vocab(config_.vocab_size);
         cuda::argmax_logprob(logits_.as<float>(), n_logits, config_.vocab_size, limit, ids, lps,
                              stream_);
         TS_RETURN_IF_ERROR(reserve_host_logits(size_t(n_logits) * 8));
@@ -373,7 +373,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     TS_CUDA(cudaMemcpyAsync(sample_params_.ptr, host_logits_, param_bytes, cudaMemcpyHostToDevice,
                             stream_),
             "sampling params upload");
-    const int64_t limit = batch.vocab_limit > 0 ? batch.vocab_limit : config_.vocab_size;
+    const int64_t limit = batch.drawable_vocab(config_.vocab_size);
     cuda::sample_rows(logits_.as<float>(), n, config_.vocab_size, limit,
                       sample_params_.as<cuda::DeviceSamplingRow>(),
                       sample_out_.as<cuda::DeviceSample>(), stream_);
@@ -415,7 +415,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
                                 cudaMemcpyDeviceToHost, stream_),
               "logits download");
     } else if (n > 0) {
-      const int64_t limit = batch.vocab_limit > 0 ? batch.vocab_limit : config_.vocab_size;
+      const int64_t limit = batch.drawable_vocab(config_.vocab_size);
       const int64_t mine = std::clamp<int64_t>(limit - shard_.vocab_begin, 0, vocab_);
       float* maxes = argmax_.as<float>();
       float* sums = maxes + n;

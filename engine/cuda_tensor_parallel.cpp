@@ -118,12 +118,7 @@ class TensorParallelBackend final : public Backend {
     out->argmax_logprob.clear();
     out->sampled.clear();
     if (n > 0 && !batch.sampling.empty()) {
-      const int64_t limit = batch.vocab_limit > 0 ? batch.vocab_limit : vocab;
-      for (int64_t i = 0; i < n; ++i) {
-        const StepSampling& s = batch.sampling[size_t(i)];
-        out->sampled.push_back(sample_token(host + i * vocab, limit, s.params, s.stream_key,
-                                            s.position, &sampling_scratch_));
-      }
+      sample_rows_on_host(batch, host, vocab, vocab, &sampling_scratch_, &out->sampled);
       out->data.clear();
       return Status::Ok();
     }

@@ -78,6 +78,18 @@ Status check_rows(const StepBatch& batch, const KvLayout& layout, int64_t vocab_
 
 }  // namespace
 
+void sample_rows_on_host(const StepBatch& batch, const float* rows, int64_t row_stride,
+                         int64_t vocab_size, SamplingScratch* scratch,
+                         std::vector<SampledToken>* out) {
+  const int64_t vocab = batch.drawable_vocab(vocab_size);
+  out->clear();
+  for (size_t i = 0; i < batch.sampling.size(); ++i) {
+    const StepSampling& s = batch.sampling[i];
+    out->push_back(sample_token(rows + int64_t(i) * row_stride, vocab, s.params, s.stream_key,
+                                s.position, scratch));
+  }
+}
+
 Status validate_step_batch(const StepBatch& batch, const KvLayout& layout, int64_t vocab_size,
                            StepBatchCheckScratch* scratch) {
   TS_RETURN_IF_ERROR(check_rows(batch, layout, vocab_size));

@@ -67,6 +67,10 @@ struct StepBatch {
   std::vector<StepPageCopy> page_copies;  // done next, in order; then the forward
 
   int32_t num_rows() const { return static_cast<int32_t>(token_ids.size()); }
+  // The ids [0, n) a row's argmax or draw considers: vocab_limit, or the model's vocab_size.
+  int64_t drawable_vocab(int64_t vocab_size) const {
+    return vocab_limit > 0 ? vocab_limit : vocab_size;
+  }
 
   void clear() {
     token_ids.clear();
@@ -86,6 +90,12 @@ struct StepBatchCheckScratch {
   std::vector<int32_t> row_query;  // [num_rows] query index of each row, -1 = none yet
   std::vector<int64_t> slots;      // sorted copy of kv_slots
 };
+
+// StepBatch::sampling drawn on the host from full logits rows (logit row i at rows + i *
+// row_stride floats), into *out (one SampledToken per logit row).
+void sample_rows_on_host(const StepBatch& batch, const float* rows, int64_t row_stride,
+                         int64_t vocab_size, SamplingScratch* scratch,
+                         std::vector<SampledToken>* out);
 
 // Checks the batch against the pool layout and the vocabulary: equal row counts, ids in
 // [0, vocab), vocab_limit in [0, vocab], slots inside the pool and distinct, page copies and slot
