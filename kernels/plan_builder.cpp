@@ -95,6 +95,7 @@ class PlanBuilder {
   int32_t choose_chunk_tokens() const;
   void collect_group(int32_t u);
   void emit_group(int32_t u, int32_t chunk);
+  void order_longest_first();
   void emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tokens);
   int32_t visible_in_segment(int32_t query, int32_t seg) const;
   Status build_reduction_map();
@@ -382,6 +383,32 @@ Status PlanBuilder::build_reduction_map() {
   return Status::Ok();
 }
 
+// Items reference segments, partial slots and mask words by offset, so a permutation of the
+// per-item arrays is all a reordering needs (partial slots stay where they are).
+void PlanBuilder::order_longest_first() {
+  AttentionPlan& p = *out_;
+  const int32_t n = p.num_items();
+  std::vector<int32_t>& order = s_.item_order;
+  std::vector<int64_t>& cost = s_.item_cost;
+  order.resize(size_t(n));
+  cost.resize(size_t(n));
+  for (int32_t i = 0; i < n; ++i) {
+    order[size_t(i)] = i;
+    const int64_t rows =
+        int64_t(p.item_query_end[size_t(i)] - p.item_query_begin[size_t(i)]) * p.gqa_group_size;
+    cost[size_t(i)] = int64_t(p.item_num_tokens[size_t(i)]) * (c_.query_tile_rows + rows);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return cost[size_t(a)] > cost[size_t(b)]; });
+  std::vector<int32_t>& tmp = s_.permuted;
+  for (std::vector<int32_t>* v : {&p.item_segment_begin, &p.item_segment_end, &p.item_query_begin,
+                                  &p.item_query_end, &p.item_num_tokens, &p.item_mask_offset}) {
+    tmp.resize(size_t(n));
+    for (int32_t i = 0; i < n; ++i) tmp[size_t(i)] = (*v)[size_t(order[size_t(i)])];
+    std::copy(tmp.begin(), tmp.end(), v->begin());  // (a swap would move the buffers around)
+  }
+}
+
 Status PlanBuilder::build() {
   AttentionPlan& p = *out_;
   p.gqa_group_size = c_.gqa_group_size;
@@ -409,6 +436,7 @@ Status PlanBuilder::build() {
     ++p.num_groups;
     emit_group(u, chunk);
   }
+  if (c_.longest_first) order_longest_first();
   TS_RETURN_IF_ERROR(build_reduction_map());
 
   auto over = [](const char* what, int64_t have, int32_t bound) {

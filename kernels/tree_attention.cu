@@ -144,7 +144,7 @@ __device__ __forceinline__ PlanHeaderArg load_header(const PlanHeaderArg& arg, c
 
 struct Stage1Params {
   PlanHeaderArg header;
-  int32_t header_on_device;  // fixed-grid launches: read the header from plan
+  int32_t header_on_device;  // TreeAttentionGrid launches: read the header from plan
   const int32_t* plan;
   const void* q;  // [rows][num_q_heads][D]
   const void* k;  // [pages][num_kv_heads][page_size][D]
@@ -413,7 +413,12 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
   } else {
     // Each warp parks its (unnormalised O, max, sum) in the now idle K/V buffers; then the
     // block merges the kSplit states of every row and writes the partials coalesced.
-    constexpr int kStride = D + 4;  // floats per parked row (padding against bank conflicts)
+    // Floats per parked row. A half-warp's float2 stores cover rows lane/4 (4 of them) x
+    // column pairs lane%4: with D + 8 the rows start 4 eight-byte slots apart, so the 16
+    // stores hit 16 different slot pairs (ncu measured 3.3-way conflicts with D + 4).
+    constexpr int kStride = D + 8;
+    static_assert(kWarps * 16 * (kStride + 2) * 4 <= 2 * kStages * kKvTile * D * 2,
+                  "the parked states fit in the idle K and V buffers");
     float* park_o = reinterpret_cast<float*>(s_k);   // [warps][16][kStride]
     float* park_m = park_o + kWarps * 16 * kStride;  // [warps][16]
     float* park_l = park_m + kWarps * 16;
@@ -469,7 +474,7 @@ __global__ void __launch_bounds__(kThreads, 2) tree_attention_stage1(Stage1Param
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const int32_t* plan = p.plan;
   const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
-  // One-dimensional grid of items x kv heads (fixed-grid launches: max_work_items items),
+  // One-dimensional grid of items x kv heads (TreeAttentionGrid launches: grid.items items),
   // in the order the plan asks for (AttentionPlan::heads_first).
   const int grid_items = gridDim.x / p.num_kv_heads;
   const int item = h.w[kHeadsFirst] ? blockIdx.x / p.num_kv_heads : blockIdx.x % grid_items;
@@ -627,7 +632,7 @@ Status cuda_status(const char* what) {
 
 template <int D, typename T>
 Status launch(const Stage1Params& params, void* out, const TreeAttentionWorkspace& ws,
-              cudaStream_t stream) {
+              cudaStream_t stream, TreeAttentionGrid grid) {
   const TreeAttentionLimits& limits = ws.limits();
   const int smem = stage1_smem_bytes_fixed<D>() + limits.max_item_tokens * 4;
   static const cudaError_t attr = cudaFuncSetAttribute(
@@ -635,8 +640,8 @@ Status launch(const Stage1Params& params, void* out, const TreeAttentionWorkspac
   if (attr != cudaSuccess) {
     return Internal(std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr));
   }
-  const int items = limits.fixed_grid ? limits.max_work_items : ws.num_items();
-  const int queries = limits.fixed_grid ? limits.max_queries : ws.num_queries();
+  const int items = grid.items > 0 ? grid.items : ws.num_items();
+  const int queries = grid.items > 0 ? grid.queries : ws.num_queries();
   if (items == 0 || queries == 0) return Status::Ok();
   if (int64_t(items) * params.num_kv_heads > INT32_MAX) {
     return InvalidArgument("work items x kv heads exceed one grid");
@@ -673,7 +678,8 @@ Status launch(const Stage1Params& params, void* out, const TreeAttentionWorkspac
 Status launch_tree_attention(const void* q, const void* k_pool, const void* v_pool, void* out,
                              TreeAttentionDtype dtype, int32_t num_q_heads, int32_t num_kv_heads,
                              int32_t head_dim, int32_t page_size, float sm_scale,
-                             const TreeAttentionWorkspace& workspace, cudaStream_t stream) {
+                             const TreeAttentionWorkspace& workspace, cudaStream_t stream,
+                             TreeAttentionGrid grid) {
   if (!workspace.initialized())
     return FailedPrecondition("tree attention workspace not initialized");
   if (head_dim != 64 && head_dim != 128) {
@@ -697,8 +703,15 @@ Status launch_tree_attention(const void* q, const void* k_pool, const void* v_po
   if (q == nullptr || k_pool == nullptr || v_pool == nullptr || out == nullptr) {
     return InvalidArgument("launch_tree_attention: null tensor pointer");
   }
+  if (grid.items > 0 &&
+      (grid.items < workspace.num_items() || grid.queries < workspace.num_queries())) {
+    return InvalidArgument("launch grid of " + std::to_string(grid.items) + " items / " +
+                           std::to_string(grid.queries) + " queries is smaller than the plan's " +
+                           std::to_string(workspace.num_items()) + " / " +
+                           std::to_string(workspace.num_queries()));
+  }
   Stage1Params params;
-  params.header_on_device = workspace.limits().fixed_grid ? 1 : 0;
+  params.header_on_device = grid.items > 0 ? 1 : 0;
   for (int i = 0; i < kHeaderWords; ++i) params.header.w[i] = workspace.plan_header()[i];
   params.plan = static_cast<const int32_t*>(workspace.device_plan());
   params.q = q;
@@ -711,11 +724,11 @@ Status launch_tree_attention(const void* q, const void* k_pool, const void* v_po
   params.scale_log2 = sm_scale * kLog2e;
   const bool bf16 = dtype == TreeAttentionDtype::kBFloat16;
   if (head_dim == 128) {
-    return bf16 ? launch<128, __nv_bfloat16>(params, out, workspace, stream)
-                : launch<128, __half>(params, out, workspace, stream);
+    return bf16 ? launch<128, __nv_bfloat16>(params, out, workspace, stream, grid)
+                : launch<128, __half>(params, out, workspace, stream, grid);
   }
-  return bf16 ? launch<64, __nv_bfloat16>(params, out, workspace, stream)
-              : launch<64, __half>(params, out, workspace, stream);
+  return bf16 ? launch<64, __nv_bfloat16>(params, out, workspace, stream, grid)
+              : launch<64, __half>(params, out, workspace, stream, grid);
 }
 
 }  // namespace treeserve

@@ -3,7 +3,7 @@
 //
 //  - TreeAttentionWorkspace owns fixed device buffers sized from TreeAttentionLimits, so once a
 //    plan is uploaded (one cudaMemcpyAsync) the launch allocates nothing and can be captured in
-//    a CUDA graph (with fixed_grid, the captured grid also stays valid for later plans).
+//    a CUDA graph (with a TreeAttentionGrid, the captured grid also serves later plans).
 //  - launch_tree_attention runs stage 1 (one block per (work item, kv head): the item's query
 //    tile, GQA heads packed as rows, against its KV chunk with tensor-core MMA, writing a
 //    partial (O, LSE) per item query and q head) and stage 2 (per query and q head, the
@@ -43,9 +43,6 @@ struct TreeAttentionLimits {
   int32_t max_item_tokens = 2048;    // longest item; bounds the block's token table (smem)
   int32_t max_num_q_heads = 32;      // partial (O, LSE) buffers are sized with these two
   int32_t max_head_dim = 128;
-  // true: launches use a grid of max_work_items (blocks past the plan's items exit at once),
-  // so a captured graph replays correctly after later uploads of other plans.
-  bool fixed_grid = false;
 
   void apply_to(AttentionPlanConfig* config) const;
 };
@@ -96,17 +93,38 @@ class TreeAttentionWorkspace {
   int32_t gqa_group_size_ = 0, page_size_ = 0, max_item_tokens_ = 0;
 };
 
+// The grid of a launch that a CUDA graph captures and replays after later uploads: blocks for
+// `items` work items and `queries` queries, at least the counts of every plan it runs with
+// (blocks past a plan's counts exit at once; the kernels read the plan's counts from device
+// memory). {0, 0}: exactly the uploaded plan's counts, read from the host copy.
+struct TreeAttentionGrid {
+  int32_t items = 0;
+  int32_t queries = 0;
+};
+
+// A capacity for a count: the next of 64, 72, 80, .. 128, 144, .. (8 steps per power of two),
+// so a graph captured for one plan serves the next plans of about its size with at most 1/8
+// of its blocks idle.
+inline int32_t tree_attention_grid_bucket(int32_t n) {
+  if (n <= 64) return 64;
+  int32_t pow2 = 64;
+  while (pow2 < (n + 1) / 2) pow2 *= 2;  // pow2 < n <= 2 pow2
+  const int32_t step = pow2 / 8;
+  return (n + step - 1) / step * step;
+}
+
 // q:      [num_rows][num_q_heads][head_dim]   batch rows; only the plan's query rows are read
 // k_pool, v_pool: one layer's K / V buffer    [num_pages][num_kv_heads][page_size][head_dim]
 // out:    [num_rows][num_q_heads][head_dim]   only the plan's query rows are written
 // All in dtype; head_dim 64 or 128; num_q_heads / num_kv_heads must equal the plan's
 // gqa_group_size and page_size the plan's. sm_scale multiplies q.k (usually 1/sqrt(head_dim)).
-// Enqueues two kernels on stream; returns INVALID_ARGUMENT for unsupported shapes, INTERNAL
-// with CUDA's message if a launch fails.
+// Enqueues two kernels on stream; returns INVALID_ARGUMENT for unsupported shapes or a grid
+// smaller than the uploaded plan, INTERNAL with CUDA's message if a launch fails.
 Status launch_tree_attention(const void* q, const void* k_pool, const void* v_pool, void* out,
                              TreeAttentionDtype dtype, int32_t num_q_heads, int32_t num_kv_heads,
                              int32_t head_dim, int32_t page_size, float sm_scale,
-                             const TreeAttentionWorkspace& workspace, cudaStream_t stream);
+                             const TreeAttentionWorkspace& workspace, cudaStream_t stream,
+                             TreeAttentionGrid grid = {});
 
 // Plan config for this kernel on a GPU with num_sms multiprocessors: the kernel's tile shape
 // (64 query rows, 64-token KV tiles), and num_sms as the *item* target of long-context

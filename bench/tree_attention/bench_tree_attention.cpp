@@ -53,6 +53,7 @@ struct Options {
   int chunk = 0;  // 0: tree_attention_plan_config's default
   int min_split = 0;
   double items_per_sm = 0;
+  bool longest_first = false;
 };
 
 struct Case {
@@ -231,6 +232,7 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
       tree_attention_plan_config(num_q_heads, num_kv_heads, kHeadDim, num_sms);
   if (opt.chunk > 0) config.kv_chunk_tokens = opt.chunk;
   if (opt.min_split > 0) config.min_split_tokens = opt.min_split;
+  config.longest_first = opt.longest_first;
   if (opt.items_per_sm > 0)
     config.num_sms = std::max(1, int32_t(opt.items_per_sm * num_sms / num_kv_heads));
   AttentionPlan plan, baseline;
@@ -342,10 +344,12 @@ int main_impl(int argc, char** argv) {
       opt.min_split = std::atoi(next().c_str());
     } else if (a == "--items-per-sm") {
       opt.items_per_sm = std::atof(next().c_str());
+    } else if (a == "--longest-first") {
+      opt.longest_first = true;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush] "
-                   "[--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X]\n",
+                   "[--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X] [--longest-first]\n",
                    argv[0]);
       return 2;
     }

@@ -110,10 +110,10 @@ Status GpuAttentionProblem::launch(const AttentionPlan& plan, TreeAttentionWorks
   return launch_uploaded(*ws, stream);
 }
 
-Status GpuAttentionProblem::launch_uploaded(const TreeAttentionWorkspace& ws,
-                                            cudaStream_t stream) const {
+Status GpuAttentionProblem::launch_uploaded(const TreeAttentionWorkspace& ws, cudaStream_t stream,
+                                            TreeAttentionGrid grid) const {
   return launch_tree_attention(d_q_, d_k_, d_v_, d_out_, dtype_, num_q_heads_, layout_.num_kv_heads,
-                               layout_.head_dim, layout_.page_size, sm_scale_, ws, stream);
+                               layout_.head_dim, layout_.page_size, sm_scale_, ws, stream, grid);
 }
 
 Status GpuAttentionProblem::download_out(std::vector<float>* out) const {

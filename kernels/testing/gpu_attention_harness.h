@@ -38,7 +38,8 @@ class GpuAttentionProblem {
   // Uploads the plan into ws and launches the kernels on stream (no synchronisation).
   Status launch(const AttentionPlan& plan, TreeAttentionWorkspace* ws, cudaStream_t stream) const;
   // Kernels only (plan already uploaded).
-  Status launch_uploaded(const TreeAttentionWorkspace& ws, cudaStream_t stream) const;
+  Status launch_uploaded(const TreeAttentionWorkspace& ws, cudaStream_t stream,
+                         TreeAttentionGrid grid = {}) const;
 
   // Device output as float: [num_rows][num_q_heads][head_dim].
   Status download_out(std::vector<float>* out) const;

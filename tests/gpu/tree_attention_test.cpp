@@ -221,16 +221,16 @@ TEST(TreeAttentionGpu, BaselinePlanMatchesNaive) {
   }
 }
 
-// A fixed-grid launch captured once in a CUDA graph stays correct when later plans (other
-// chunkings of the same problem) are uploaded into the same workspace and the graph replayed.
-TEST(TreeAttentionGpu, FixedGridGraphReplaysLaterPlans) {
+// A launch with a TreeAttentionGrid captured once in a CUDA graph stays correct when later
+// plans (other chunkings of the same problem, fewer items than the grid) are uploaded into the
+// same workspace and the graph replayed; a grid smaller than the plan is refused.
+TEST(TreeAttentionGpu, GraphGridReplaysLaterPlans) {
   SKIP_WITHOUT_GPU();
   const TreeCase tree = testing::few_shot_case(1500, 12, 90, 16, 6);
   const Shape shape{2, 4, 128};
   TreeAttentionLimits limits;
   limits.max_work_items = 512;
   limits.max_partials = 1024;
-  limits.fixed_grid = true;
   TreeAttentionWorkspace ws;
   ASSERT_TRUE(ws.init(limits).ok());
   GpuAttentionProblem problem;
@@ -241,8 +241,11 @@ TEST(TreeAttentionGpu, FixedGridGraphReplaysLaterPlans) {
   ASSERT_TRUE(build_attention_plan(tree.view, config_for(shape), &first).ok());
   ASSERT_TRUE(ws.upload(first, stream).ok());
   cudaGraph_t graph;
+  const TreeAttentionGrid grid{512, tree_attention_grid_bucket(ws.num_queries())};
+  EXPECT_EQ(problem.launch_uploaded(ws, stream, TreeAttentionGrid{1, 1024}).code(),
+            StatusCode::kInvalidArgument);
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const Status launched = problem.launch_uploaded(ws, stream);
+  const Status launched = problem.launch_uploaded(ws, stream, grid);
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   ASSERT_TRUE(launched.ok()) << launched.ToString();
   cudaGraphExec_t exec;

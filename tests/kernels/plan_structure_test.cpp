@@ -7,6 +7,7 @@
 
 #include "kernels/attention_plan.h"
 #include "kernels/testing/random_tree.h"
+#include "kernels/tree_attention.h"
 #include "tests/kernels/plan_test_util.h"
 
 namespace treeserve {
@@ -108,6 +109,36 @@ TEST(PlanStructure, DeterministicAndReusesStorage) {
   EXPECT_EQ(merge, b.merge_partials.data());
   EXPECT_EQ(units, b.scratch.unit_len.data());
   EXPECT_TRUE(same_plan(a, b));
+}
+
+TEST(PlanStructure, LongestFirstOrdersItemsByCostAndKeepsCoverage) {
+  const TreeCase c = testing::few_shot_case(4000, 50, 200, 16, 4);
+  AttentionPlanConfig config = small_config(4);
+  AttentionPlan plain, sorted;
+  ASSERT_TRUE(build_attention_plan(c.view, config, &plain).ok());
+  config.longest_first = true;
+  ASSERT_TRUE(build_attention_plan(c.view, config, &sorted).ok());
+  testing::expect_plan_covers_view(sorted, c.view, config);
+  ASSERT_EQ(plain.num_items(), sorted.num_items());
+  auto cost = [&](const AttentionPlan& p, int32_t i) {
+    return int64_t(p.item_num_tokens[i]) *
+           (config.query_tile_rows + (p.item_query_end[i] - p.item_query_begin[i]) * 4);
+  };
+  bool moved = false;
+  for (int32_t i = 0; i < sorted.num_items(); ++i) {
+    if (i > 0) {
+      EXPECT_GE(cost(sorted, i - 1), cost(sorted, i)) << "item " << i;
+    }
+    moved |= sorted.item_num_tokens[i] != plain.item_num_tokens[i];
+  }
+  EXPECT_TRUE(moved) << "this case's plan order is not already longest-first";
+  // Same items, same partial slots: only the launch order differs.
+  EXPECT_EQ(plain.item_queries, sorted.item_queries);
+  EXPECT_EQ(plain.query_merge_begin, sorted.query_merge_begin);
+  // Rebuilding reuses the reordered arrays' storage.
+  const int32_t* items = sorted.item_num_tokens.data();
+  ASSERT_TRUE(build_attention_plan(c.view, config, &sorted).ok());
+  EXPECT_EQ(items, sorted.item_num_tokens.data());
 }
 
 // Tokens of run `node` read by the plan, over all items.
@@ -214,7 +245,9 @@ TEST(PlanStructure, MasksOnlyWherePartlyVisible) {
   EXPECT_GT(plan.num_packs, 0);
   EXPECT_FALSE(plan.mask_words.empty());
   for (int32_t i = 0; i < plan.num_items(); ++i) {
-    if (plan.seg_node[plan.item_segment_begin[i]] == 0) EXPECT_LT(plan.item_mask_offset[i], 0);
+    if (plan.seg_node[plan.item_segment_begin[i]] == 0) {
+      EXPECT_LT(plan.item_mask_offset[i], 0);
+    }
   }
   expect_plan_covers_view(plan, spec.view, config);
 }
@@ -284,6 +317,28 @@ TEST(PlanStructure, RejectsInvalidViews) {
   config.gqa_group_size = 8;
   const Status s = build_attention_plan(good, config, &plan);
   EXPECT_NE(s.message().find("query_tile_rows"), std::string::npos) << s.ToString();
+}
+
+}  // namespace
+}  // namespace treeserve
+
+namespace treeserve {
+namespace {
+
+TEST(TreeAttentionGridBucket, CoversTheCountWithAtMostAnEighthSpare) {
+  EXPECT_EQ(tree_attention_grid_bucket(0), 64);
+  EXPECT_EQ(tree_attention_grid_bucket(64), 64);
+  EXPECT_EQ(tree_attention_grid_bucket(65), 72);
+  EXPECT_EQ(tree_attention_grid_bucket(128), 128);
+  EXPECT_EQ(tree_attention_grid_bucket(129), 144);
+  for (int32_t n = 1; n < 200000; n += 1 + n / 50) {
+    const int32_t b = tree_attention_grid_bucket(n);
+    EXPECT_GE(b, n);
+    if (n > 64) {
+      EXPECT_LE(b - n, b / 8) << n;
+    }
+    EXPECT_EQ(tree_attention_grid_bucket(b), b) << n;  // a bucket is its own bucket
+  }
 }
 
 }  // namespace
