@@ -1,50 +1,21 @@
-// Fork-join thread pool: workers sleep on a condition variable between jobs (the server
-// shares the machine with other work, so no spinning), and the caller runs share 0.
+// Fork-join thread pool over a WorkerGroup of num_threads - 1 workers; the caller runs
+// share 0.
 #include "engine/thread_pool.h"
 
 #include <algorithm>
+#include <thread>
 
 namespace treeserve {
+namespace {
 
-ThreadPool::ThreadPool(int num_threads) {
-  if (num_threads <= 0) num_threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  num_threads_ = num_threads;
-  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+int resolve_threads(int num_threads) {
+  return num_threads > 0 ? num_threads : int(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  start_cv_.notify_all();
-  for (std::thread& t : workers_) t.join();
-}
+}  // namespace
 
-void ThreadPool::run_share(int index) {
-  // Share `index` of num_threads_ even shares, rounded to whole grains.
-  const int64_t grains = (job_n_ + job_grain_ - 1) / job_grain_;
-  const int64_t begin = std::min(job_n_, grains * index / num_threads_ * job_grain_);
-  const int64_t end = std::min(job_n_, grains * (index + 1) / num_threads_ * job_grain_);
-  if (begin < end) (*job_)(begin, end);
-}
-
-void ThreadPool::worker_loop(int index) {
-  uint64_t seen = 0;
-  for (;;) {
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-    }
-    run_share(index);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_cv_.notify_one();
-    }
-  }
-}
+ThreadPool::ThreadPool(int num_threads)
+    : num_threads_(resolve_threads(num_threads)), workers_(num_threads_ - 1) {}
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain,
                               const std::function<void(int64_t, int64_t)>& fn) {
@@ -54,19 +25,14 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     fn(0, n);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &fn;
-    job_n_ = n;
-    job_grain_ = grain;
-    pending_ = num_threads_ - 1;
-    ++generation_;
-  }
-  start_cv_.notify_all();
-  run_share(0);
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
-  job_ = nullptr;
+  // Share `index` of num_threads_ even shares, rounded to whole grains.
+  const int64_t grains = (n + grain - 1) / grain;
+  auto share = [&](int64_t index) {
+    const int64_t begin = std::min(n, grains * index / num_threads_ * grain);
+    const int64_t end = std::min(n, grains * (index + 1) / num_threads_ * grain);
+    if (begin < end) fn(begin, end);
+  };
+  workers_.run([&](int32_t worker) { share(worker + 1); }, [&] { share(0); });
 }
 
 }  // namespace treeserve

@@ -4,12 +4,10 @@
 // depend on the thread count.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
-#include <thread>
-#include <vector>
+
+#include "engine/worker_group.h"
 
 namespace treeserve {
 
@@ -18,7 +16,6 @@ class ThreadPool {
   // num_threads <= 0: std::thread::hardware_concurrency(). The calling thread is one of
   // them, so num_threads = 1 starts no thread at all.
   explicit ThreadPool(int num_threads);
-  ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
@@ -29,21 +26,8 @@ class ThreadPool {
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
-  void worker_loop(int index);
-  void run_share(int index);
-
   int num_threads_ = 1;
-  std::vector<std::thread> workers_;
-  std::mutex mutex_;
-  std::condition_variable start_cv_;
-  std::condition_variable done_cv_;
-  uint64_t generation_ = 0;  // bumped per parallel_for; workers run once per generation
-  int pending_ = 0;          // workers still running the current generation
-  bool stop_ = false;
-  // The current job (valid while pending_ > 0).
-  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
-  int64_t job_n_ = 0;
-  int64_t job_grain_ = 1;
+  WorkerGroup workers_;  // num_threads_ - 1 threads; the caller is the first
 };
 
 }  // namespace treeserve

@@ -4,41 +4,35 @@
 // thread per communicator (the single-process layout NCCL documents for ncclCommInitAll).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "common/status.h"
+#include "engine/worker_group.h"
 
 namespace treeserve::detail {
 
 class RankWorkers {
  public:
-  explicit RankWorkers(int32_t num_ranks);
-  ~RankWorkers();
-  RankWorkers(const RankWorkers&) = delete;
-  RankWorkers& operator=(const RankWorkers&) = delete;
+  explicit RankWorkers(int32_t num_ranks)
+      : workers_(num_ranks), statuses_(size_t(num_ranks), Status::Ok()) {}
 
-  int32_t num_ranks() const { return int32_t(statuses_.size()); }
+  int32_t num_ranks() const { return workers_.size(); }
 
   // Runs fn(rank) on every rank's thread; returns the first failure in rank order, else OK.
   // Not reentrant.
-  Status run(const std::function<Status(int32_t)>& fn);
+  Status run(const std::function<Status(int32_t)>& fn) {
+    workers_.run([&](int32_t rank) { statuses_[size_t(rank)] = fn(rank); });
+    for (const Status& s : statuses_) {
+      if (!s.ok()) return s;
+    }
+    return Status::Ok();
+  }
 
  private:
-  void loop(int32_t rank);
-
-  std::vector<std::thread> threads_;
-  std::vector<Status> statuses_;
-  std::mutex mutex_;
-  std::condition_variable start_cv_, done_cv_;
-  uint64_t generation_ = 0;
-  int32_t pending_ = 0;
-  bool stop_ = false;
-  const std::function<Status(int32_t)>* job_ = nullptr;
+  WorkerGroup workers_;
+  std::vector<Status> statuses_;  // each written by its rank's thread only
 };
 
 }  // namespace treeserve::detail
