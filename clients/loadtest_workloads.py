@@ -1,9 +1,11 @@
 """The decoding and serving workloads of DESIGN.md, replayed over treeserve's real gRPC API.
 
-Each workload is a class with `presets` (parameters at --scale small and full) and
-`units(ctx)`, which returns the logical requests to run as callables; loadtest.py runs them
-on a thread pool and `ctx` (a loadtest.RunContext) supplies the client, parameters, seeded
-prompt material, the recorder and the tree tracker that guarantees every tree is deleted.
+Each workload is a class with `units(ctx)`, which returns the logical requests to run as
+callables; loadtest.py runs them on a thread pool and `ctx` (a loadtest.RunContext) supplies
+the client, parameters, seeded prompt material, the recorder and the tree tracker that
+guarantees every tree is deleted. Its `presets` (parameters at --scale small and full) and
+`needs_data`, and the parameter table PARAMS, come from loadtest_presets.json beside this
+file, which the C++ client (clients/cpp) compiles in: one table for both clients.
 
 Workloads and what one request (unit) is:
   fewshot      one tree: a shared prompt of P tokens, forked b ways, each branch decodes T.
@@ -47,13 +49,6 @@ class FewShot:
     tokens. With requests > 1 every tree uses the same prompt, so later trees also hit the
     radix cache (cross-request prefix sharing)."""
     name = "fewshot"
-    needs_data = False
-    presets = {
-        "small": dict(prompt_tokens=256, branches=4, gen_tokens=32, requests=2, concurrency=2),
-        "full": dict(prompt_tokens=4000, branches=20, gen_tokens=400, requests=1,
-                     concurrency=1),
-    }
-
     def units(self, ctx):
         p = ctx.params
         prompt = ctx.segment("fewshot-prompt", p["prompt_tokens"])
@@ -79,14 +74,6 @@ class TreeOfThought:
     median node `value` tokens (capped by max_node_tokens). Its TTFT is the time to the
     first level (thoughts are not streamed token by token, so there is no ITL)."""
     name = "tot"
-    needs_data = True
-    presets = {
-        "small": dict(template="keywordToT", problems=2, max_node_tokens=8,
-                      max_prompt_tokens=128, concurrency=2, server_side_search=False),
-        "full": dict(template="keywordToT", problems=8, max_node_tokens=0,
-                     max_prompt_tokens=0, concurrency=8, server_side_search=False),
-    }
-
     def units(self, ctx):
         p = ctx.params
         path = os.path.join(ctx.workloads_dir, "deft-templates", "reasoning",
@@ -207,12 +194,6 @@ class Speculative:
     recorded Accept_length (with a random tiny model almost nothing is accepted; each step
     still appends the bonus token). What this measures is verify latency per step."""
     name = "speculative"
-    needs_data = True
-    presets = {
-        "small": dict(tree_size=32, prompts=2, steps=16, prompt_tokens=128, concurrency=2),
-        "full": dict(tree_size=64, prompts=4, steps=0, prompt_tokens=4000, concurrency=1),
-    }
-
     def units(self, ctx):
         p = ctx.params
         path = os.path.join(ctx.workloads_dir, "deft-templates", "speculative",
@@ -270,7 +251,6 @@ class Serving:
     shared segments plus a private question; every request is CreateTree (prefix reuse via
     the radix cache shows in cached_tokens), Branch into `chains` if > 1, Generate, DeleteTree.
     Subclasses say which segments make up request i."""
-    needs_data = False
 
     def segments(self, ctx, i):
         raise NotImplementedError
@@ -295,13 +275,6 @@ class MultiLevel(Serving):
     (i mod fanout[k]) at level k (fanouts nest, so requests form a prefix tree), then a
     private question."""
     name = "multilevel"
-    presets = {
-        "small": dict(levels="32,8,48,96", fanout="1,2,2,4", question_tokens=8, requests=16,
-                      gen_tokens=32, concurrency=8),
-        "full": dict(levels="459,38,584,2112", fanout="1,2,4,8", question_tokens=32,
-                     requests=128, gen_tokens=256, concurrency=128),
-    }
-
     def segments(self, ctx, i):
         levels, fanout = _ints(ctx.params["levels"]), _ints(ctx.params["fanout"])
         if len(fanout) != len(levels):
@@ -318,14 +291,6 @@ class MultiDoc(Serving):
     from a pool of doc_pool documents), then a private question; questions_per_set
     questions per set, doc_sets sets."""
     name = "multidoc"
-    presets = {
-        "small": dict(system_tokens=32, doc_tokens=48, doc_pool=4, docs_per_set=2, doc_sets=2,
-                      questions_per_set=8, question_tokens=8, gen_tokens=32, concurrency=8),
-        "full": dict(system_tokens=400, doc_tokens=800, doc_pool=16, docs_per_set=4,
-                     doc_sets=8, questions_per_set=16, question_tokens=32, gen_tokens=256,
-                     concurrency=128),
-    }
-
     def units(self, ctx):
         p = ctx.params
         p["requests"] = p["doc_sets"] * p["questions_per_set"]
@@ -345,13 +310,6 @@ class MultiChain(Serving):
     """Multi-chain reasoning: a shared system/few-shot prompt and a question per request,
     decoded by `chains` chains (self-consistency); questions x chains sequences in all."""
     name = "multichain"
-    presets = {
-        "small": dict(system_tokens=96, question_tokens=16, requests=4, chains=4,
-                      gen_tokens=32, concurrency=4),
-        "full": dict(system_tokens=1024, question_tokens=64, requests=32, chains=4,
-                     gen_tokens=256, concurrency=32),
-    }
-
     def segments(self, ctx, i):
         p = ctx.params
         return [("system", p["system_tokens"]), ("question-%d" % i, p["question_tokens"])]
@@ -361,13 +319,6 @@ class MultiFewShot(Serving):
     """Multiple few-shot learning: a system prompt, one of `combos` few-shot example sets,
     then a private question; questions_per_combo questions per set."""
     name = "multifewshot"
-    presets = {
-        "small": dict(system_tokens=32, fewshot_tokens=64, combos=2, questions_per_combo=8,
-                      question_tokens=8, gen_tokens=32, concurrency=8),
-        "full": dict(system_tokens=400, fewshot_tokens=1024, combos=8, questions_per_combo=16,
-                     question_tokens=32, gen_tokens=256, concurrency=128),
-    }
-
     def units(self, ctx):
         p = ctx.params
         p["requests"] = p["combos"] * p["questions_per_combo"]
@@ -380,40 +331,35 @@ class MultiFewShot(Serving):
                 ("question-%d" % i, p["question_tokens"])]
 
 
-WORKLOADS = {w.name: w for w in (FewShot(), TreeOfThought(), Speculative(), MultiLevel(),
-                                 MultiDoc(), MultiChain(), MultiFewShot())}
+def _load_presets(path, implementations):
+    """WORKLOADS (name -> workload, with its presets and needs_data set) and PARAMS
+    (name -> (type, help)) from loadtest_presets.json. A workload in the file without a class
+    here, or a class without presets, is an error: both clients must run the same set."""
+    with open(path) as f:
+        doc = json.load(f)
+    by_name = {w.name: w for w in implementations}
+    if set(doc["workloads"]) != set(by_name):
+        raise RuntimeError("%s and loadtest_workloads.py disagree on the workloads: only in "
+                           "the file %s, only in the code %s" % (
+                               path, sorted(set(doc["workloads"]) - set(by_name)),
+                               sorted(set(by_name) - set(doc["workloads"]))))
+    workloads = {}
+    for name, spec in doc["workloads"].items():
+        w = by_name[name]
+        w.needs_data = spec["needs_data"]
+        w.presets = {"small": spec["small"], "full": spec["full"]}
+        workloads[name] = w
+    types = {"int": int, "str": str, "bool": bool}   # bool: a switch (store_const True)
+    params = {p["name"]: (types[p["type"]], p["help"]) for p in doc["params"]}
+    return workloads, params
 
-# Parameter name -> (type, help) for the command-line overrides of every preset.
-PARAMS = {
-    "requests": (int, "logical requests (trees) to run"),
-    "concurrency": (int, "client threads issuing requests in parallel"),
-    "gen_tokens": (int, "tokens each branch decodes (T)"),
-    "prompt_tokens": (int, "prompt length in tokens (fewshot P; speculative prefix)"),
-    "branches": (int, "fewshot: branches per tree (b)"),
-    "template": (str, "tot: reasoning template name (docmergeToT, keywordToT, set128ToT, "
-                      "sorting128ToT)"),
-    "problems": (int, "tot: problems of the template to replay"),
-    "max_node_tokens": (int, "tot: cap on tokens decoded per thought node (0 = recorded)"),
-    "max_prompt_tokens": (int, "tot: cap on the prompt length (0 = recorded)"),
-    "server_side_search": (bool, "tot: run each problem as one server-side TreeSearch (BFS "
-                                 "on the server) instead of client-driven Branch/Generate/Prune"),
-    "tree_size": (int, "speculative: token tree size 32, 64, 128 or 256"),
-    "prompts": (int, "speculative: prompts (records) to replay"),
-    "steps": (int, "speculative: verify steps per prompt (0 = recorded count)"),
-    "levels": (str, "multilevel: comma-separated tokens per system-prompt level"),
-    "fanout": (str, "multilevel: comma-separated variants per level"),
-    "question_tokens": (int, "serving workloads: private question length"),
-    "system_tokens": (int, "multidoc/multichain/multifewshot: system prompt length"),
-    "doc_tokens": (int, "multidoc: tokens per document"),
-    "doc_pool": (int, "multidoc: documents in the pool"),
-    "docs_per_set": (int, "multidoc: documents per request"),
-    "doc_sets": (int, "multidoc: distinct document sets"),
-    "questions_per_set": (int, "multidoc: questions per document set"),
-    "chains": (int, "multichain: chains (branches) per question"),
-    "fewshot_tokens": (int, "multifewshot: tokens per few-shot example set"),
-    "combos": (int, "multifewshot: few-shot combinations"),
-    "questions_per_combo": (int, "multifewshot: questions per combination"),
-}
+
+# WORKLOADS: name -> workload (the file's order); PARAMS: parameter name -> (type, help) for
+# the command-line overrides of every preset.
+WORKLOADS, PARAMS = _load_presets(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "loadtest_presets.json"),
+    (FewShot(), TreeOfThought(), Speculative(), MultiLevel(), MultiDoc(), MultiChain(),
+     MultiFewShot()))
 
 
 def is_rpc_error(e):

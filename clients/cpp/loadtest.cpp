@@ -772,5 +772,8 @@ int main(int argc, char** argv) {
   } catch (const treeserve::loadtest::RpcError& e) {  // the server went away mid-run
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
+  } catch (const std::logic_error& e) {  // the compiled-in presets and the code disagree
+    std::fprintf(stderr, "internal error: %s\n", e.what());
+    return 1;
   }
 }

@@ -210,19 +210,22 @@ using Unit = std::function<void()>;
 
 struct Workload {
   std::string name;
-  bool needs_data;
+  bool needs_data;                                      // reads --workloads-dir/deft-templates
   Json small, full;                                     // presets
   std::function<std::vector<Unit>(RunContext&)> units;  // may throw UsageError
 };
+// The workloads in clients/loadtest_presets.json's order, with its presets. Throws
+// std::logic_error when the JSON and the implementations name different workloads.
 const std::vector<Workload>& workloads();
 
-// Parameter overrides (--requests, --gen-tokens, ...): name, kind, help. A switch is on when
-// given, else the preset's value (loadtest.py's store_const).
+// Parameter overrides (--requests, --gen-tokens, ...): name, kind, help, from
+// clients/loadtest_presets.json. A switch is on when given, else the preset's value
+// (loadtest.py's store_const).
 enum class ParamKind { kInt, kString, kSwitch };
 struct ParamSpec {
-  const char* name;
+  std::string name;
   ParamKind kind;
-  const char* help;
+  std::string help;
 };
 const std::vector<ParamSpec>& param_specs();
 

@@ -1,5 +1,6 @@
-// The workloads of clients/loadtest_workloads.py, ported one for one (same presets, same
-// prompt construction and seeds, same records), and the RPC wrapper they call the server with.
+// The workloads of clients/loadtest_workloads.py, ported one for one (same prompt construction
+// and seeds, same records; the presets and parameter table are the same file,
+// clients/loadtest_presets.json, compiled in), and the RPC wrapper they call the server with.
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -8,6 +9,7 @@
 #include <thread>
 
 #include "clients/cpp/loadtest.h"
+#include "clients/cpp/loadtest_presets_json.h"  // kPresetsJson, from embed_presets.cmake
 
 namespace treeserve::loadtest {
 
@@ -663,92 +665,70 @@ std::vector<Unit> multifewshot_units(RunContext& ctx) {
   });
 }
 
+// clients/loadtest_presets.json, the table loadtest.py reads too, compiled in by CMake.
+const Json& presets_file() {
+  static const Json kDoc = Json::parse(kPresetsJson);
+  return kDoc;
+}
+
 }  // namespace
 
 const std::vector<Workload>& workloads() {
-  auto preset = [](const char* json) { return Json::parse(json); };
-  static const std::vector<Workload> kWorkloads = {
-      {"fewshot", false,
-       preset(R"({"prompt_tokens": 256, "branches": 4, "gen_tokens": 32, "requests": 2,
-                  "concurrency": 2})"),
-       preset(R"({"prompt_tokens": 4000, "branches": 20, "gen_tokens": 400, "requests": 1,
-                  "concurrency": 1})"),
-       fewshot_units},
-      {"tot", true, preset(R"({"template": "keywordToT", "problems": 2, "max_node_tokens": 8,
-                  "max_prompt_tokens": 128, "concurrency": 2, "server_side_search": false})"),
-       preset(R"({"template": "keywordToT", "problems": 8, "max_node_tokens": 0,
-                  "max_prompt_tokens": 0, "concurrency": 8, "server_side_search": false})"),
-       tot_units},
-      {"speculative", true,
-       preset(R"({"tree_size": 32, "prompts": 2, "steps": 16, "prompt_tokens": 128,
-                  "concurrency": 2})"),
-       preset(R"({"tree_size": 64, "prompts": 4, "steps": 0, "prompt_tokens": 4000,
-                  "concurrency": 1})"),
-       speculative_units},
-      {"multilevel", false,
-       preset(R"({"levels": "32,8,48,96", "fanout": "1,2,2,4", "question_tokens": 8,
-                  "requests": 16, "gen_tokens": 32, "concurrency": 8})"),
-       preset(R"({"levels": "459,38,584,2112", "fanout": "1,2,4,8", "question_tokens": 32,
-                  "requests": 128, "gen_tokens": 256, "concurrency": 128})"),
-       multilevel_units},
-      {"multidoc", false,
-       preset(R"({"system_tokens": 32, "doc_tokens": 48, "doc_pool": 4, "docs_per_set": 2,
-                  "doc_sets": 2, "questions_per_set": 8, "question_tokens": 8,
-                  "gen_tokens": 32, "concurrency": 8})"),
-       preset(R"({"system_tokens": 400, "doc_tokens": 800, "doc_pool": 16, "docs_per_set": 4,
-                  "doc_sets": 8, "questions_per_set": 16, "question_tokens": 32,
-                  "gen_tokens": 256, "concurrency": 128})"),
-       multidoc_units},
-      {"multichain", false,
-       preset(R"({"system_tokens": 96, "question_tokens": 16, "requests": 4, "chains": 4,
-                  "gen_tokens": 32, "concurrency": 4})"),
-       preset(R"({"system_tokens": 1024, "question_tokens": 64, "requests": 32, "chains": 4,
-                  "gen_tokens": 256, "concurrency": 32})"),
-       multichain_units},
-      {"multifewshot", false, preset(R"({"system_tokens": 32, "fewshot_tokens": 64, "combos": 2,
-                  "questions_per_combo": 8, "question_tokens": 8, "gen_tokens": 32,
-                  "concurrency": 8})"),
-       preset(R"({"system_tokens": 400, "fewshot_tokens": 1024, "combos": 8,
-                  "questions_per_combo": 16, "question_tokens": 32, "gen_tokens": 256,
-                  "concurrency": 128})"),
-       multifewshot_units},
-  };
+  // The units of each workload are here; presets and needs_data come from the JSON, in its
+  // order. A workload on one side only is a build that must not run (both clients run the same
+  // set): it fails every invocation, the smoke test included.
+  static const std::vector<Workload> kWorkloads = [] {
+    const std::map<std::string, std::function<std::vector<Unit>(RunContext&)>> units = {
+        {"fewshot", fewshot_units},          {"tot", tot_units},
+        {"speculative", speculative_units},  {"multilevel", multilevel_units},
+        {"multidoc", multidoc_units},        {"multichain", multichain_units},
+        {"multifewshot", multifewshot_units}};
+    std::vector<Workload> out;
+    try {
+      const Json& file = presets_file().at("workloads");
+      for (const auto& [name, spec] : file.items()) {
+        auto it = units.find(name);
+        if (it == units.end()) {
+          throw std::logic_error("workload " + name +
+                                 " of clients/loadtest_presets.json has no C++ implementation");
+        }
+        out.push_back({name, spec.at("needs_data").get<bool>(), spec.at("small"), spec.at("full"),
+                       it->second});
+      }
+      for (const auto& [name, fn] : units) {
+        if (!file.contains(name)) {
+          throw std::logic_error("workload " + name +
+                                 " has no presets in clients/loadtest_presets.json");
+        }
+      }
+    } catch (const Json::exception& e) {  // a key missing or of the wrong type
+      throw std::logic_error(std::string("clients/loadtest_presets.json: ") + e.what());
+    }
+    return out;
+  }();
   return kWorkloads;
 }
 
 const std::vector<ParamSpec>& param_specs() {
-  static const std::vector<ParamSpec> kSpecs = {
-      {"requests", ParamKind::kInt, "logical requests (trees) to run"},
-      {"concurrency", ParamKind::kInt, "client threads issuing requests in parallel"},
-      {"gen_tokens", ParamKind::kInt, "tokens each branch decodes (T)"},
-      {"prompt_tokens", ParamKind::kInt, "prompt length in tokens (fewshot P; speculative prefix)"},
-      {"branches", ParamKind::kInt, "fewshot: branches per tree (b)"},
-      {"template", ParamKind::kString,
-       "tot: reasoning template name (docmergeToT, keywordToT, set128ToT, sorting128ToT)"},
-      {"problems", ParamKind::kInt, "tot: problems of the template to replay"},
-      {"max_node_tokens", ParamKind::kInt,
-       "tot: cap on tokens decoded per thought node (0 = recorded)"},
-      {"max_prompt_tokens", ParamKind::kInt, "tot: cap on the prompt length (0 = recorded)"},
-      {"server_side_search", ParamKind::kSwitch,
-       "tot: run each problem as one server-side TreeSearch (BFS on the server) instead of "
-       "client-driven Branch/Generate/Prune"},
-      {"tree_size", ParamKind::kInt, "speculative: token tree size 32, 64, 128 or 256"},
-      {"prompts", ParamKind::kInt, "speculative: prompts (records) to replay"},
-      {"steps", ParamKind::kInt, "speculative: verify steps per prompt (0 = recorded count)"},
-      {"levels", ParamKind::kString, "multilevel: comma-separated tokens per system-prompt level"},
-      {"fanout", ParamKind::kString, "multilevel: comma-separated variants per level"},
-      {"question_tokens", ParamKind::kInt, "serving workloads: private question length"},
-      {"system_tokens", ParamKind::kInt, "multidoc/multichain/multifewshot: system prompt length"},
-      {"doc_tokens", ParamKind::kInt, "multidoc: tokens per document"},
-      {"doc_pool", ParamKind::kInt, "multidoc: documents in the pool"},
-      {"docs_per_set", ParamKind::kInt, "multidoc: documents per request"},
-      {"doc_sets", ParamKind::kInt, "multidoc: distinct document sets"},
-      {"questions_per_set", ParamKind::kInt, "multidoc: questions per document set"},
-      {"chains", ParamKind::kInt, "multichain: chains (branches) per question"},
-      {"fewshot_tokens", ParamKind::kInt, "multifewshot: tokens per few-shot example set"},
-      {"combos", ParamKind::kInt, "multifewshot: few-shot combinations"},
-      {"questions_per_combo", ParamKind::kInt, "multifewshot: questions per combination"},
-  };
+  static const std::vector<ParamSpec> kSpecs = [] {
+    const std::map<std::string, ParamKind> kinds = {
+        {"int", ParamKind::kInt}, {"str", ParamKind::kString}, {"bool", ParamKind::kSwitch}};
+    std::vector<ParamSpec> out;
+    try {
+      for (const auto& p : presets_file().at("params")) {
+        auto kind = kinds.find(p.at("type").get<std::string>());
+        if (kind == kinds.end()) {
+          throw std::logic_error("clients/loadtest_presets.json: parameter " + p.at("name").dump() +
+                                 " has an unknown type " + p.at("type").dump());
+        }
+        out.push_back(
+            {p.at("name").get<std::string>(), kind->second, p.at("help").get<std::string>()});
+      }
+    } catch (const Json::exception& e) {
+      throw std::logic_error(std::string("clients/loadtest_presets.json: ") + e.what());
+    }
+    return out;
+  }();
   return kSpecs;
 }
 

@@ -2,9 +2,11 @@
 # Smoke test of treeserve_loadtest (clients/cpp, the C++ port of clients/loadtest.py): every
 # workload at --scale small (with a time budget) against a live CPU treeserve; checks exit codes,
 # the JSON (requests done, tokens generated, no errors, sane TTFT/ITL/KV figures, the pool back
-# to idle), the usage errors (exit 2 with a clear message), and — when this python3 has grpcio —
-# that loadtest.py reads the same prompts for the same --seed (its run hits the radix cache the
-# C++ run filled) and writes the same JSON keys. Stops the server with SIGTERM expecting exit 0.
+# to idle), the usage errors (exit 2 with a clear message), that both clients offer exactly the
+# workloads of clients/loadtest_presets.json (the presets file they share), and — when this
+# python3 has grpcio — that loadtest.py reads the same prompts for the same --seed (its run hits
+# the radix cache the C++ run filled), runs with the same params and writes the same JSON keys.
+# Stops the server with SIGTERM expecting exit 0.
 # usage: loadtest_cpp_smoke.sh TREESERVE_BINARY TREESERVE_LOADTEST PYTHON3 SOURCE_DIR
 # python3 needs only its standard library (free port, JSON checks). The DeFT templates are looked
 # for in SOURCE_DIR/../shared/workloads (or $TREESERVE_WORKLOADS); without them tot and
@@ -24,6 +26,7 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 lt=("$lt_bin" --target "127.0.0.1:$port" --scale small --time-budget 5)
+presets=$src/clients/loadtest_presets.json
 
 passed=0 failed=0 skipped=0
 pass() { passed=$((passed + 1)); }
@@ -78,11 +81,20 @@ expect_usage_error() {
   fi
 }
 
-# tot_server: tot as one server-side TreeSearch per problem (--server-side-search).
-for w in fewshot tot tot_server speculative multilevel multidoc multichain multifewshot; do
+# Every workload of the presets file ("NAME NEEDS_DATA" lines, the file's order), and tot_server:
+# tot as one server-side TreeSearch per problem (--server-side-search).
+runs=()
+while read -r w needs; do
+  runs+=("$w $needs")
+  [[ $w != tot ]] || runs+=("tot_server $needs")
+done < <("$py" -c 'import json, sys
+for name, w in json.load(open(sys.argv[1]))["workloads"].items():
+    print(name, int(w["needs_data"]))' "$presets")
+for run in "${runs[@]}"; do
+  read -r w needs <<<"$run"
   args=(--workload "$w")
   [[ $w != tot_server ]] || args=(--workload tot --server-side-search)
-  if [[ $w == tot* || $w == speculative ]] && [[ ! -d $workloads_dir/deft-templates ]]; then
+  if [[ $needs == 1 ]] && [[ ! -d $workloads_dir/deft-templates ]]; then
     expect_usage_error "$w without templates" "deft-templates" \
       "${lt[@]}" "${args[@]}" --workloads-dir "$workloads_dir"
     echo "SKIP $w: no $workloads_dir/deft-templates (clear error checked)"
@@ -99,6 +111,28 @@ for w in fewshot tot tot_server speculative multilevel multidoc multichain multi
   fi
 done
 
+# same_workloads NAME HELP_FILE: the --workload choices HELP_FILE lists are the presets file's
+# workloads, no more and no fewer (a workload added to one client or to the file alone fails).
+same_workloads() {
+  if "$py" - "$presets" "$2" <<'EOF'; then
+import json, re, sys
+names = set(json.load(open(sys.argv[1]))["workloads"])
+m = re.search(r"--workload (?:TEXT:)?\{([^}]*)\}", open(sys.argv[2]).read())
+assert m, "no --workload choices in the --help output"
+offered = set(m.group(1).split(","))
+assert offered == names, "only in loadtest_presets.json: %s; only in the client: %s" % (
+    sorted(names - offered), sorted(offered - names))
+EOF
+    pass
+  else
+    fail "$1 offers other workloads than clients/loadtest_presets.json"; cat "$2"
+  fi
+}
+rc=0
+"$lt_bin" --help >"$tmp/cpp-help.out" 2>&1 || rc=$?
+[[ $rc -eq 0 ]] || fail "treeserve_loadtest --help (exit $rc)"
+same_workloads treeserve_loadtest "$tmp/cpp-help.out"
+
 # Usage errors: exit 2 with a message that says what is wrong, and no load run.
 expect_usage_error "unknown workload" "workload" "${lt[@]}" --workload nosuch
 expect_usage_error "--plot" "plot_loadtest.py" "${lt[@]}" --workload fewshot --plot "$tmp/x.png"
@@ -111,9 +145,14 @@ expect_usage_error "no server" "cannot reach treeserve" \
 # The same prompts as loadtest.py: with python3-grpcio, run the C++ client twice with one seed
 # (the second run finds every prompt in the radix cache), then loadtest.py with that seed: it
 # must find exactly as many cached tokens as the C++ rerun did (with other prompts it would
-# miss at least every private question), and its JSON has no key the C++ one lacks.
+# miss at least every private question), run with the same params, and its JSON has no key
+# the C++ one lacks. First, loadtest.py offers the presets file's workloads too.
 if "$py" -c 'import grpc, grpc_tools' 2>/dev/null; then
   export TREESERVE_PY_STUBS=$tmp/stubs
+  rc=0
+  "$py" "$src/clients/loadtest.py" --help >"$tmp/py-help.out" 2>&1 || rc=$?
+  [[ $rc -eq 0 ]] || fail "loadtest.py --help (exit $rc)"
+  same_workloads loadtest.py "$tmp/py-help.out"
   for w in multidoc multilevel; do
     rc=0
     for _ in 1 2; do
@@ -126,6 +165,7 @@ import json, sys
 c, p = (json.load(open(f)) for f in sys.argv[1:3])
 missing = sorted(set(p) - set(c))
 assert not missing, "keys only loadtest.py writes: %s" % missing
+assert c["params"] == p["params"], ("params differ", c["params"], p["params"])
 assert c["prompt_tokens"] == p["prompt_tokens"], (c["prompt_tokens"], p["prompt_tokens"])
 assert p["cached_tokens"] == c["cached_tokens"], (
     "loadtest.py found %d cached tokens, the C++ rerun %d: the prompts differ" % (
