@@ -20,6 +20,12 @@ std::string format_value(double v) {
   return std::string(buf, end);
 }
 
+// Engine step phases: 10 us to 1 s.
+std::vector<double> step_buckets() {
+  return {1e-5, 2.5e-5, 5e-5,   1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
+          5e-3, 1e-2,   2.5e-2, 5e-2, 0.1,    0.25, 0.5,  1.0};
+}
+
 std::vector<double> latency_buckets() {
   return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
           0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
@@ -138,6 +144,13 @@ ServerMetrics::ServerMetrics(MetricsRegistry* r)
       tree_search_total(
           r->counter("treeserve:tree_search_total", "Tree-of-thought searches started")),
       tree_search_levels_total(r->counter("treeserve:tree_search_levels_total",
-                                          "Levels generated and scored by tree searches")) {}
+                                          "Levels generated and scored by tree searches")),
+      step_forward_seconds(r->histogram("treeserve:step_forward_seconds",
+                                        "Backend forward time per engine step", step_buckets())),
+      step_host_seconds(r->histogram(
+          "treeserve:step_host_seconds",
+          "Scheduler time per engine step outside the forward (commands, batch and view "
+          "building, result handling): time the device waits for the host",
+          step_buckets())) {}
 
 }  // namespace treeserve

@@ -93,6 +93,8 @@ struct ServerMetrics {
   Histogram* verify_accepted_tokens;
   Counter* tree_search_total;         // TreeSearch calls that passed validation
   Counter* tree_search_levels_total;  // levels they generated and scored
+  Histogram* step_forward_seconds;    // the backend's forward per engine step
+  Histogram* step_host_seconds;       // the scheduler's own work per engine step
 };
 
 }  // namespace treeserve

@@ -37,8 +37,17 @@ void Scheduler::Impl::loop() {
       if (stopping_) break;
       commands.swap(commands_);
     }
+    host_begin_ = std::chrono::steady_clock::now();
     for (auto& c : commands) c();
-    if (has_work()) step();
+    if (has_work() && step() && metrics_) {
+      // The device waits for the host for everything but the forward: this iteration's
+      // commands, building the batch and view, and handling the step's results.
+      using Seconds = std::chrono::duration<double>;
+      const auto now = std::chrono::steady_clock::now();
+      metrics_->step_forward_seconds->observe(Seconds(forward_end_ - forward_begin_).count());
+      metrics_->step_host_seconds->observe(
+          Seconds((forward_begin_ - host_begin_) + (now - forward_end_)).count());
+    }
   }
   // Shutdown: commands already queued run (their callers wait on them), then every piece of
   // in-flight work ends.
@@ -364,7 +373,9 @@ bool Scheduler::Impl::step() {
   batch_.vocab_limit = vocab_;
   request_sampling();
   Status built = kv_->build_attention_view(view_queries_, &batch_.view);
+  forward_begin_ = std::chrono::steady_clock::now();
   Status ran = built.ok() ? backend_->forward(batch_, &logits_) : built;
+  forward_end_ = std::chrono::steady_clock::now();
   if (metrics_ && built.ok()) {
     // KV tokens read once for several queries instead of once per query.
     int64_t saved = 0;

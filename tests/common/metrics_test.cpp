@@ -60,7 +60,8 @@ TEST(Metrics, ServerMetricsHaveTheApiNames) {
         "inter_token_latency_seconds", "e2e_request_latency_seconds", "prompt_tokens_total",
         "generation_tokens_total", "kv_cache_usage_perc", "prefix_cache_hit_tokens_total",
         "live_branches", "fork_total", "prune_total", "radix_nodes", "shared_kv_tokens_saved_total",
-        "verify_accepted_tokens", "tree_search_total", "tree_search_levels_total"}) {
+        "verify_accepted_tokens", "tree_search_total", "tree_search_levels_total",
+        "step_forward_seconds", "step_host_seconds"}) {
     EXPECT_NE(text.find(std::string("# TYPE treeserve:") + name), std::string::npos) << name;
   }
 }

@@ -105,6 +105,16 @@ TEST(SchedulerTreeSearch, LogprobModeKeepsTheBestAndPrunesTheRest) {
   ASSERT_EQ(rec.levels.size(), 3u);
   EXPECT_EQ(metrics.tree_search_total->value(), 1);
   EXPECT_EQ(metrics.tree_search_levels_total->value(), 3);
+  // Every engine step's forward and host time went to the step histograms.
+  std::vector<uint64_t> cumulative;
+  double forward_sum = 0, host_sum = 0;
+  uint64_t forward_count = 0, host_count = 0;
+  metrics.step_forward_seconds->snapshot(&cumulative, &forward_sum, &forward_count);
+  metrics.step_host_seconds->snapshot(&cumulative, &host_sum, &host_count);
+  EXPECT_EQ(int64_t(forward_count), s.stats().steps);
+  EXPECT_EQ(host_count, forward_count);
+  EXPECT_GT(forward_sum, 0.0);
+  EXPECT_GT(host_sum, 0.0);
   auto score = [](const SearchCandidate& c) { return c.logprob_score; };
 
   // Level 1: three children of the root. Each later level: `expand` children of each node
