@@ -3,6 +3,9 @@
 //   [RMSNorm, QKV GEMM, RoPE + K/V append into pages, tree attention, O GEMM, residual add +
 //   RMSNorm, gate/up GEMM, SwiGLU, down GEMM, residual add] -> final RMSNorm and LM head on
 //   the logit rows only -> logits to the host.
+// With options.cuda_graphs (one GPU) the part from the embedding to the LM head is replayed
+// from a CUDA graph per step shape (rows, logit rows, attention grid bucket, buffers): the
+// metadata and plan uploads, slot moves and page copies stay ordinary stream work before it.
 // The residual stream is float32; activations and weights are in the model dtype; GEMMs
 // accumulate in float32 (cublasGemmEx, CUBLAS_COMPUTE_32F).
 //
@@ -22,7 +25,9 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -30,6 +35,7 @@
 
 #include "engine/cuda_ops.h"
 #include "engine/cuda_sampling.h"
+#include "engine/detail/cuda_buffers.h"
 #include "engine/detail/cuda_rank.h"
 #include "engine/detail/cuda_weight_upload.h"
 #include "engine/detail/step_profiler.h"
@@ -41,11 +47,7 @@ namespace treeserve {
 namespace {
 
 Status cuda_status(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::Ok();
-  if (e == cudaErrorMemoryAllocation) {
-    return ResourceExhausted(std::string("CUDA backend: out of device memory (") + what + ")");
-  }
-  return Internal(std::string("CUDA backend: ") + what + ": " + cudaGetErrorString(e));
+  return detail::cuda_error_status(e, "CUDA backend", what);
 }
 #define TS_CUDA(expr, what) TS_RETURN_IF_ERROR(cuda_status((expr), what))
 
@@ -55,31 +57,8 @@ Status cublas_status(cublasStatus_t s, const char* what) {
                   ")");
 }
 
-// A device buffer that only grows (step scratch): reallocated when a step needs more.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  ~DeviceBuffer() { release(); }
-  void release() {
-    cudaFree(ptr);
-    ptr = nullptr;
-    bytes = 0;
-  }
-  Status reserve(size_t want, const char* what) {
-    if (want <= bytes) return Status::Ok();
-    cudaFree(ptr);
-    ptr = nullptr;
-    bytes = 0;
-    const size_t grown = std::max(want, bytes * 3 / 2);
-    TS_CUDA(cudaMalloc(&ptr, grown), what);
-    bytes = grown;
-    return Status::Ok();
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr);
-  }
-};
+using detail::DeviceBuffer;
+using detail::PinnedBuffer;
 
 struct LayerWeights {
   void* input_norm = nullptr;  // T [hidden]
@@ -133,9 +112,10 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     cudaGetDevice(&caller_device);
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
+    drop_graphs();
     for (void* p : allocations_) cudaFree(p);
-    cudaFreeHost(host_logits_);
-    cudaFreeHost(host_meta_);
+    host_logits_.release();
+    host_meta_.release();
     if (cublas_) cublasDestroy(cublas_);
     if (stream_) cudaStreamDestroy(stream_);
     release_buffers();
@@ -148,6 +128,13 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     TS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
     TS_RETURN_IF_ERROR(cublas_status(cublasCreate(&cublas_), "cublasCreate"));
     TS_RETURN_IF_ERROR(cublas_status(cublasSetStream(cublas_, stream_), "cublasSetStream"));
+    // A workspace of our own (after cublasSetStream, which resets it): cuBLAS then allocates
+    // nothing while a graph is captured.
+    TS_RETURN_IF_ERROR(alloc(&cublas_workspace_, kCublasWorkspaceBytes));
+    TS_RETURN_IF_ERROR(
+        cublas_status(cublasSetWorkspace(cublas_, cublas_workspace_, size_t(kCublasWorkspaceBytes)),
+                      "cublasSetWorkspace"));
+    graphs_ = options_.cuda_graphs && world_ == 1 && !prof_.on();
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_);
     // This rank's slices (the whole model when world_ == 1).
@@ -309,29 +296,32 @@ class CudaBackend final : public Backend, public detail::CudaRank {
         TS_RETURN_IF_ERROR(sample_on_device(batch, out));
       } else if (batch.full_logits) {
         const size_t bytes = size_t(n_logits * config_.vocab_size) * 4;
-        TS_RETURN_IF_ERROR(reserve_host_logits(bytes));
-        TS_CUDA(cudaMemcpyAsync(host_logits_, logits_.ptr, bytes, cudaMemcpyDeviceToHost, stream_),
-                "logits download");
+        TS_RETURN_IF_ERROR(host_logits_.reserve(bytes, "pinned logits"));
+        TS_CUDA(
+            cudaMemcpyAsync(host_logits_.ptr, logits_.ptr, bytes, cudaMemcpyDeviceToHost, stream_),
+            "logits download");
         TS_CUDA(cudaStreamSynchronize(stream_), "step");
         out->data.resize(size_t(n_logits * config_.vocab_size));
-        std::memcpy(out->data.data(), host_logits_, bytes);
+        std::memcpy(out->data.data(), host_logits_.ptr, bytes);
         out->argmax.clear();
         out->argmax_logprob.clear();
       } else {
         // Greedy rows only: the argmax and its logprob per row (8 bytes, not the vocab).
-        TS_RETURN_IF_ERROR(argmax_.reserve(size_t(n_logits) * 8, "argmax"));
+        const int64_t limit = batch.drawable_vocab(config_.vocab_size);
+        const size_t result_bytes = (size_t(n_logits) * 8 + 15) / 16 * 16;
+        TS_RETURN_IF_ERROR(
+            argmax_.reserve(result_bytes + cuda::argmax_scratch_bytes(n_logits, limit), "argmax"));
         int32_t* ids = argmax_.as<int32_t>();
         float* lps = reinterpret_cast<float*>(ids + n_logits);
-        const int64_t limit = batch.drawable_vocab(config_.vocab_size);
         cuda::argmax_logprob(logits_.as<float>(), n_logits, config_.vocab_size, limit, ids, lps,
-                             stream_);
-        TS_RETURN_IF_ERROR(reserve_host_logits(size_t(n_logits) * 8));
-        TS_CUDA(cudaMemcpyAsync(host_logits_, argmax_.ptr, size_t(n_logits) * 8,
+                             static_cast<char*>(argmax_.ptr) + result_bytes, stream_);
+        TS_RETURN_IF_ERROR(host_logits_.reserve(size_t(n_logits) * 8, "pinned argmax"));
+        TS_CUDA(cudaMemcpyAsync(host_logits_.ptr, argmax_.ptr, size_t(n_logits) * 8,
                                 cudaMemcpyDeviceToHost, stream_),
                 "argmax download");
         TS_CUDA(cudaStreamSynchronize(stream_), "step");
         out->data.clear();
-        const int32_t* hid = static_cast<const int32_t*>(host_logits_);
+        const int32_t* hid = host_logits_.as<const int32_t>();
         out->argmax.assign(hid, hid + n_logits);
         const float* hlp = reinterpret_cast<const float*>(hid + n_logits);
         out->argmax_logprob.assign(hlp, hlp + n_logits);
@@ -357,8 +347,9 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     const size_t out_bytes = size_t(n) * sizeof(cuda::DeviceSample);
     TS_RETURN_IF_ERROR(sample_params_.reserve(param_bytes, "sampling params"));
     TS_RETURN_IF_ERROR(sample_out_.reserve(out_bytes, "sampled tokens"));
-    TS_RETURN_IF_ERROR(reserve_host_logits(std::max(param_bytes, out_bytes)));
-    auto* rows = static_cast<cuda::DeviceSamplingRow*>(host_logits_);
+    TS_RETURN_IF_ERROR(
+        host_logits_.reserve(std::max(param_bytes, out_bytes), "pinned sampling rows"));
+    auto* rows = host_logits_.as<cuda::DeviceSamplingRow>();
     for (int64_t i = 0; i < n; ++i) {
       const StepSampling& s = batch.sampling[size_t(i)];
       cuda::DeviceSamplingRow& r = rows[i];
@@ -370,19 +361,19 @@ class CudaBackend final : public Backend, public detail::CudaRank {
       r.stream_key = s.stream_key;
       r.position = s.position;
     }
-    TS_CUDA(cudaMemcpyAsync(sample_params_.ptr, host_logits_, param_bytes, cudaMemcpyHostToDevice,
-                            stream_),
+    TS_CUDA(cudaMemcpyAsync(sample_params_.ptr, host_logits_.ptr, param_bytes,
+                            cudaMemcpyHostToDevice, stream_),
             "sampling params upload");
     const int64_t limit = batch.drawable_vocab(config_.vocab_size);
     cuda::sample_rows(logits_.as<float>(), n, config_.vocab_size, limit,
                       sample_params_.as<cuda::DeviceSamplingRow>(),
                       sample_out_.as<cuda::DeviceSample>(), stream_);
     // Same stream: the upload above has read the pinned buffer before this overwrites it.
-    TS_CUDA(
-        cudaMemcpyAsync(host_logits_, sample_out_.ptr, out_bytes, cudaMemcpyDeviceToHost, stream_),
-        "sampled tokens download");
+    TS_CUDA(cudaMemcpyAsync(host_logits_.ptr, sample_out_.ptr, out_bytes, cudaMemcpyDeviceToHost,
+                            stream_),
+            "sampled tokens download");
     TS_CUDA(cudaStreamSynchronize(stream_), "step");
-    const auto* got = static_cast<const cuda::DeviceSample*>(host_logits_);
+    const auto* got = host_logits_.as<const cuda::DeviceSample>();
     out->data.clear();
     out->argmax.clear();
     out->argmax_logprob.clear();
@@ -461,37 +452,129 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     }
     const size_t meta = meta_bytes(batch);
     TS_RETURN_IF_ERROR(meta_.reserve(meta, "step metadata"));
-    if (meta > host_meta_bytes_) {
-      cudaFreeHost(host_meta_);
-      host_meta_ = nullptr;
-      host_meta_bytes_ = 0;
-      TS_CUDA(cudaMallocHost(&host_meta_, meta * 2), "pinned metadata");
-      host_meta_bytes_ = meta * 2;
-    }
-    return Status::Ok();
+    return host_meta_.reserve(meta, "step metadata");
   }
 
  private:
   // Enqueues the step's device work up to the LM head (logits_ float [n][vocab_]): metadata
-  // and plan upload, slot moves, page copies, embedding, every layer.
+  // and plan upload, slot moves, page copies, then the layers (from a CUDA graph when on).
   Status enqueue_step(const StepBatch& batch, const AttentionPlan& plan) {
-    const int64_t rows = batch.num_rows();
-    const int64_t n_logits = int64_t(batch.logit_rows.size());
     TS_RETURN_IF_ERROR(upload_metadata(batch));
     TS_RETURN_IF_ERROR(workspace_.upload(plan, stream_));
     prof_.mark("upload", stream_);
+    const int32_t d = int32_t(d_);
+    const int64_t layer_elems = layout_.layer_elems();
+    cuda::move_slots(dtype_, k_all_, v_all_, layout_.num_layers, layer_elems, layout_.page_elems(),
+                     nkv_, layout_.page_size, d, d_move_src_, d_move_dst_,
+                     int32_t(batch.slot_moves.size()), stream_);
+    cuda::copy_pages(dtype_, k_all_, v_all_, layout_.num_layers, layer_elems, layout_.page_elems(),
+                     nkv_, layout_.page_size, d, d_copy_src_, d_copy_dst_, d_copy_n_,
+                     int32_t(batch.page_copies.size()), stream_);
+    if (!graphs_) return enqueue_layers(batch, TreeAttentionGrid{});
+    return run_step_graph(batch);
+  }
 
+  // What a captured layer chain depends on besides the uploaded data: the step's shape, the
+  // attention grid, and every buffer the chain reads or writes (they move when they grow).
+  struct GraphKey {
+    int64_t rows = 0, n_logits = 0;
+    int32_t items = 0, queries = 0;
+    std::array<const void*, 11> buffers{};
+    bool operator==(const GraphKey& o) const {
+      return rows == o.rows && n_logits == o.n_logits && items == o.items && queries == o.queries &&
+             buffers == o.buffers;
+    }
+  };
+  struct StepGraph {
+    GraphKey key;
+    cudaGraphExec_t exec = nullptr;
+    uint64_t last_used = 0;
+  };
+  static constexpr size_t kMaxGraphs = 8;
+  static constexpr int64_t kCublasWorkspaceBytes = 32 << 20;
+
+  // The layer chain from a graph: replayed when this shape has one; captured when the shape
+  // repeats the previous step's (a decode batch; a one-off prefill chunk runs eagerly, with
+  // the same grid, so both paths compute the same thing).
+  Status run_step_graph(const StepBatch& batch) {
+    GraphKey key;
+    key.rows = batch.num_rows();
+    key.n_logits = int64_t(batch.logit_rows.size());
+    key.items = tree_attention_grid_bucket(workspace_.num_items());
+    key.queries = tree_attention_grid_bucket(workspace_.num_queries());
+    key.buffers = {residual_.ptr, x_.ptr,   tmp_.ptr,   qkv_.ptr,    q_.ptr,   attn_.ptr,
+                   gu_.ptr,       act_.ptr, final_.ptr, logits_.ptr, meta_.ptr};
+    const TreeAttentionGrid grid{key.items, key.queries};
+    ++graph_clock_;
+    StepGraph* found = nullptr;
+    for (StepGraph& g : step_graphs_) {
+      if (g.key == key) found = &g;
+    }
+    if (found == nullptr) {
+      if (!(key == last_eager_key_)) {
+        last_eager_key_ = key;
+        return enqueue_layers(batch, grid);
+      }
+      cudaGraphExec_t exec = nullptr;
+      Status enqueued = Status::Ok();
+      const Status captured = capture_layers(batch, grid, &exec, &enqueued);
+      if (!enqueued.ok()) return enqueued;  // the step itself failed (not the capture)
+      if (!captured.ok()) {
+        // Not expected; the step still runs, eagerly, and later steps do not try again.
+        std::fprintf(stderr, "treeserve: CUDA graph capture failed (%s); running without graphs\n",
+                     captured.ToString().c_str());
+        graphs_ = false;
+        return enqueue_layers(batch, grid);
+      }
+      if (step_graphs_.size() >= kMaxGraphs) {
+        auto oldest = std::min_element(
+            step_graphs_.begin(), step_graphs_.end(),
+            [](const StepGraph& a, const StepGraph& b) { return a.last_used < b.last_used; });
+        cudaGraphExecDestroy(oldest->exec);
+        step_graphs_.erase(oldest);
+      }
+      step_graphs_.push_back(StepGraph{key, exec, 0});
+      found = &step_graphs_.back();
+    }
+    found->last_used = graph_clock_;
+    TS_CUDA(cudaGraphLaunch(found->exec, stream_), "CUDA graph launch");
+    return Status::Ok();
+  }
+
+  // Captures enqueue_layers into *exec. *enqueued: what enqueue_layers itself returned (a
+  // failed step is reported as such, not as a capture failure).
+  Status capture_layers(const StepBatch& batch, TreeAttentionGrid grid, cudaGraphExec_t* exec,
+                        Status* enqueued) {
+    TS_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
+    *enqueued = enqueue_layers(batch, grid);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (!enqueued->ok() || ended != cudaSuccess) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      return cuda_status(ended, "end capture");
+    }
+    const cudaError_t made = cudaGraphInstantiate(exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (made != cudaSuccess) cudaGetLastError();
+    return cuda_status(made, "graph instantiate");
+  }
+
+  void drop_graphs() {
+    for (StepGraph& g : step_graphs_) cudaGraphExecDestroy(g.exec);
+    step_graphs_.clear();
+  }
+
+  // Embedding, every layer, final norm and LM head on the logit rows (grid: the attention
+  // launch's, see TreeAttentionGrid).
+  Status enqueue_layers(const StepBatch& batch, TreeAttentionGrid grid) {
+    const int64_t rows = batch.num_rows();
+    const int64_t n_logits = int64_t(batch.logit_rows.size());
     // This rank's sizes (the whole model's when world_ == 1).
     const int64_t h = h_, q = q_size_, kv = kv_size_, im = im_;
     const int32_t nh = nh_, nkv = nkv_, d = int32_t(d_);
     const float eps = float(config_.rms_norm_eps);
     const int64_t layer_elems = layout_.layer_elems();
-    cuda::move_slots(dtype_, k_all_, v_all_, layout_.num_layers, layer_elems, layout_.page_elems(),
-                     nkv, layout_.page_size, d, d_move_src_, d_move_dst_,
-                     int32_t(batch.slot_moves.size()), stream_);
-    cuda::copy_pages(dtype_, k_all_, v_all_, layout_.num_layers, layer_elems, layout_.page_elems(),
-                     nkv, layout_.page_size, d, d_copy_src_, d_copy_dst_, d_copy_n_,
-                     int32_t(batch.page_copies.size()), stream_);
     if (world_ == 1) {
       cuda::embed(dtype_, d_ids_, rows, embed_, h, residual_.as<float>(), stream_);
     } else {
@@ -515,7 +598,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
       TS_RETURN_IF_ERROR(launch_tree_attention(
           q_.ptr, k_pool, v_pool, attn_.ptr,
           options_.bfloat16 ? TreeAttentionDtype::kBFloat16 : TreeAttentionDtype::kFloat16, nh, nkv,
-          d, layout_.page_size, scale_, workspace_, stream_));
+          d, layout_.page_size, scale_, workspace_, stream_, grid));
       prof_.mark("attention", stream_);
       TS_RETURN_IF_ERROR(residual_gemm(attn_.ptr, w.o, rows, q, w.post_norm, x_.ptr, "gemm o"));
       TS_RETURN_IF_ERROR(gemm(x_.ptr, w.gate_up, gu_.ptr, rows, 2 * im, h, false));
@@ -604,16 +687,6 @@ class CudaBackend final : public Backend, public detail::CudaRank {
         "gemm");
   }
 
-  Status reserve_host_logits(size_t bytes) {
-    if (bytes <= host_logits_bytes_) return Status::Ok();
-    cudaFreeHost(host_logits_);
-    host_logits_ = nullptr;
-    host_logits_bytes_ = 0;
-    TS_CUDA(cudaMallocHost(&host_logits_, bytes * 2), "pinned logits");
-    host_logits_bytes_ = bytes * 2;
-    return Status::Ok();
-  }
-
   static size_t align8(size_t n) { return (n + 7) & ~size_t(7); }
 
   static size_t meta_bytes(const StepBatch& b) {
@@ -625,7 +698,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   // Packs ids, positions, slots, logit rows, moves and copies into one pinned buffer and
   // uploads it with one copy; the d_* pointers point into the device copy.
   Status upload_metadata(const StepBatch& b) {
-    char* host = static_cast<char*>(host_meta_);
+    char* host = host_meta_.as<char>();
     char* dev = meta_.as<char>();
     size_t off = 0;
     auto put = [&](const void* src, size_t bytes) {
@@ -689,6 +762,11 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   const float* inv_freq() const { return static_cast<const float*>(inv_freq_); }
 
   detail::StepProfiler prof_;
+  void* cublas_workspace_ = nullptr;
+  bool graphs_ = false;
+  std::vector<StepGraph> step_graphs_;
+  GraphKey last_eager_key_;
+  uint64_t graph_clock_ = 0;
   TreeAttentionWorkspace workspace_;
   AttentionPlanConfig plan_config_;
   AttentionPlan plan_;
@@ -697,10 +775,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   DeviceBuffer argmax_, residual_, x_, tmp_, qkv_, q_, attn_, gu_, act_, final_, logits_, meta_;
   DeviceBuffer sample_params_, sample_out_;
   DeviceBuffer partial_;  // float [rows][hidden]: row-parallel GEMM partial sums (world_ > 1)
-  void* host_meta_ = nullptr;
-  size_t host_meta_bytes_ = 0;
-  void* host_logits_ = nullptr;
-  size_t host_logits_bytes_ = 0;
+  PinnedBuffer host_meta_, host_logits_;
   std::vector<int64_t> move_src_, move_dst_;
   std::vector<int32_t> copy_src_, copy_dst_, copy_n_;
   int64_t* d_slots_ = nullptr;
@@ -732,9 +807,15 @@ Status check_options(const ModelConfig& config, const CudaBackendOptions& option
   if (options.num_pages < 1 || options.num_pages > INT32_MAX) {
     return InvalidArgument("num_pages must be in [1, 2^31)");
   }
-  if (config.hidden_size > 16384) {
+  if (config.hidden_size > 16384 || config.hidden_size % 8 != 0) {
     return InvalidArgument("CUDA backend: hidden_size " + std::to_string(config.hidden_size) +
-                           " is over the 16384 the norm kernel holds in registers");
+                           " must be a multiple of 8 and at most 16384 (the norm kernel holds "
+                           "a row in registers, 8 values a thread)");
+  }
+  if ((config.intermediate_size / options.tensor_parallel) % 8 != 0) {
+    return InvalidArgument("CUDA backend: intermediate_size / tensor_parallel = " +
+                           std::to_string(config.intermediate_size / options.tensor_parallel) +
+                           " must be a multiple of 8 (16-byte SwiGLU loads)");
   }
   if (config.head_dim != 64 && config.head_dim != 128) {
     return InvalidArgument("CUDA backend: head_dim " + std::to_string(config.head_dim) +

@@ -1,7 +1,8 @@
 // The CUDA backend: Llama layers on one GPU in fp16 or bf16 — cuBLAS GEMMs (fused QKV, O,
 // fused gate/up, down, LM head), the row kernels of cuda_ops.cu, and the tree-attention
 // kernel (kernels/tree_attention.h) running the step's plan over the paged pool. Logits of
-// the requested rows come back to the host as float32 (sampling is on the host for now).
+// the requested rows come back to the host as token ids (greedy or sampled on the device) or
+// float32 rows when asked for.
 // Plain C++ header: no CUDA types.
 #pragma once
 
@@ -30,6 +31,11 @@ struct CudaBackendOptions {
   // Benchmarks only: ranks skip their all-reduces (the results are wrong), so the step time
   // without communication can be compared with the real one.
   bool skip_collectives = false;
+  // Replay each step shape's layer chain (embedding to LM head) as a CUDA graph: captured the
+  // second time a shape (rows, logit rows, attention grid bucket) comes in a row, replayed
+  // while it lasts. One GPU only (tensor_parallel = 1); off under TREESERVE_PROFILE. Off by
+  // default until it has run on a GPU (written in a session without one).
+  bool cuda_graphs = false;
 };
 
 // Number of usable CUDA devices (0 when there is no driver or device).

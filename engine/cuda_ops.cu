@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "engine/cuda_ops.h"
@@ -74,59 +75,87 @@ __device__ float block_sum(float v) {
   return total;
 }
 
-// HF LlamaRMSNorm: float statistics, normalised value cast to the dtype, times the weight.
-// The row stays in registers (kPerThread values a thread, coalesced): every load of the row
-// is issued before any store, where a load/store loop over possibly aliasing pointers would
-// make each load wait for the previous store.
-constexpr int kNormPerThread = 16;
-
-// D: the delta's type, T or float. A float delta (tensor parallel: the all-reduced sum of the
-// ranks' float partial GEMM outputs) is rounded to T first, as the unsharded GEMM's output is.
-template <typename T, typename D>
-__device__ __forceinline__ float delta_value(D d) {
-  if constexpr (std::is_same_v<D, float>) {
-    return to_f(from_f<T>(d));
-  } else {
-    return to_f(d);
-  }
+// Eight consecutive values as floats: 16-byte loads (one of T, two of float) and stores.
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0];
+  const float4 b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = to_f(e[i]);
+}
+__device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
+  uint4 raw;
+  T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = from_f<T>(v[i]);
+  *reinterpret_cast<uint4*>(p) = raw;
 }
 
-template <typename T, typename D, int kPer>
+// Programmatic dependent launch: a kernel launched with programmatic stream serialization
+// (launch_pdl) may start while its predecessor drains; it waits here before reading the
+// predecessor's output. A no-op for ordinary launches.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// HF LlamaRMSNorm: float statistics, normalised value cast to the dtype, times the weight.
+// A thread owns V chunks of 8 consecutive values (hidden % 8 == 0, hidden <= 8192 V), and
+// every load of the row — residual, delta, weight — is issued before the first use: the
+// kernel is one memory round trip plus the block reduction.
+//
+// D: the delta's type, T or float. A float delta (tensor parallel: the all-reduced sum of the
+// ranks' float partial GEMM outputs) is rounded to T first, as the unsharded GEMM's output is.
+template <typename T, typename D, int V>
 __global__ void add_rms_norm_kernel(float* __restrict__ residual, const D* __restrict__ delta,
                                     const T* __restrict__ weight, float eps, int64_t hidden,
                                     T* __restrict__ out) {
   const int64_t r = blockIdx.x;
   float* x = residual + r * hidden;
-  float v[kPer];
+  float v[V][8], dv[V][8], wv[V][8];
+  pdl_wait();
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
+    if (c < hidden) {
+      load8(x + c, v[k]);
+      if (delta) load8(delta + r * hidden + c, dv[k]);
+      if (out) load8(weight + c, wv[k]);
+    }
+  }
   float ss = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
-    v[k] = i < hidden ? x[i] : 0.0f;
-  }
-  if (delta) {
+  for (int k = 0; k < V; ++k) {
+    const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
+    if (c >= hidden) continue;
+    if (delta) {
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
-      if (i < hidden) v[k] += delta_value<T>(delta[r * hidden + i]);
+      for (int i = 0; i < 8; ++i) {
+        if constexpr (std::is_same_v<D, float>) dv[k][i] = to_f(from_f<T>(dv[k][i]));
+        v[k][i] += dv[k][i];
+      }
+      store8(x + c, v[k]);
     }
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
-      if (i < hidden) x[i] = v[k];
-    }
+    for (int i = 0; i < 8; ++i) ss += v[k][i] * v[k][i];
   }
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) ss += v[k] * v[k];
   if (!out) return;
   const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
-    if (i < hidden) {
-      const T normed = from_f<T>(v[k] * inv);
-      out[r * hidden + i] = from_f<T>(to_f(normed) * to_f(weight[i]));
-    }
+  for (int k = 0; k < V; ++k) {
+    const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
+    if (c >= hidden) continue;
+    float o[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = to_f(from_f<T>(v[k][i] * inv)) * wv[k][i];
+    store8(out + r * hidden + c, o);
   }
 }
 
@@ -137,13 +166,17 @@ __global__ void gather_rows_kernel(const float* src, const int32_t* rows, int64_
   for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) out[i * hidden + j] = s[j];
 }
 
-// One block per row; thread t handles rotation pairs (head, i) with i < d/2.
+// One block per row. Unit u < (nh + nkv) * d / 8 rotates 4 pairs (i, i + d/2) of head
+// u / (d / 8), i = 4 (u % (d / 8)) .. + 3 (two 8-byte loads, two stores); the next nkv * d / 8
+// units copy 8 values of V each. Q goes to q_out, K and V into the row's pool slot.
 template <typename T>
-__global__ void rope_store_kernel(const T* qkv, const int32_t* positions, const float* inv_freq,
-                                  const int64_t* kv_slots, int32_t nh, int32_t nkv, int32_t d,
-                                  int32_t page_size, T* q_out, T* k_pool, T* v_pool) {
+__global__ void rope_store_kernel(const T* __restrict__ qkv, const int32_t* positions,
+                                  const float* __restrict__ inv_freq, const int64_t* kv_slots,
+                                  int32_t nh, int32_t nkv, int32_t d, int32_t page_size,
+                                  T* __restrict__ q_out, T* k_pool, T* v_pool) {
+  pdl_wait();
   const int64_t r = blockIdx.x;
-  const int32_t half = d / 2;
+  const int32_t half = d / 2, per_head = d / 8;
   const int64_t stride = int64_t(nh + 2 * nkv) * d;
   const T* row = qkv + r * stride;
   const float pos = float(positions[r]);
@@ -151,43 +184,67 @@ __global__ void rope_store_kernel(const T* qkv, const int32_t* positions, const 
   const int64_t page = slot_id / page_size;
   const int32_t slot = int32_t(slot_id % page_size);
   const int64_t page_elems = int64_t(nkv) * page_size * d;
-  for (int32_t t = threadIdx.x; t < (nh + nkv) * half; t += blockDim.x) {
-    const int32_t head = t / half, i = t % half;
-    // Same op order as the CPU reference: float angle, then cos/sin of it.
-    float s, c;
-    sincosf(pos * inv_freq[i], &s, &c);
-    const T* src = row + int64_t(head) * d;
-    const float a = to_f(src[i]), b = to_f(src[i + half]);
-    const T lo = from_f<T>(a * c - b * s), hi = from_f<T>(b * c + a * s);
-    if (head < nh) {
-      T* dst = q_out + (r * nh + head) * d;
-      dst[i] = lo;
-      dst[i + half] = hi;
-    } else {
-      const int32_t kh = head - nh;
-      T* dst = k_pool + page * page_elems + (int64_t(kh) * page_size + slot) * d;
-      dst[i] = lo;
-      dst[i + half] = hi;
+  const int32_t rope_units = (nh + nkv) * per_head;
+  const int32_t units = rope_units + nkv * per_head;
+  for (int32_t u = threadIdx.x; u < units; u += blockDim.x) {
+    if (u >= rope_units) {  // V: 8 values
+      const int32_t t = (u - rope_units) * 8;
+      const int32_t kh = t / d, j = t % d;
+      *reinterpret_cast<uint4*>(v_pool + page * page_elems + (int64_t(kh) * page_size + slot) * d +
+                                j) =
+          *reinterpret_cast<const uint4*>(row + int64_t(nh + nkv) * d + t);
+      continue;
     }
-  }
-  const T* v = row + int64_t(nh + nkv) * d;
-  for (int32_t t = threadIdx.x; t < nkv * d; t += blockDim.x) {
-    const int32_t kh = t / d, j = t % d;
-    v_pool[page * page_elems + (int64_t(kh) * page_size + slot) * d + j] = v[t];
+    const int32_t head = u / per_head, i = 4 * (u % per_head);
+    const T* src = row + int64_t(head) * d;
+    const uint2 lo_raw = *reinterpret_cast<const uint2*>(src + i);
+    const uint2 hi_raw = *reinterpret_cast<const uint2*>(src + i + half);
+    const float4 freq = *reinterpret_cast<const float4*>(inv_freq + i);
+    const T* lo_in = reinterpret_cast<const T*>(&lo_raw);
+    const T* hi_in = reinterpret_cast<const T*>(&hi_raw);
+    const float f[4] = {freq.x, freq.y, freq.z, freq.w};
+    uint2 lo_out, hi_out;
+    T* lo = reinterpret_cast<T*>(&lo_out);
+    T* hi = reinterpret_cast<T*>(&hi_out);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      // Same op order as the CPU reference: float angle, then cos/sin of it.
+      float sn, cs;
+      sincosf(pos * f[e], &sn, &cs);
+      const float a = to_f(lo_in[e]), b = to_f(hi_in[e]);
+      lo[e] = from_f<T>(a * cs - b * sn);
+      hi[e] = from_f<T>(b * cs + a * sn);
+    }
+    T* dst;
+    if (head < nh) {
+      dst = q_out + (r * nh + head) * d;
+    } else {
+      dst = k_pool + page * page_elems + (int64_t(head - nh) * page_size + slot) * d;
+    }
+    *reinterpret_cast<uint2*>(dst + i) = lo_out;
+    *reinterpret_cast<uint2*>(dst + i + half) = hi_out;
   }
 }
 
+// 8 outputs a thread (im % 8 == 0): 16-byte loads of gate and up, one 16-byte store.
 template <typename T>
-__global__ void swiglu_kernel(const T* gu, int64_t rows, int64_t im, T* out) {
-  const int64_t n = rows * im;
+__global__ void swiglu_kernel(const T* __restrict__ gu, int64_t rows, int64_t im,
+                              T* __restrict__ out) {
+  pdl_wait();
+  const int64_t n = rows * im / 8;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
        idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / im, j = idx % im;
-    const float g = to_f(gu[r * 2 * im + j]);
-    const float u = to_f(gu[r * 2 * im + im + j]);
-    // silu in float, cast like torch (act(gate) in dtype, then * up in dtype).
-    const T act = from_f<T>(g / (1.0f + __expf(-g)));
-    out[idx] = from_f<T>(to_f(act) * u);
+    const int64_t r = idx * 8 / im, j = idx * 8 % im;
+    float g[8], u[8], o[8];
+    load8(gu + r * 2 * im + j, g);
+    load8(gu + r * 2 * im + im + j, u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      // silu in float, cast like torch (act(gate) in dtype, then * up in dtype).
+      const T act = from_f<T>(g[e] / (1.0f + __expf(-g[e])));
+      o[e] = to_f(act) * u[e];
+    }
+    store8(out + r * im + j, o);
   }
 }
 
@@ -276,13 +333,61 @@ __device__ RowMax row_max_and_sum(const float* x, int64_t vocab) {
   return r;
 }
 
-// One block per row: the argmax (lowest id on ties) and its log-softmax.
-__global__ void argmax_logprob_kernel(const float* logits, int64_t stride, int64_t vocab,
-                                      int32_t* ids, float* logprobs) {
-  const RowMax r = row_max_and_sum(logits + int64_t(blockIdx.x) * stride, vocab);
+// The greedy path's argmax and log-softmax in two launches: slices of kArgmaxSlice logits
+// (grid rows x slices, so a few rows still spread over the GPU), each its (max, lowest argmax,
+// sum exp(x - max)); then a warp per row merges its slices.
+constexpr int64_t kArgmaxSlice = 8192;
+constexpr int kArgmaxThreads = 512;
+
+__global__ void argmax_slices_kernel(const float* logits, int64_t stride, int64_t vocab,
+                                     int32_t slices, float* maxes, float* sums, int32_t* ids) {
+  pdl_wait();
+  const int64_t r = blockIdx.x;
+  const int64_t begin = int64_t(blockIdx.y) * kArgmaxSlice;
+  const int64_t len = vocab - begin < kArgmaxSlice ? vocab - begin : kArgmaxSlice;
+  const RowMax m = row_max_and_sum(logits + r * stride + begin, len > 0 ? len : 0);
   if (threadIdx.x == 0) {
-    ids[blockIdx.x] = r.id;
-    logprobs[blockIdx.x] = -logf(r.sum);
+    const int64_t at = r * slices + blockIdx.y;
+    maxes[at] = m.max;
+    sums[at] = m.sum;
+    ids[at] = m.id == INT32_MAX ? INT32_MAX : int32_t(begin + m.id);
+  }
+}
+
+__global__ void argmax_merge_kernel(int64_t n, int32_t slices, const float* maxes,
+                                    const float* sums, const int32_t* ids, int32_t* out_ids,
+                                    float* out_logprobs) {
+  pdl_wait();
+  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= n) return;
+  const float* m = maxes + r * slices;
+  const float* l = sums + r * slices;
+  const int32_t* id = ids + r * slices;
+  float best = -INFINITY;
+  int32_t best_id = INT32_MAX;
+  for (int32_t s = lane; s < slices; s += 32) {
+    if (m[s] > best || (m[s] == best && id[s] < best_id)) {
+      best = m[s];
+      best_id = id[s];
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, best_id, o);
+    if (ov > best || (ov == best && oi < best_id)) {
+      best = ov;
+      best_id = oi;
+    }
+  }
+  float sum = 0.0f;
+  for (int32_t s = lane; s < slices; s += 32) {
+    if (l[s] > 0.0f) sum += l[s] * __expf(m[s] - best);
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) {
+    out_ids[r] = best_id;
+    out_logprobs[r] = -logf(sum);
   }
 }
 
@@ -357,6 +462,29 @@ __global__ void convert_any_kernel(const S* src, int64_t n, T* dst) {
   }
 }
 
+// kernel<<<grid, block, 0, stream>>>(args...) as a programmatic dependent launch: the grid may
+// be scheduled while the previous kernel on the stream drains (hiding its launch latency, also
+// inside CUDA graphs); the kernel pdl_wait()s before touching memory.
+template <typename... KArgs, typename... Args>
+void launch_pdl(dim3 grid, dim3 block, cudaStream_t stream, void (*kernel)(KArgs...),
+                Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, kernel, static_cast<KArgs>(args)...);
+}
+
+int round_up_warps(int64_t threads) {
+  return int(std::min<int64_t>(1024, std::max<int64_t>(32, (threads + 31) / 32 * 32)));
+}
+
 int grid_for(int64_t n) {
   const int64_t blocks = (n + 255) / 256;
   return int(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
@@ -389,27 +517,34 @@ void embed_vocab_range(Dtype dt, const int32_t* ids, int64_t rows, const void* t
                   ids, static_cast<const T*>(table), hidden, vocab_begin, vocab_count, residual));
 }
 
+// One block per row, a thread per 8-value chunk (two chunks a thread past hidden = 8192).
+template <typename T, typename D>
+void launch_add_rms_norm(float* residual, const D* delta, const void* weight, float eps,
+                         int64_t rows, int64_t hidden, void* out, cudaStream_t stream) {
+  const int64_t chunks = hidden / 8;
+  if (chunks <= 1024) {
+    launch_pdl(dim3(rows), dim3(round_up_warps(chunks)), stream, add_rms_norm_kernel<T, D, 1>,
+               residual, delta, static_cast<const T*>(weight), eps, hidden, static_cast<T*>(out));
+  } else {
+    launch_pdl(dim3(rows), dim3(round_up_warps((chunks + 1) / 2)), stream,
+               add_rms_norm_kernel<T, D, 2>, residual, delta, static_cast<const T*>(weight), eps,
+               hidden, static_cast<T*>(out));
+  }
+}
+
 void add_rms_norm(Dtype dt, float* residual, const void* delta, const void* weight, float eps,
                   int64_t rows, int64_t hidden, void* out, cudaStream_t stream) {
   if (rows == 0) return;
-  // Threads per row: enough that kNormPerThread values each cover the row (up to 1024
-  // threads, hidden <= 16384).
-  int threads = kRowThreads;
-  while (int64_t(threads) * kNormPerThread < hidden && threads < 1024) threads *= 2;
-  TS_DISPATCH(dt, add_rms_norm_kernel<T, T, kNormPerThread><<<rows, threads, 0, stream>>>(
-                      residual, static_cast<const T*>(delta), static_cast<const T*>(weight), eps,
-                      hidden, static_cast<T*>(out)));
+  TS_DISPATCH(dt, launch_add_rms_norm<T, T>(residual, static_cast<const T*>(delta), weight, eps,
+                                            rows, hidden, out, stream));
 }
 
 void add_rms_norm_f32_delta(Dtype dt, float* residual, const float* delta, const void* weight,
                             float eps, int64_t rows, int64_t hidden, void* out,
                             cudaStream_t stream) {
   if (rows == 0) return;
-  int threads = kRowThreads;
-  while (int64_t(threads) * kNormPerThread < hidden && threads < 1024) threads *= 2;
   TS_DISPATCH(
-      dt, add_rms_norm_kernel<T, float, kNormPerThread><<<rows, threads, 0, stream>>>(
-              residual, delta, static_cast<const T*>(weight), eps, hidden, static_cast<T*>(out)));
+      dt, launch_add_rms_norm<T, float>(residual, delta, weight, eps, rows, hidden, out, stream));
 }
 
 void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t hidden, float* out,
@@ -423,16 +558,17 @@ void rope_and_store_kv(Dtype dt, const void* qkv, const int32_t* positions, cons
                        int32_t page_size, void* q_out, void* k_pool, void* v_pool,
                        cudaStream_t stream) {
   if (rows == 0) return;
-  TS_DISPATCH(dt,
-              rope_store_kernel<T><<<rows, kRowThreads, 0, stream>>>(
-                  static_cast<const T*>(qkv), positions, inv_freq, kv_slots, nh, nkv, d, page_size,
-                  static_cast<T*>(q_out), static_cast<T*>(k_pool), static_cast<T*>(v_pool)));
+  const int64_t units = int64_t(nh + 2 * nkv) * d / 8;
+  TS_DISPATCH(dt, launch_pdl(dim3(rows), dim3(round_up_warps(units)), stream, rope_store_kernel<T>,
+                             static_cast<const T*>(qkv), positions, inv_freq, kv_slots, nh, nkv, d,
+                             page_size, static_cast<T*>(q_out), static_cast<T*>(k_pool),
+                             static_cast<T*>(v_pool)));
 }
 
 void swiglu(Dtype dt, const void* gu, int64_t rows, int64_t im, void* out, cudaStream_t stream) {
   if (rows == 0) return;
-  TS_DISPATCH(dt, swiglu_kernel<T><<<grid_for(rows * im), 256, 0, stream>>>(
-                      static_cast<const T*>(gu), rows, im, static_cast<T*>(out)));
+  TS_DISPATCH(dt, launch_pdl(dim3(grid_for(rows * im / 8)), dim3(256), stream, swiglu_kernel<T>,
+                             static_cast<const T*>(gu), rows, im, static_cast<T*>(out)));
 }
 
 void copy_pages(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t layer_elems,
@@ -455,10 +591,25 @@ void move_slots(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t laye
                                          layer_elems, page_elems, nkv, page_size, d, src, dst, n));
 }
 
+int32_t argmax_slices(int64_t vocab) {
+  return int32_t(std::max<int64_t>(1, (vocab + kArgmaxSlice - 1) / kArgmaxSlice));
+}
+
+size_t argmax_scratch_bytes(int64_t n, int64_t vocab) {
+  return size_t(n) * size_t(argmax_slices(vocab)) * 12;
+}
+
 void argmax_logprob(const float* logits, int64_t n, int64_t stride, int64_t vocab, int32_t* ids,
-                    float* logprobs, cudaStream_t stream) {
+                    float* logprobs, void* scratch, cudaStream_t stream) {
   if (n == 0) return;
-  argmax_logprob_kernel<<<n, 1024, 0, stream>>>(logits, stride, vocab, ids, logprobs);
+  const int32_t slices = argmax_slices(vocab);
+  float* maxes = static_cast<float*>(scratch);
+  float* sums = maxes + n * slices;
+  int32_t* slice_ids = reinterpret_cast<int32_t*>(sums + n * slices);
+  launch_pdl(dim3(unsigned(n), unsigned(slices)), dim3(kArgmaxThreads), stream,
+             argmax_slices_kernel, logits, stride, vocab, slices, maxes, sums, slice_ids);
+  launch_pdl(dim3(unsigned((n + 7) / 8)), dim3(256), stream, argmax_merge_kernel, n, slices, maxes,
+             sums, slice_ids, ids, logprobs);
 }
 
 void argmax_partial(const float* logits, int64_t n, int64_t stride, int64_t vocab,

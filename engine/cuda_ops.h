@@ -63,9 +63,10 @@ void move_slots(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t laye
 
 // Per row of logits (float [n][stride]): the argmax (lowest id on ties) over the row's first
 // vocab entries (vocab <= stride; ids past a tokenizer's vocabulary are left out) and its
-// log-softmax over those entries.
+// log-softmax over those entries. scratch: argmax_scratch_bytes(n, vocab) of device memory.
+size_t argmax_scratch_bytes(int64_t n, int64_t vocab);
 void argmax_logprob(const float* logits, int64_t n, int64_t stride, int64_t vocab, int32_t* ids,
-                    float* logprobs, cudaStream_t stream);
+                    float* logprobs, void* scratch, cudaStream_t stream);
 
 // Per row of a vocabulary shard's logits (float [n][stride]), over its first vocab entries
 // (0 allowed): maxes[r], sums[r] = sum exp(x - max), ids[r] = id_offset + argmax (lowest on

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/detail/cuda_buffers.h"
 #include "engine/detail/cuda_rank.h"
 #include "engine/detail/rank_workers.h"
 #include "engine/tensor_parallel.h"
@@ -43,7 +44,7 @@ class TensorParallelBackend final : public Backend {
     if (!aborted_) {
       for (ncclComm_t c : comms_) ncclCommDestroy(c);
     }
-    cudaFreeHost(host_);
+    host_.release();
   }
 
   Status init() {
@@ -97,8 +98,9 @@ class TensorParallelBackend final : public Backend {
     // Sampling with temperature / top-k / top-p gathers the rows and draws on the host (one
     // GPU draws on the device; the vocabulary-sharded draw is not there yet).
     const bool rows_to_host = batch.full_logits || !batch.sampling.empty();
-    TS_RETURN_IF_ERROR(reserve_host(size_t(rows_to_host ? n * vocab * 4 : n * world_ * 12)));
-    float* host = static_cast<float*>(host_);
+    TS_RETURN_IF_ERROR(
+        host_.reserve(size_t(rows_to_host ? n * vocab * 4 : n * world_ * 12), "pinned logits"));
+    float* host = host_.as<float>();
     TS_RETURN_IF_ERROR(workers_.run([&](int32_t r) {
       ShardOutput o;
       o.logits = host;
@@ -146,22 +148,6 @@ class TensorParallelBackend final : public Backend {
     });
   }
 
-  // Pinned, portable (every device's stream copies into it).
-  Status reserve_host(size_t bytes) {
-    if (bytes <= host_bytes_) return Status::Ok();
-    cudaFreeHost(host_);
-    host_ = nullptr;
-    host_bytes_ = 0;
-    if (cudaHostAlloc(&host_, bytes * 2, cudaHostAllocPortable) != cudaSuccess) {
-      cudaGetLastError();
-      host_ = nullptr;
-      return ResourceExhausted("CUDA backend: cannot allocate " + std::to_string(bytes * 2) +
-                               " bytes of pinned memory for the logits");
-    }
-    host_bytes_ = bytes * 2;
-    return Status::Ok();
-  }
-
   ModelConfig config_;
   CudaBackendOptions options_;
   int32_t world_;
@@ -174,9 +160,8 @@ class TensorParallelBackend final : public Backend {
   SamplingScratch sampling_scratch_;
   std::once_flag abort_once_;
   std::atomic<bool> aborted_{false};
-  void* host_ = nullptr;
-  size_t host_bytes_ = 0;
-  detail::RankWorkers workers_;  // idle between calls; joined after the shards are gone
+  detail::PinnedBuffer host_{true};  // portable: every device's stream copies into it
+  detail::RankWorkers workers_;      // idle between calls; joined after the shards are gone
 };
 
 }  // namespace

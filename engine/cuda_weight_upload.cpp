@@ -7,15 +7,13 @@
 #include <cstring>
 #include <string>
 
+#include "engine/detail/cuda_buffers.h"
+
 namespace treeserve::detail {
 namespace {
 
 Status cuda_ok(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::Ok();
-  if (e == cudaErrorMemoryAllocation) {
-    return ResourceExhausted(std::string("weight upload: out of memory (") + what + ")");
-  }
-  return Internal(std::string("weight upload: ") + what + ": " + cudaGetErrorString(e));
+  return cuda_error_status(e, "weight upload", what);
 }
 
 bool same_dtype(DType src, cuda::Dtype dst) {

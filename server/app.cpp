@@ -40,6 +40,7 @@ struct CommandLine {
   std::optional<std::string> model, listen, backend, log_level, metrics_listen;
   std::optional<int64_t> kv_cache_bytes, random_weights;
   std::optional<int32_t> page_size, tensor_parallel;
+  std::optional<bool> cuda_graphs;
   bool print_config = false;
 };
 
@@ -122,6 +123,8 @@ int run_treeserve(int argc, char** argv) {
   app.add_option("--page-size", cl.page_size, "KV page size in tokens (1..256)");
   app.add_option("--tensor-parallel", cl.tensor_parallel,
                  "GPUs to split the model over (NCCL; cuda backend; default 1)");
+  app.add_flag("--cuda-graphs,!--no-cuda-graphs", cl.cuda_graphs,
+               "replay decode steps from CUDA graphs (engine.cuda_graphs; cuda backend, 1 GPU)");
   app.add_flag("--print-config", cl.print_config, "print the effective config and exit");
   try {
     app.parse(argc, argv);
@@ -145,6 +148,7 @@ int run_treeserve(int argc, char** argv) {
   if (cl.kv_cache_bytes) config.kv_cache.memory_bytes = *cl.kv_cache_bytes;
   if (cl.page_size) config.kv_cache.page_size = *cl.page_size;
   if (cl.tensor_parallel) config.engine.tensor_parallel = *cl.tensor_parallel;
+  if (cl.cuda_graphs) config.engine.cuda_graphs = *cl.cuda_graphs;
   if (cl.random_weights) config.model.random_weights_seed = *cl.random_weights;
   if (config.model.dir.empty()) config.model.dir = default_model_dir();
   if (Status s = validate_config(config); !s.ok()) return fail(s);
@@ -219,6 +223,7 @@ int run_treeserve(int argc, char** argv) {
     // num_pages is per rank; each rank holds its KV heads' share of every page.
     cuda.tensor_parallel = config.engine.tensor_parallel;
     cuda.baseline_attention = config.engine.attention == "baseline";
+    cuda.cuda_graphs = config.engine.cuda_graphs;
 #endif
     if (random_weights) {
       const uint64_t seed = uint64_t(config.model.random_weights_seed);

@@ -104,6 +104,7 @@ Status merge_config_json(const std::string& json_text, const std::string& source
     TS_RETURN_IF_ERROR(s.get("cpu_threads", &c->engine.cpu_threads));
     TS_RETURN_IF_ERROR(s.get("tensor_parallel", &c->engine.tensor_parallel));
     TS_RETURN_IF_ERROR(s.get("attention", &c->engine.attention));
+    TS_RETURN_IF_ERROR(s.get("cuda_graphs", &c->engine.cuda_graphs));
     TS_RETURN_IF_ERROR(s.check_unknown());
   }
   TS_RETURN_IF_ERROR(sub_object(root, "kv_cache", source, &obj));
@@ -238,7 +239,8 @@ std::string config_to_json(const TreeserveConfig& c) {
                        {{"backend", c.engine.backend},
                         {"cpu_threads", c.engine.cpu_threads},
                         {"tensor_parallel", c.engine.tensor_parallel},
-                        {"attention", c.engine.attention}}},
+                        {"attention", c.engine.attention},
+                        {"cuda_graphs", c.engine.cuda_graphs}}},
                       {"kv_cache",
                        {{"page_size", c.kv_cache.page_size},
                         {"memory_bytes", c.kv_cache.memory_bytes},

@@ -34,6 +34,9 @@ struct EngineOptions {
   // prefix-unaware server does (for side-by-side measurements; see
   // configs/server/no-prefix-sharing.json).
   std::string attention = "tree";
+  // CUDA backend, one GPU: replay each decode shape's layer chain as a CUDA graph (opt in:
+  // not yet verified on a GPU).
+  bool cuda_graphs = false;
 };
 
 struct KvCacheOptions {

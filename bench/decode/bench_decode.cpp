@@ -10,6 +10,10 @@
 //
 //   bench_decode [--config configs/models/llama-3-8b.json] [--steps 16] [--json FILE]
 //                [--workloads fewshot,sampled,spec,tot] [--kv-gib 6] [--tensor-parallel N]
+//                [--fewshot-branches 20,30,50] [--profile-last-step] [--graphs]
+// --profile-last-step wraps each workload's last step in cudaProfilerStart/Stop, for
+// `ncu --profile-from-start off` (per-kernel times of one step).
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,6 +40,9 @@ struct Args {
   std::string workloads = "fewshot,sampled,spec,tot";
   double kv_gib = 6.0;
   int tensor_parallel = 1;
+  std::vector<int> fewshot_branches = {20, 30, 50};
+  bool profile_last_step = false;  // cudaProfilerStart/Stop around each workload's last step
+  bool cuda_graphs = false;
 };
 
 double copy_bandwidth_bytes_per_s() {
@@ -138,7 +145,7 @@ class Runner {
   }
 
   // Mean milliseconds of `steps` decode steps (each branch +1 token, or a token tree).
-  double measure(Workload& w, int steps) {
+  double measure(Workload& w, int steps, bool profile_last = false) {
     double total = 0;
     for (int s = 0; s < steps + 1; ++s) {  // the first step warms up
       batch_.clear();
@@ -165,10 +172,13 @@ class Runner {
           }
         }
       }
+      const bool profile = profile_last && s == steps;
+      if (profile) cudaProfilerStart();
       const auto t0 = std::chrono::steady_clock::now();
       step(q);
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (profile) cudaProfilerStop();
       if (s > 0) total += ms;
       if (w.drafts > 0) {
         for (BranchId b : w.branches) {
@@ -280,8 +290,9 @@ int run(const Args& args) {
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   const double bw = copy_bandwidth_bytes_per_s();
-  std::printf("device: %s, copy bandwidth %.2f TB/s, tensor parallel %d\n", prop.name, bw / 1e12,
-              args.tensor_parallel);
+  std::printf("device: %s, copy bandwidth %.2f TB/s, tensor parallel %d, CUDA graphs %s\n",
+              prop.name, bw / 1e12, args.tensor_parallel,
+              args.cuda_graphs && args.tensor_parallel == 1 ? "on" : "off");
   if (cuda_device_count() < args.tensor_parallel) {
     std::fprintf(stderr, "bench_decode: --tensor-parallel %d needs %d devices, found %d\n",
                  args.tensor_parallel, args.tensor_parallel, cuda_device_count());
@@ -310,6 +321,7 @@ int run(const Args& args) {
     opt.baseline_attention = baseline;
     opt.tensor_parallel = args.tensor_parallel;
     opt.skip_collectives = pass == 2;
+    opt.cuda_graphs = args.cuda_graphs;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
     auto backend = create_cuda_backend_random(*config, opt, 42);
@@ -336,7 +348,7 @@ int run(const Args& args) {
     };
     auto want = [&](const char* w) { return args.workloads.find(w) != std::string::npos; };
     if (want("fewshot")) {
-      for (int b : {20, 30, 50}) {
+      for (int b : args.fewshot_branches) {
         KvCacheConfig kc{16, int32_t(opt.num_pages)};
         auto kv = KvCache::create(kc);
         Runner r(*config, backend->get(), kv->get());
@@ -346,7 +358,7 @@ int run(const Args& args) {
         w.name = "fewshot P=4000 b=" + std::to_string(b) + " +200";
         w.branches = forked->branches;
         r.extend(w.branches, 200, 7);
-        const double ms = r.measure(w, args.steps);
+        const double ms = r.measure(w, args.steps, args.profile_last_step);
         record(w.name, b, 4000 + int64_t(b) * 200, ms);
       }
     }
@@ -364,7 +376,7 @@ int run(const Args& args) {
         w.branches = forked->branches;
         r.extend(w.branches, 200, 7);
         r.set_draw(d);
-        const double ms = r.measure(w, args.steps);
+        const double ms = r.measure(w, args.steps, args.profile_last_step);
         record(w.name, 50, 4000 + 50 * 200, ms);
       }
     }
@@ -378,7 +390,7 @@ int run(const Args& args) {
         w.branches = {r.prefill(tokens(4000, 2))};
         w.drafts = t;
         w.draft_parents = medusa_parents(t);
-        const double ms = r.measure(w, args.steps);
+        const double ms = r.measure(w, args.steps, args.profile_last_step);
         record(w.name, 1 + t, 4000 + t, ms);
       }
     }
@@ -397,7 +409,7 @@ int run(const Args& args) {
         for (BranchId c : l2->branches) w.branches.push_back(c);
       }
       r.extend(w.branches, 50, 11);
-      const double ms = r.measure(w, args.steps);
+      const double ms = r.measure(w, args.steps, args.profile_last_step);
       record(w.name, 100, 1000 + 10 * 100 + 100 * 50, ms);
     }
     if (pass == 0 && args.tensor_parallel == 1) {
@@ -469,10 +481,21 @@ int main(int argc, char** argv) {
       args.kv_gib = std::stod(next());
     else if (a == "--tensor-parallel")
       args.tensor_parallel = std::stoi(next());
+    else if (a == "--fewshot-branches") {
+      args.fewshot_branches.clear();
+      std::stringstream list(next());
+      for (std::string item; std::getline(list, item, ',');) {
+        args.fewshot_branches.push_back(std::stoi(item));
+      }
+    } else if (a == "--profile-last-step")
+      args.profile_last_step = true;
+    else if (a == "--graphs")
+      args.cuda_graphs = true;
     else {
       std::fprintf(stderr,
                    "usage: bench_decode [--config F] [--steps N] [--json F] "
-                   "[--workloads fewshot,sampled,spec,tot] [--kv-gib G] [--tensor-parallel N]\n");
+                   "[--workloads fewshot,sampled,spec,tot] [--kv-gib G] [--tensor-parallel N] "
+                   "[--fewshot-branches 20,30,50] [--profile-last-step] [--graphs]\n");
       return 2;
     }
   }

@@ -65,7 +65,9 @@ class RandomWeightsServer : public ::testing::Test {
     stub_ = v1::TreeServe::NewStub(server_->channel());
   }
   void TearDown() override {
-    if (server_) EXPECT_EQ(server_->terminate(), 0) << server_->output();
+    if (server_) {
+      EXPECT_EQ(server_->terminate(), 0) << server_->output();
+    }
   }
 
   v1::ServerInfo info() {

@@ -90,6 +90,10 @@ TEST(CliErrors, PrintConfigShowsCliOverrides) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\"page_size\":32"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("127.0.0.1:6000"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"cuda_graphs\":false"), std::string::npos) << r.output;
+  auto g = run_treeserve_to_exit({"--print-config", "--cuda-graphs"});
+  EXPECT_EQ(g.exit_code, 0) << g.output;
+  EXPECT_NE(g.output.find("\"cuda_graphs\":true"), std::string::npos) << g.output;
 }
 
 class ServerE2E : public ::testing::Test {

@@ -30,6 +30,9 @@ std::vector<std::string> backend_args() {
     args.push_back("--tensor-parallel");
     args.push_back(tp);
   }
+  if (const char* graphs = std::getenv("TREESERVE_E2E_CUDA_GRAPHS")) {
+    args.push_back(std::string(graphs) == "1" ? "--cuda-graphs" : "--no-cuda-graphs");
+  }
   return args;
 }
 

@@ -16,9 +16,10 @@
 namespace treeserve::testing {
 
 // {"--backend", B} with B from $TREESERVE_E2E_BACKEND (default "cpu"), plus
-// {"--model", M} when $TREESERVE_E2E_MODEL is set and {"--tensor-parallel", N} when
-// $TREESERVE_E2E_TENSOR_PARALLEL is: the same e2e tests then run against the CUDA backend on
-// a GPU machine, on one GPU or N.
+// {"--model", M} when $TREESERVE_E2E_MODEL is set, {"--tensor-parallel", N} when
+// $TREESERVE_E2E_TENSOR_PARALLEL is, and --cuda-graphs when $TREESERVE_E2E_CUDA_GRAPHS=1
+// (--no-cuda-graphs for another value): the same e2e tests then run against the CUDA backend
+// on a GPU machine, on one GPU or N, with or without CUDA graphs.
 std::vector<std::string> backend_args();
 
 // A loopback port that was free a moment ago (bind to port 0, read it back, close).

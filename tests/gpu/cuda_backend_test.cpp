@@ -380,3 +380,88 @@ TEST(CudaBackend, SpeculativeTokenTreeAndAcceptMatchCpu) {
 
 }  // namespace
 }  // namespace treeserve
+
+namespace treeserve {
+namespace {
+
+// CUDA graphs against the same backend run eagerly: a forked tree decoding
+// (its shape repeats: captured on the second step, replayed after), interrupted by one-off
+// steps of other shapes (a longer append; a 300-token prefill that grows the step buffers,
+// so the graphs of the old buffers no longer match) — every step's logits bit-identical.
+TEST(CudaBackend, GraphReplayMatchesEagerSteps) {
+  REQUIRE_GPU();
+  auto config = load_model_config(tiny_dir());
+  ASSERT_TRUE(config.ok());
+  auto reader = SafetensorsReader::open_dir(tiny_dir());
+  ASSERT_TRUE(reader.ok());
+  auto weights = load_llama_weights(*config, *reader);
+  ASSERT_TRUE(weights.ok());
+  CudaBackendOptions go;
+  go.num_pages = kPages;
+  go.page_size = kPageSize;
+  go.cuda_graphs = true;
+  auto graphs = create_cuda_backend(*config, *weights, go);
+  go.cuda_graphs = false;
+  auto eager = create_cuda_backend(*config, *weights, go);
+  ASSERT_TRUE(graphs.ok() && eager.ok());
+  KvCacheConfig kc;
+  kc.page_size = kPageSize;
+  kc.num_pages = int32_t(kPages);
+  auto kv = std::move(KvCache::create(kc).value());
+  StepBatch batch;
+  std::vector<ViewQuery> queries;
+  auto add = [&](BranchId b, const std::vector<int32_t>& toks, const std::vector<KvSlot>& slots,
+                 int32_t pos) {
+    for (size_t i = 0; i < toks.size(); ++i) {
+      batch.token_ids.push_back(toks[i]);
+      batch.positions.push_back(pos + int32_t(i));
+      batch.kv_slots.push_back(int64_t(slots[i].page) * kPageSize + slots[i].slot);
+    }
+    batch.logit_rows.push_back(batch.num_rows() - 1);
+    queries.push_back({b, int32_t(toks.size())});
+  };
+  auto run = [&](const char* what, int step) {
+    ASSERT_TRUE(kv->build_attention_view(queries, &batch.view).ok());
+    Logits a, b;
+    ASSERT_TRUE((*graphs)->forward(batch, &a).ok()) << what << " " << step;
+    ASSERT_TRUE((*eager)->forward(batch, &b).ok()) << what << " " << step;
+    ASSERT_EQ(a.data.size(), b.data.size());
+    float err = 0.f;
+    for (size_t i = 0; i < a.data.size(); ++i)
+      err = std::max(err, std::fabs(a.data[i] - b.data[i]));
+    EXPECT_EQ(err, 0.f) << what << " step " << step;
+    batch.clear();
+    queries.clear();
+  };
+  const std::vector<int32_t> prompt = prompt_tokens(45);
+  auto root = kv->create_branch(prompt);
+  ASSERT_TRUE(root.ok());
+  add(root->id, prompt, root->slots, 0);
+  run("prompt", 0);
+  auto forked = kv->fork(root->id, 5);
+  ASSERT_TRUE(forked.ok());
+  for (const PageCopy& c : forked->copies) {
+    batch.page_copies.push_back({c.src_page, c.dst_page, c.num_slots});
+  }
+  std::vector<int32_t> len(5, int32_t(prompt.size()));
+  for (int step = 0; step < 24; ++step) {
+    for (int i = 0; i < 5; ++i) {
+      std::vector<int32_t> toks = {1 + (step * 31 + i * 7) % 500};
+      if (step == 9 && i == 2) toks = {5, 6, 7};  // a one-off shape
+      std::vector<KvSlot> slots;
+      ASSERT_TRUE(kv->append(forked->branches[i], toks, &slots).ok());
+      add(forked->branches[i], toks, slots, len[i]);
+      len[i] += int32_t(toks.size());
+    }
+    if (step == 15) {  // a long prefill alongside: the step buffers grow
+      const std::vector<int32_t> other = prompt_tokens(300);
+      auto b = kv->create_branch(other);
+      ASSERT_TRUE(b.ok());
+      add(b->id, other, b->slots, 0);
+    }
+    run("decode", step);
+  }
+}
+
+}  // namespace
+}  // namespace treeserve

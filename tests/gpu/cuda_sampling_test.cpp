@@ -3,7 +3,7 @@
 // the host's kept set (top-k, then top-p), equal to the host's draw without top-k (both walk
 // id order with the same uniform) but for rare fixed-point rounding at a boundary; empirical
 // frequencies matching the distribution; ties, non-finite rows, the vocab limit, and
-// identical results on repeated launches.
+// identical results on repeated launches. Also the greedy path's sliced argmax (cuda_ops).
 #include "engine/cuda_sampling.h"
 
 #include <cuda_runtime.h>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/cuda_backend.h"
+#include "engine/cuda_ops.h"
 #include "engine/sampling.h"
 
 namespace treeserve {
@@ -247,6 +248,66 @@ TEST(DeviceSampling, NonFiniteRowsAndTheVocabLimit) {
   ASSERT_EQ(dev[3].num_top, 2);
   EXPECT_EQ(dev[3].top_ids[0], 3);
   EXPECT_EQ(dev[3].top_ids[1], 2);
+}
+
+}  // namespace
+}  // namespace treeserve
+
+namespace treeserve {
+namespace {
+
+// The greedy path's argmax + log-softmax (cuda::argmax_logprob, sliced over the vocabulary
+// and merged per row) against a double-precision host computation: Llama-3's 128,256-entry
+// rows (16 slices), maxima tied across slices (the lowest id wins), a vocab limit that cuts a
+// slice, and rows whose maximum sits in the last, partial slice.
+TEST(DeviceArgmax, SlicedArgmaxAndLogprobMatchHost) {
+  REQUIRE_GPU();
+  const int64_t stride = 128256, n = 7;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::vector<float> flat(size_t(n * stride));
+  for (float& x : flat) x = normal(rng);
+  auto row = [&](int64_t r) { return flat.data() + r * stride; };
+  row(1)[9000] = 40.f;  // tie across slices 1 and 12: lowest id
+  row(1)[100000] = 40.f;
+  row(2)[128255] = 41.f;  // in the last, partial slice
+  row(3)[8191] = 42.f;    // slice boundaries
+  row(3)[8192] = 42.f;
+  row(4)[127000] = 50.f;  // past the vocab limit below: ignored
+  for (const int64_t vocab : {stride, int64_t(120000)}) {
+    float* d_logits = nullptr;
+    int32_t* d_ids = nullptr;
+    float* d_lp = nullptr;
+    void* d_scratch = nullptr;
+    ASSERT_EQ(cudaMalloc(&d_logits, flat.size() * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d_ids, n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d_lp, n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d_scratch, cuda::argmax_scratch_bytes(n, vocab)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_logits, flat.data(), flat.size() * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    cuda::argmax_logprob(d_logits, n, stride, vocab, d_ids, d_lp, d_scratch, stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    cudaStreamDestroy(stream);
+    std::vector<int32_t> ids(n);
+    std::vector<float> lp(n);
+    ASSERT_EQ(cudaMemcpy(ids.data(), d_ids, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(lp.data(), d_lp, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t r = 0; r < n; ++r) {
+      const float* x = row(r);
+      const int64_t best = std::max_element(x, x + vocab) - x;  // first maximum
+      double sum = 0;
+      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(x[v]) - double(x[best]));
+      EXPECT_EQ(ids[size_t(r)], best) << "row " << r << " vocab " << vocab;
+      EXPECT_NEAR(lp[size_t(r)], -std::log(sum), 1e-4) << "row " << r << " vocab " << vocab;
+    }
+    cudaFree(d_logits);
+    cudaFree(d_ids);
+    cudaFree(d_lp);
+    cudaFree(d_scratch);
+  }
 }
 
 }  // namespace

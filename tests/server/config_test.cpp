@@ -90,6 +90,11 @@ TEST(Config, AttentionScheduleAndTheNoSharingPreset) {
   ASSERT_TRUE(merge_config_json(R"({"engine": {"attention": "baseline"}})", "a.json", &c).ok());
   EXPECT_EQ(c.engine.attention, "baseline");
   EXPECT_TRUE(validate_config(c).ok());
+  EXPECT_FALSE(c.engine.cuda_graphs);
+  ASSERT_TRUE(merge_config_json(R"({"engine": {"cuda_graphs": true}})", "b.json", &c).ok());
+  EXPECT_TRUE(c.engine.cuda_graphs);
+  EXPECT_EQ(c.engine.attention, "baseline");  // merged, not reset
+  EXPECT_FALSE(merge_config_json(R"({"engine": {"cuda_graphs": "yes"}})", "c.json", &c).ok());
   // Prefix sharing off, for A/B measurements: no radix reuse and prefix-unaware attention.
   TreeserveConfig off;
   ASSERT_TRUE(

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# One-GPU check and benchmark pass (issues 5 and 6), from the repo root of a GPU machine:
+#   bench/gpu_check.sh [tests|e2e|bench|ncu|all] [BUILD_DIR]       (default: all build)
+# tests: every GPU test binary (label gpu: kernels, backend vs CPU, graphs vs eager, sampling);
+# e2e:   the tree-API, tree-search and random-weights e2e suites against
+#        `treeserve --backend cuda` on the tiny model, with CUDA graphs off and on;
+# bench: bench_decode few-shot b=50 with CUDA graphs off and on (same binary, back to back),
+#        then every workload with graphs on (JSON), and bench_tree_attention (JSON);
+# ncu:   per-kernel GPU times of one few-shot b=50 step (graphs on), summed per kernel.
+# Needs BUILD_DIR's binaries (bin/, tests/gpu/, tests/e2e/, bench/tree_attention/), its tiny
+# model (tiny-llama/) and lib/libtreeserve_spm.so; put the non-CUDA shared libraries the
+# binaries need on LD_LIBRARY_PATH. Everything goes to $OUT (default ./gpu-out): *.log,
+# *.json, summary.txt.
+set -uo pipefail
+stage=${1:-all}
+B=${2:-build}
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export TREESERVE_TINY_MODEL_DIR=${TREESERVE_TINY_MODEL_DIR:-$PWD/$B/tiny-llama}
+export LD_LIBRARY_PATH=$PWD/$B/lib:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/device.txt" 2>&1
+cat "$OUT/device.txt" | tee -a "$OUT/summary.txt"
+status=0
+note() { echo "$*" | tee -a "$OUT/summary.txt"; }
+
+if [ "$stage" = tests ] || [ "$stage" = all ]; then
+  for t in "$B"/tests/gpu/*_gpu_tests; do
+    name=$(basename "$t")
+    timeout 300 "$t" --gtest_output="json:$OUT/$name.json" > "$OUT/$name.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=$rc
+    note "$name: exit $rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/$name.log" | tr '\n' ' ')"
+  done
+fi
+
+if [ "$stage" = e2e ] || [ "$stage" = all ]; then
+  for graphs in 0 1; do
+    for t in tree_api_e2e_test tree_search_e2e_test random_weights_e2e_test; do
+      log="$OUT/$t.graphs$graphs.log"
+      TREESERVE_E2E_BACKEND=cuda TREESERVE_E2E_BINARY=$PWD/$B/bin/treeserve \
+        TREESERVE_E2E_MODEL=$TREESERVE_TINY_MODEL_DIR TREESERVE_E2E_CUDA_GRAPHS=$graphs \
+        timeout 300 "$B/tests/e2e/$t" > "$log" 2>&1
+      rc=$?
+      [ $rc -ne 0 ] && status=$rc
+      note "$t (cuda graphs $graphs): exit $rc $(grep -E '^\[  (PASSED|FAILED) ' "$log" | tr '\n' ' ')"
+    done
+  done
+fi
+
+decode=("$B/bin/bench_decode" --config configs/models/llama-3-8b.json)
+if [ "$stage" = bench ] || [ "$stage" = all ]; then
+  for graphs in "" --graphs; do
+    timeout 300 "${decode[@]}" --workloads fewshot --fewshot-branches 50 --steps 16 $graphs \
+      > "$OUT/decode-b50$graphs.txt" 2>&1
+    note "bench_decode b=50 ${graphs:-(no graphs)}: exit $? $(grep -E '^fewshot' "$OUT/decode-b50$graphs.txt")"
+  done
+  timeout 400 "${decode[@]}" --graphs --json "$OUT/decode.json" > "$OUT/decode.txt" 2>&1
+  note "bench_decode (all workloads, graphs): exit $?"
+  tail -16 "$OUT/decode.txt" | tee -a "$OUT/summary.txt"
+  timeout 300 "$B/bench/tree_attention/bench_tree_attention" --json "$OUT/tree_attention.json" \
+    > "$OUT/tree_attention.txt" 2>&1
+  note "bench_tree_attention: exit $?"
+fi
+
+if [ "$stage" = ncu ] || [ "$stage" = all ]; then
+  timeout 300 ncu --profile-from-start off --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv "${decode[@]}" --workloads fewshot \
+    --fewshot-branches 50 --steps 2 --graphs --profile-last-step > "$OUT/ncu_step.csv" \
+    2> "$OUT/ncu_step.err"
+  note "ncu step: exit $?"
+  python3 - "$OUT/ncu_step.csv" <<'PY' | tee -a "$OUT/summary.txt"
+import collections, csv, re, sys
+rows = list(csv.reader(open(sys.argv[1])))
+header = None
+kernels = collections.OrderedDict()
+for r in rows:
+    if r and r[0] == "ID":
+        header = r
+        continue
+    if header and len(r) == len(header):
+        d = dict(zip(header, r))
+        v = float(d["Metric Value"].replace(",", ""))
+        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+        kernels[d["ID"]] = (d["Kernel Name"], v * scale.get(d["Metric Unit"], 1.0))
+items = list(kernels.values())
+for part, sub in (("tree", items[: len(items) // 2]), ("baseline", items[len(items) // 2:])):
+    agg = collections.OrderedDict()
+    for name, us in sub:
+        name = re.sub(r"\(.*", "", name).replace("void ", "")[:70]
+        a = agg.setdefault(name, [0, 0.0])
+        a[0] += 1
+        a[1] += us
+    print(f"== {part}: {len(sub)} kernels, {sum(u for _, u in sub) / 1000:.3f} ms")
+    for name, (n, us) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {n:4d} {us / 1000:8.3f} ms {us / n:9.2f} us  {name}")
+PY
+fi
+note "overall status: $status"
+exit $status
