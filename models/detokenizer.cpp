@@ -86,9 +86,36 @@ StatusOr<std::string> decode_new_text(const Tokenizer& tokenizer,
   return suffix_after(*before, *after);
 }
 
-IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer)
-    : tokenizer_(tokenizer), anchor_(find_anchor(tokenizer)) {
-  if (anchor_ >= 0) anchor_text_ = tokenizer_.id_to_piece(anchor_);
+DetokenizerVocab::DetokenizerVocab(const Tokenizer& tokenizer)
+    : anchor_(find_anchor(tokenizer)),
+      text_(size_t(std::max(0, tokenizer.vocab_size()))),
+      plain_(text_.size(), 0) {
+  if (anchor_ < 0) return;  // no anchor: no context-free decode to test against
+  anchor_text_ = tokenizer.id_to_piece(anchor_);
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    if (byte_piece_value(tokenizer.id_to_piece(id)) >= 0) continue;
+    StatusOr<std::string> alone = tokenizer.decode({anchor_, id});
+    StatusOr<std::string> between = tokenizer.decode({anchor_, id, anchor_});
+    if (!alone.ok() || !between.ok() || alone->size() <= anchor_text_.size() ||
+        alone->compare(0, anchor_text_.size(), anchor_text_) != 0 ||
+        *between != *alone + anchor_text_) {
+      continue;
+    }
+    text_[size_t(id)] = alone->substr(anchor_text_.size());
+    plain_[size_t(id)] = 1;
+  }
+}
+
+int32_t DetokenizerVocab::num_plain() const {
+  return int32_t(std::count(plain_.begin(), plain_.end(), uint8_t(1)));
+}
+
+IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer,
+                                               const DetokenizerVocab* vocab)
+    : tokenizer_(tokenizer),
+      vocab_(vocab),
+      anchor_(vocab ? vocab->anchor() : find_anchor(tokenizer)) {
+  if (anchor_ >= 0) anchor_text_ = vocab ? vocab->anchor_text() : tokenizer_.id_to_piece(anchor_);
 }
 
 StatusOr<std::string> IncrementalDetokenizer::push(int32_t id) {
@@ -97,6 +124,14 @@ StatusOr<std::string> IncrementalDetokenizer::push(int32_t id) {
                            std::to_string(tokenizer_.vocab_size()) + ")");
   }
   ids_.push_back(id);
+  if (vocab_ != nullptr && emitted_text_ && read_offset_ + 1 == ids_.size()) {
+    // Past the decoder's start state with nothing held back: a plain id's text is fixed.
+    if (const std::string* text = vocab_->plain_text(id)) {
+      prefix_offset_ = read_offset_;
+      read_offset_ = ids_.size();
+      return *text;
+    }
+  }
   // Only not-yet-emitted ids can be held back.
   const std::vector<int32_t> pending(ids_.begin() + static_cast<ptrdiff_t>(read_offset_),
                                      ids_.end());

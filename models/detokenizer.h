@@ -23,6 +23,33 @@ int incomplete_utf8_tail(const Tokenizer& tokenizer, const std::vector<int32_t>&
 StatusOr<std::string> decode_new_text(const Tokenizer& tokenizer,
                                       const std::vector<int32_t>& previous, int32_t new_id);
 
+// What streaming needs to know about a vocabulary, computed once per tokenizer (two decodes
+// per id, at construction): the anchor piece (see IncrementalDetokenizer), and the ids whose
+// text is the same in any context — decode(anchor, id) adds a fixed non-empty text and
+// decode(anchor, id, anchor) adds just the anchor's after it — which a stream can then emit
+// without calling the decoder. Byte-fallback pieces never qualify. Immutable: share it
+// between threads.
+class DetokenizerVocab {
+ public:
+  explicit DetokenizerVocab(const Tokenizer& tokenizer);
+
+  int32_t anchor() const { return anchor_; }
+  const std::string& anchor_text() const { return anchor_text_; }
+  // id's fixed text, or nullptr when its text depends on its neighbours (or id is outside
+  // the vocabulary).
+  const std::string* plain_text(int32_t id) const {
+    return id >= 0 && id < int32_t(plain_.size()) && plain_[size_t(id)] ? &text_[size_t(id)]
+                                                                        : nullptr;
+  }
+  int32_t num_plain() const;
+
+ private:
+  int32_t anchor_ = -1;
+  std::string anchor_text_;
+  std::vector<std::string> text_;
+  std::vector<uint8_t> plain_;
+};
+
 // One per streamed sequence. Decodes only a sliding window of the last tokens
 // (the TGI prefix/read-offset scheme). sentencepiece strips the dummy-prefix space of
 // the first non-control piece of what it decodes; a window that starts mid-sequence
@@ -30,9 +57,14 @@ StatusOr<std::string> decode_new_text(const Tokenizer& tokenizer,
 // is cut off again, so the window's first piece keeps its space exactly as in the
 // full decode. Until some text has been emitted the window starts at token 0 instead,
 // unanchored, so leading control ids (BOS) and the real first piece behave as there.
+//
+// With a DetokenizerVocab (of the same tokenizer), construction does not search for the
+// anchor, and once text has been emitted a plain id with nothing held back is emitted from
+// the table (the same delta, without two decodes).
 class IncrementalDetokenizer {
  public:
-  explicit IncrementalDetokenizer(const Tokenizer& tokenizer);
+  explicit IncrementalDetokenizer(const Tokenizer& tokenizer,
+                                  const DetokenizerVocab* vocab = nullptr);
 
   // Appends id and returns the newly completed text ("" while a character is
   // incomplete). INVALID_ARGUMENT for an id outside the vocabulary (not appended).
@@ -47,6 +79,7 @@ class IncrementalDetokenizer {
   StatusOr<std::string> decode_window(size_t begin, size_t end) const;
 
   const Tokenizer& tokenizer_;
+  const DetokenizerVocab* vocab_ = nullptr;
   int32_t anchor_ = -1;  // a plain piece that decodes to itself; -1 if the vocab has none
   std::string anchor_text_;
   bool emitted_text_ = false;  // any non-empty delta yet: the decoder is past its start

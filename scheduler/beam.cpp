@@ -151,7 +151,7 @@ void Scheduler::Impl::finish_beam_search(GenerateJob* job, Status status) {
       continue;
     }
     // The beam's tokens, each with its text; the last carries the reason and the score.
-    IncrementalDetokenizer detok(*tokenizer_);
+    IncrementalDetokenizer detok(*tokenizer_, detok_vocab_.get());
     for (size_t i = 0; i < beam->tokens.size(); ++i) {
       TokenEvent ev;
       ev.branch_id = b->id;

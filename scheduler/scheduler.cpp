@@ -78,6 +78,7 @@ Scheduler::Impl::Impl(Backend* backend, const Tokenizer* tokenizer, const Schedu
   if (tokenizer_ && tokenizer_->vocab_size() > 0) {
     vocab_ = std::min<int64_t>(vocab_, tokenizer_->vocab_size());
   }
+  if (tokenizer_) detok_vocab_ = std::make_unique<DetokenizerVocab>(*tokenizer_);
   for (int64_t id : mc.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
   if (eos_ids_.empty() && tokenizer_ && tokenizer_->eos_id() >= 0) {
     eos_ids_.push_back(tokenizer_->eos_id());
@@ -502,7 +503,7 @@ void Scheduler::Impl::attach_branch(GenerateJob* job, SchedBranch* b) {
   GenerateBranchState st;
   st.branch = b;
   st.branch_id = b->id;
-  st.detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_);
+  st.detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, detok_vocab_.get());
   job->branches.push_back(std::move(st));
   b->activity = Activity::kGenerate;
   b->job = job;

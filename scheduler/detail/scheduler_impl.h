@@ -214,6 +214,8 @@ class Scheduler::Impl {
 
   Backend* backend_;
   const Tokenizer* tokenizer_;
+  // The tokenizer's streaming table (anchor piece, context-free piece texts), built once.
+  std::unique_ptr<DetokenizerVocab> detok_vocab_;
   SchedulerOptions options_;
   ServerMetrics* metrics_;
   std::unique_ptr<KvCache> kv_;

@@ -43,23 +43,33 @@ class DetokenizerTest : public ::testing::Test {
     auto loaded = Tokenizer::load(std::string(TREESERVE_TINY_MODEL_DIR) + "/tokenizer.model");
     ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
     tokenizer_ = loaded->release();
+    vocab_ = new DetokenizerVocab(*tokenizer_);
   }
   static void TearDownTestSuite() {
+    delete vocab_;
+    vocab_ = nullptr;
     delete tokenizer_;
     tokenizer_ = nullptr;
   }
   static const Tokenizer& tok() { return *tokenizer_; }
 
   // Streams ids through both detokenizer forms; checks every delta is whole UTF-8 (when
-  // the ids spell valid text) and that deltas + flush equal decode(ids). Returns deltas.
+  // the ids spell valid text) and that deltas + flush equal decode(ids), and that the
+  // table-driven stream (DetokenizerVocab) gives exactly the same deltas. Returns deltas.
   static std::vector<std::string> stream(const std::vector<int32_t>& ids, bool valid_text) {
     IncrementalDetokenizer detok(tok());
+    IncrementalDetokenizer fast(tok(), vocab_);
     std::vector<std::string> deltas;
     std::string joined, joined_stateless;
     std::vector<int32_t> prefix;
     for (int32_t id : ids) {
       auto delta = detok.push(id);
       EXPECT_TRUE(delta.ok()) << delta.status().ToString();
+      auto fast_delta = fast.push(id);
+      EXPECT_TRUE(fast_delta.ok());
+      if (delta.ok() && fast_delta.ok()) {
+        EXPECT_EQ(*fast_delta, *delta) << "table-driven delta after id " << id;
+      }
       auto stateless = decode_new_text(tok(), prefix, id);
       EXPECT_TRUE(stateless.ok()) << stateless.status().ToString();
       prefix.push_back(id);
@@ -75,6 +85,11 @@ class DetokenizerTest : public ::testing::Test {
     EXPECT_EQ(detok.ids(), ids);
     auto rest = detok.flush();
     EXPECT_TRUE(rest.ok());
+    auto fast_rest = fast.flush();
+    EXPECT_TRUE(fast_rest.ok());
+    if (rest.ok() && fast_rest.ok()) {
+      EXPECT_EQ(*fast_rest, *rest);
+    }
     if (valid_text) {
       EXPECT_EQ(*rest, "");
     }
@@ -89,9 +104,32 @@ class DetokenizerTest : public ::testing::Test {
   }
 
   static Tokenizer* tokenizer_;
+  static DetokenizerVocab* vocab_;
 };
 
 Tokenizer* DetokenizerTest::tokenizer_ = nullptr;
+DetokenizerVocab* DetokenizerTest::vocab_ = nullptr;
+
+TEST_F(DetokenizerTest, VocabTableKnowsPlainPiecesAndLeavesBytesAndControlOut) {
+  const DetokenizerVocab& v = *vocab_;
+  ASSERT_GE(v.anchor(), 0);
+  // Most of the tiny vocabulary is plain pieces; byte pieces and control ids are not.
+  EXPECT_GT(v.num_plain(), tok().vocab_size() / 4);
+  EXPECT_EQ(v.plain_text(byte_id(0xE6)), nullptr);
+  EXPECT_EQ(v.plain_text(tok().bos_id()), nullptr);
+  EXPECT_EQ(v.plain_text(tok().eos_id()), nullptr);
+  EXPECT_EQ(v.plain_text(-1), nullptr);
+  EXPECT_EQ(v.plain_text(tok().vocab_size()), nullptr);
+  // Word pieces with the U+2581 marker: their text keeps the space mid-stream.
+  int32_t spaced = 0;
+  for (int32_t id = 0; id < tok().vocab_size(); ++id) {
+    const std::string* text = v.plain_text(id);
+    if (text == nullptr) continue;
+    ASSERT_FALSE(text->empty()) << id;
+    spaced += (*text)[0] == ' ' && tok().id_to_piece(id).rfind("\xE2\x96\x81", 0) == 0;
+  }
+  EXPECT_GT(spaced, 0);
+}
 
 TEST_F(DetokenizerTest, StreamsOfRealTextEqualTheFullDecode) {
   const std::vector<std::string> texts = {
