@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "engine/cuda_ops.h"
+#include "kernels/detail/pdl_launch.cuh"
 
 namespace treeserve::cuda {
 namespace {
@@ -101,10 +102,7 @@ __device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
-// Programmatic dependent launch: a kernel launched with programmatic stream serialization
-// (launch_pdl) may start while its predecessor drains; it waits here before reading the
-// predecessor's output. A no-op for ordinary launches.
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+using detail::pdl_wait;
 
 // HF LlamaRMSNorm: float statistics, normalised value cast to the dtype, times the weight.
 // A thread owns V chunks of 8 consecutive values (hidden % 8 == 0, hidden <= 8192 V), and
@@ -285,6 +283,18 @@ __global__ void move_slots_kernel(T* k_all, T* v_all, int64_t layer_elems, int64
 
 // The block's row x[0, vocab): its max, the lowest id holding it (INT32_MAX when vocab == 0)
 // and sum(exp(x - max)); every thread gets them.
+// The warp's largest (value, id), the lowest id on ties, in every lane.
+__device__ __forceinline__ void warp_argmax(float* best, int32_t* best_id) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, *best, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, *best_id, o);
+    if (ov > *best || (ov == *best && oi < *best_id)) {
+      *best = ov;
+      *best_id = oi;
+    }
+  }
+}
+
 struct RowMax {
   float max;
   int32_t id;
@@ -300,14 +310,7 @@ __device__ RowMax row_max_and_sum(const float* x, int64_t vocab) {
       best_id = int32_t(i);
     }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, best_id, o);
-    if (ov > best || (ov == best && oi < best_id)) {
-      best = ov;
-      best_id = oi;
-    }
-  }
+  warp_argmax(&best, &best_id);
   __shared__ float warp_best[32];
   __shared__ int32_t warp_id[32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -372,14 +375,7 @@ __global__ void argmax_merge_kernel(int64_t n, int32_t slices, const float* maxe
       best_id = id[s];
     }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, best_id, o);
-    if (ov > best || (ov == best && oi < best_id)) {
-      best = ov;
-      best_id = oi;
-    }
-  }
+  warp_argmax(&best, &best_id);
   float sum = 0.0f;
   for (int32_t s = lane; s < slices; s += 32) {
     if (l[s] > 0.0f) sum += l[s] * __expf(m[s] - best);
@@ -462,23 +458,12 @@ __global__ void convert_any_kernel(const S* src, int64_t n, T* dst) {
   }
 }
 
-// kernel<<<grid, block, 0, stream>>>(args...) as a programmatic dependent launch: the grid may
-// be scheduled while the previous kernel on the stream drains (hiding its launch latency, also
-// inside CUDA graphs); the kernel pdl_wait()s before touching memory.
+// Row kernels go out as programmatic dependent launches (kernels/detail/pdl_launch.cuh): each
+// starts with pdl_wait(), so it may be scheduled while the previous kernel drains.
 template <typename... KArgs, typename... Args>
 void launch_pdl(dim3 grid, dim3 block, cudaStream_t stream, void (*kernel)(KArgs...),
                 Args... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  cudaLaunchKernelEx(&config, kernel, static_cast<KArgs>(args)...);
+  detail::launch_pdl(grid, block, 0, stream, kernel, args...);
 }
 
 int round_up_warps(int64_t threads) {

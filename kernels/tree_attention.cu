@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/detail/pdl_launch.cuh"
 #include "kernels/detail/tree_attention_layout.h"
 #include "kernels/tree_attention.h"
 
@@ -558,7 +559,7 @@ __global__ void __launch_bounds__(kThreads, 2) tree_attention_stage1(Stage1Param
     attend<D, T, 1>(p, it, mask_words, s_q, s_k, s_v, load_tile);
   }
   // The merge grid (programmatic dependent launch) may start once every block got here.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  pdl_trigger();
 }
 
 // One warp per (query, q head): out[row][head] = sum_i w_i o_i / sum_i w_i, w_i = 2^(lse_i - max),
@@ -580,7 +581,7 @@ __global__ void __launch_bounds__(kThreads)
   const int begin = plan[h.w[kQueryMergeBegin] + query];
   const int end = plan[h.w[kQueryMergeBegin] + query + 1];
   const int row = plan[h.w[kQueryRows] + query];
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // stage 1's partials are complete
+  pdl_wait();  // stage 1's partials are complete
   float acc[kPerLane] = {};
   float run_max = -INFINITY, run_sum = 0.f;
   for (int base = begin; base < end; base += kBatch) {
@@ -653,20 +654,10 @@ Status launch(const Stage1Params& params, void* out, const TreeAttentionWorkspac
   const int blocks = int((pairs + kWarps - 1) / kWarps);
   // Programmatic dependent launch: the merge grid starts while stage 1 drains and waits on
   // griddepcontrol.wait, which hides its launch latency (also inside a CUDA graph).
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  const cudaError_t e = cudaLaunchKernelEx(
-      &config, tree_attention_merge<D, T>, params.header, params.header_on_device, params.plan,
-      static_cast<const float*>(params.partial_o), static_cast<const float*>(params.partial_lse),
-      static_cast<T*>(out), int(params.num_q_heads));
+  const cudaError_t e = launch_pdl(
+      dim3(blocks), dim3(kThreads), 0, stream, tree_attention_merge<D, T>, params.header,
+      params.header_on_device, params.plan, static_cast<const float*>(params.partial_o),
+      static_cast<const float*>(params.partial_lse), static_cast<T*>(out), int(params.num_q_heads));
   if (e != cudaSuccess) {
     return Internal(std::string("tree_attention_merge launch: ") + cudaGetErrorString(e));
   }
