@@ -17,6 +17,7 @@
 #include "models/llama_weights.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace treeserve {
 namespace {
@@ -35,18 +36,15 @@ struct Models {
     if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped"; \
   } while (0)
 
-// The build's tiny model, or $TREESERVE_TINY_MODEL_DIR (a copy carried to a GPU machine).
-std::string tiny_dir() {
-  const char* env = std::getenv("TREESERVE_TINY_MODEL_DIR");
-  return env ? env : TREESERVE_TINY_MODEL_DIR;
-}
+using testing::StepBuilder;
+using testing::tiny_model_dir;
 
 Models load(bool bf16) {
   Models m;
-  auto config = load_model_config(tiny_dir());
+  auto config = load_model_config(tiny_model_dir());
   EXPECT_TRUE(config.ok()) << config.status().message();
   m.config = *config;
-  auto reader = SafetensorsReader::open_dir(tiny_dir());
+  auto reader = SafetensorsReader::open_dir(tiny_model_dir());
   EXPECT_TRUE(reader.ok()) << reader.status().message();
   auto weights = load_llama_weights(m.config, *reader);
   EXPECT_TRUE(weights.ok()) << weights.status().message();
@@ -66,37 +64,17 @@ Models load(bool bf16) {
   return m;
 }
 
-// Builds step batches from one KvCache and runs them on both backends.
-class Lockstep {
+// Step batches from one KvCache, run on both backends.
+class Lockstep : public StepBuilder {
  public:
-  explicit Lockstep(Models* m) : m_(m) {
-    KvCacheConfig kc;
-    kc.page_size = kPageSize;
-    kc.num_pages = int32_t(kPages);
-    kv_ = std::move(KvCache::create(kc).value());
-  }
-  KvCache& kv() { return *kv_; }
-
-  // Queues tokens of `branch` (already appended; slots given) as rows; logits for the last.
-  void add_rows(BranchId branch, const std::vector<int32_t>& tokens,
-                const std::vector<KvSlot>& slots, int32_t first_position, bool logits) {
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      batch_.token_ids.push_back(tokens[i]);
-      batch_.positions.push_back(first_position + int32_t(i));
-      batch_.kv_slots.push_back(int64_t(slots[i].page) * kPageSize + slots[i].slot);
-    }
-    if (logits) batch_.logit_rows.push_back(batch_.num_rows() - 1);
-    queries_.push_back({branch, int32_t(tokens.size())});
-  }
-  StepBatch& batch() { return batch_; }
-  std::vector<ViewQuery>& queries() { return queries_; }
+  explicit Lockstep(Models* m) : StepBuilder(kPages, kPageSize), m_(m) {}
 
   // Runs the step on both; returns max |cpu - gpu| over all logits and checks argmaxes.
   float run(std::vector<int32_t>* greedy_cpu, std::vector<int32_t>* greedy_gpu) {
-    EXPECT_TRUE(kv_->build_attention_view(queries_, &batch_.view).ok());
+    EXPECT_TRUE(build_view().ok());
     Logits a, b;
-    Status sa = m_->cpu->forward(batch_, &a);
-    Status sb = m_->gpu->forward(batch_, &b);
+    Status sa = m_->cpu->forward(batch(), &a);
+    Status sb = m_->gpu->forward(batch(), &b);
     EXPECT_TRUE(sa.ok()) << sa.message();
     EXPECT_TRUE(sb.ok()) << sb.message();
     float err = 0.0f;
@@ -109,16 +87,12 @@ class Lockstep {
       greedy_cpu->push_back(int32_t(std::max_element(x, x + a.vocab) - x));
       greedy_gpu->push_back(int32_t(std::max_element(y, y + b.vocab) - y));
     }
-    batch_.clear();
-    queries_.clear();
+    clear();
     return err;
   }
 
  private:
   Models* m_;
-  std::unique_ptr<KvCache> kv_;
-  StepBatch batch_;
-  std::vector<ViewQuery> queries_;
 };
 
 std::vector<int32_t> prompt_tokens(int n) {
@@ -169,35 +143,22 @@ TEST(CudaBackend, ArgmaxOnlyStepsMatchCpuGreedy) {
   REQUIRE_GPU();
   Models m = load(false);
   ASSERT_TRUE(m.gpu && m.cpu);
-  KvCacheConfig kc;
-  kc.page_size = kPageSize;
-  kc.num_pages = int32_t(kPages);
-  auto kv = std::move(KvCache::create(kc).value());
+  StepBuilder sb(kPages, kPageSize);
   std::vector<int32_t> prompt = prompt_tokens(21);
-  auto nb = kv->create_branch(prompt);
+  auto nb = sb.kv().create_branch(prompt);
   ASSERT_TRUE(nb.ok());
-  auto forked = kv->fork(nb->id, 3);
+  auto forked = sb.kv().fork(nb->id, 3);
   ASSERT_TRUE(forked.ok());
-  StepBatch batch;
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    batch.token_ids.push_back(prompt[i]);
-    batch.positions.push_back(int32_t(i));
-    batch.kv_slots.push_back(int64_t(nb->slots[i].page) * kPageSize + nb->slots[i].slot);
-  }
-  std::vector<ViewQuery> q = {{nb->id, int32_t(prompt.size())}};
-  for (const PageCopy& c : forked->copies)
-    batch.page_copies.push_back({c.src_page, c.dst_page, c.num_slots});
+  sb.add_rows(nb->id, prompt, nb->slots, 0, false);
+  sb.add_page_copies(forked->copies);
   // The three forks each decode one different token in the same step.
   for (int i = 0; i < 3; ++i) {
     std::vector<KvSlot> slots;
-    ASSERT_TRUE(kv->append(forked->branches[i], std::vector<int32_t>{50 + i}, &slots).ok());
-    batch.token_ids.push_back(50 + i);
-    batch.positions.push_back(int32_t(prompt.size()));
-    batch.kv_slots.push_back(int64_t(slots[0].page) * kPageSize + slots[0].slot);
-    batch.logit_rows.push_back(batch.num_rows() - 1);
-    q.push_back({forked->branches[i], 1});
+    ASSERT_TRUE(sb.kv().append(forked->branches[i], std::vector<int32_t>{50 + i}, &slots).ok());
+    sb.add_rows(forked->branches[i], {50 + i}, slots, int32_t(prompt.size()), true);
   }
-  ASSERT_TRUE(kv->build_attention_view(q, &batch.view).ok());
+  ASSERT_TRUE(sb.build_view().ok());
+  StepBatch& batch = sb.batch();
   batch.full_logits = false;
   Logits a, b;
   ASSERT_TRUE(m.cpu->forward(batch, &a).ok());
@@ -221,22 +182,16 @@ TEST(CudaBackend, ArgmaxOnlyStepsHonourTheVocabLimit) {
   Models m = load(false);
   ASSERT_TRUE(m.gpu && m.cpu);
   constexpr int64_t kLimit = 200;
-  KvCacheConfig kc;
-  kc.page_size = kPageSize;
-  kc.num_pages = int32_t(kPages);
-  auto kv = std::move(KvCache::create(kc).value());
+  StepBuilder sb(kPages, kPageSize);
   const std::vector<int32_t> prompt = prompt_tokens(40);
-  auto nb = kv->create_branch(prompt);
+  auto nb = sb.kv().create_branch(prompt);
   ASSERT_TRUE(nb.ok());
-  StepBatch batch;
+  sb.add_rows(nb->id, prompt, nb->slots, 0, false);
+  StepBatch& batch = sb.batch();
   for (size_t i = 0; i < prompt.size(); ++i) {
-    batch.token_ids.push_back(prompt[i]);
-    batch.positions.push_back(int32_t(i));
-    batch.kv_slots.push_back(int64_t(nb->slots[i].page) * kPageSize + nb->slots[i].slot);
     batch.logit_rows.push_back(int32_t(i));  // every position: many different rows
   }
-  std::vector<ViewQuery> q = {{nb->id, int32_t(prompt.size())}};
-  ASSERT_TRUE(kv->build_attention_view(q, &batch.view).ok());
+  ASSERT_TRUE(sb.build_view().ok());
   Logits a, b;
   ASSERT_TRUE(m.cpu->forward(batch, &a).ok());
   batch.full_logits = false;
@@ -262,7 +217,7 @@ TEST(CudaBackend, ArgmaxOnlyStepsHonourTheVocabLimit) {
 TEST(CudaBackend, RandomWeightsMatchTheCpuBackendsRandomWeights) {
   REQUIRE_GPU();
   Models m;
-  auto config = load_model_config(tiny_dir());
+  auto config = load_model_config(tiny_model_dir());
   ASSERT_TRUE(config.ok()) << config.status().message();
   m.config = *config;
   CpuBackendOptions co;
@@ -306,9 +261,7 @@ TEST(CudaBackend, ForkedTreeMatchesCpu) {
   ls.run(&gc, &gg);
   auto forked = ls.kv().fork(root->id, 6);
   ASSERT_TRUE(forked.ok());
-  for (const PageCopy& c : forked->copies) {
-    ls.batch().page_copies.push_back({c.src_page, c.dst_page, c.num_slots});
-  }
+  ls.add_page_copies(forked->copies);
   std::vector<int32_t> len(6, int32_t(prompt.size()));
   std::vector<int32_t> next(6);
   for (int i = 0; i < 6; ++i) next[i] = 10 + 17 * i;
@@ -344,28 +297,16 @@ TEST(CudaBackend, SpeculativeTokenTreeAndAcceptMatchCpu) {
   std::vector<KvSlot> slots;
   ASSERT_TRUE(ls.kv().append(b->id, std::vector<int32_t>{prompt.back()}, &slots).ok());
   ls.add_rows(b->id, {prompt.back()}, slots, int32_t(head.size()), true);
-  slots.clear();
-  std::vector<int32_t> drafts = {5, 6, 7, 8, 9, 10, 11};
-  std::vector<int32_t> parents = {-1, -1, 0, 0, 2, 1, 4};
-  ASSERT_TRUE(ls.kv().append_token_tree(b->id, drafts, parents, &slots).ok());
-  std::vector<int32_t> depth(drafts.size());
-  for (size_t i = 0; i < drafts.size(); ++i) {
-    depth[i] = parents[i] < 0 ? 0 : depth[parents[i]] + 1;
-    ls.batch().token_ids.push_back(drafts[i]);
-    ls.batch().positions.push_back(int32_t(prompt.size()) + depth[i]);
-    ls.batch().kv_slots.push_back(int64_t(slots[i].page) * kPageSize + slots[i].slot);
-    ls.batch().logit_rows.push_back(ls.batch().num_rows() - 1);
-  }
+  ASSERT_TRUE(ls.add_token_tree(b->id, {5, 6, 7, 8, 9, 10, 11}, {-1, -1, 0, 0, 2, 1, 4},
+                                int32_t(prompt.size()))
+                  .ok());
   float err = ls.run(&gc, &gg);
   EXPECT_LE(err, 2e-2f);
   EXPECT_EQ(gc, gg);
   // Accept the chain 0 -> 2 -> 4 -> 6; its KV moves into place; decoding continues.
   std::vector<SlotMove> moves;
   ASSERT_TRUE(ls.kv().accept(b->id, std::vector<int32_t>{0, 2, 4, 6}, &moves).ok());
-  for (const SlotMove& mv : moves) {
-    ls.batch().slot_moves.push_back({int64_t(mv.src.page) * kPageSize + mv.src.slot,
-                                     int64_t(mv.dst.page) * kPageSize + mv.dst.slot});
-  }
+  ls.add_slot_moves(moves);
   int32_t pos = int32_t(prompt.size()) + 4;
   for (int step = 0; step < 8; ++step) {
     std::vector<KvSlot> s;
@@ -378,21 +319,15 @@ TEST(CudaBackend, SpeculativeTokenTreeAndAcceptMatchCpu) {
   }
 }
 
-}  // namespace
-}  // namespace treeserve
-
-namespace treeserve {
-namespace {
-
 // CUDA graphs against the same backend run eagerly: a forked tree decoding
 // (its shape repeats: captured on the second step, replayed after), interrupted by one-off
 // steps of other shapes (a longer append; a 300-token prefill that grows the step buffers,
 // so the graphs of the old buffers no longer match) — every step's logits bit-identical.
 TEST(CudaBackend, GraphReplayMatchesEagerSteps) {
   REQUIRE_GPU();
-  auto config = load_model_config(tiny_dir());
+  auto config = load_model_config(tiny_model_dir());
   ASSERT_TRUE(config.ok());
-  auto reader = SafetensorsReader::open_dir(tiny_dir());
+  auto reader = SafetensorsReader::open_dir(tiny_model_dir());
   ASSERT_TRUE(reader.ok());
   auto weights = load_llama_weights(*config, *reader);
   ASSERT_TRUE(weights.ok());
@@ -404,60 +339,43 @@ TEST(CudaBackend, GraphReplayMatchesEagerSteps) {
   go.cuda_graphs = false;
   auto eager = create_cuda_backend(*config, *weights, go);
   ASSERT_TRUE(graphs.ok() && eager.ok());
-  KvCacheConfig kc;
-  kc.page_size = kPageSize;
-  kc.num_pages = int32_t(kPages);
-  auto kv = std::move(KvCache::create(kc).value());
-  StepBatch batch;
-  std::vector<ViewQuery> queries;
-  auto add = [&](BranchId b, const std::vector<int32_t>& toks, const std::vector<KvSlot>& slots,
-                 int32_t pos) {
-    for (size_t i = 0; i < toks.size(); ++i) {
-      batch.token_ids.push_back(toks[i]);
-      batch.positions.push_back(pos + int32_t(i));
-      batch.kv_slots.push_back(int64_t(slots[i].page) * kPageSize + slots[i].slot);
-    }
-    batch.logit_rows.push_back(batch.num_rows() - 1);
-    queries.push_back({b, int32_t(toks.size())});
-  };
+  StepBuilder sb(kPages, kPageSize);
   auto run = [&](const char* what, int step) {
-    ASSERT_TRUE(kv->build_attention_view(queries, &batch.view).ok());
+    ASSERT_TRUE(sb.build_view().ok());
     Logits a, b;
-    ASSERT_TRUE((*graphs)->forward(batch, &a).ok()) << what << " " << step;
-    ASSERT_TRUE((*eager)->forward(batch, &b).ok()) << what << " " << step;
+    ASSERT_TRUE((*graphs)->forward(sb.batch(), &a).ok()) << what << " " << step;
+    ASSERT_TRUE((*eager)->forward(sb.batch(), &b).ok()) << what << " " << step;
     ASSERT_EQ(a.data.size(), b.data.size());
     float err = 0.f;
-    for (size_t i = 0; i < a.data.size(); ++i)
+    for (size_t i = 0; i < a.data.size(); ++i) {
       err = std::max(err, std::fabs(a.data[i] - b.data[i]));
+    }
     EXPECT_EQ(err, 0.f) << what << " step " << step;
-    batch.clear();
-    queries.clear();
+    sb.clear();
   };
   const std::vector<int32_t> prompt = prompt_tokens(45);
-  auto root = kv->create_branch(prompt);
+  auto root = sb.kv().create_branch(prompt);
   ASSERT_TRUE(root.ok());
-  add(root->id, prompt, root->slots, 0);
+  sb.add_rows(root->id, prompt, root->slots, 0, true);
   run("prompt", 0);
-  auto forked = kv->fork(root->id, 5);
+  auto forked = sb.kv().fork(root->id, 5);
   ASSERT_TRUE(forked.ok());
-  for (const PageCopy& c : forked->copies) {
-    batch.page_copies.push_back({c.src_page, c.dst_page, c.num_slots});
-  }
+  sb.add_page_copies(forked->copies);
   std::vector<int32_t> len(5, int32_t(prompt.size()));
   for (int step = 0; step < 24; ++step) {
     for (int i = 0; i < 5; ++i) {
       std::vector<int32_t> toks = {1 + (step * 31 + i * 7) % 500};
       if (step == 9 && i == 2) toks = {5, 6, 7};  // a one-off shape
       std::vector<KvSlot> slots;
-      ASSERT_TRUE(kv->append(forked->branches[i], toks, &slots).ok());
-      add(forked->branches[i], toks, slots, len[i]);
+      ASSERT_TRUE(sb.kv().append(forked->branches[i], toks, &slots).ok());
+      sb.add_rows(forked->branches[i], toks, slots, len[i], true);
       len[i] += int32_t(toks.size());
     }
     if (step == 15) {  // a long prefill alongside: the step buffers grow
       const std::vector<int32_t> other = prompt_tokens(300);
-      auto b = kv->create_branch(other);
+      auto b = sb.kv().create_branch(other);
       ASSERT_TRUE(b.ok());
-      add(b->id, other, b->slots, 0);
+      sb.add_rows(b->id, other, b->slots, 0, true);
     }
     run("decode", step);
   }

@@ -19,6 +19,7 @@
 #include "models/llama_weights.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace treeserve {
 namespace {
@@ -34,10 +35,8 @@ constexpr int32_t kPageSize = 16;
     }                                                                                              \
   } while (0)
 
-std::string tiny_dir() {
-  const char* env = std::getenv("TREESERVE_TINY_MODEL_DIR");
-  return env ? env : TREESERVE_TINY_MODEL_DIR;
-}
+using testing::StepBuilder;
+using testing::tiny_model_dir;
 
 // Llama-3-8B's shape (configs/models/llama-3-8b.json) with 4 of its 32 layers.
 ModelConfig llama3_8b_shape(int64_t layers) {
@@ -71,10 +70,10 @@ struct Pair {
 
 Pair load_tiny(int32_t tp) {
   Pair p;
-  auto config = load_model_config(tiny_dir());
+  auto config = load_model_config(tiny_model_dir());
   EXPECT_TRUE(config.ok()) << config.status().message();
   p.config = *config;
-  auto reader = SafetensorsReader::open_dir(tiny_dir());
+  auto reader = SafetensorsReader::open_dir(tiny_model_dir());
   EXPECT_TRUE(reader.ok()) << reader.status().message();
   auto weights = load_llama_weights(p.config, *reader);
   EXPECT_TRUE(weights.ok()) << weights.status().message();
@@ -104,42 +103,25 @@ struct StepDiff {
   std::vector<int32_t> greedy;  // TP=1's argmax per row
 };
 
-// Builds step batches from one KvCache and runs each on both backends.
-class Lockstep {
+// Step batches from one KvCache, each run on both backends.
+class Lockstep : public StepBuilder {
  public:
-  explicit Lockstep(Pair* p) : p_(p) {
-    KvCacheConfig kc;
-    kc.page_size = kPageSize;
-    kc.num_pages = int32_t(kPages);
-    kv_ = std::move(KvCache::create(kc).value());
-  }
-  KvCache& kv() { return *kv_; }
-  StepBatch& batch() { return batch_; }
-
-  void add_rows(BranchId branch, const std::vector<int32_t>& tokens,
-                const std::vector<KvSlot>& slots, int32_t first_position, bool logits) {
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      batch_.token_ids.push_back(tokens[i]);
-      batch_.positions.push_back(first_position + int32_t(i));
-      batch_.kv_slots.push_back(int64_t(slots[i].page) * kPageSize + slots[i].slot);
-    }
-    if (logits) batch_.logit_rows.push_back(batch_.num_rows() - 1);
-    queries_.push_back({branch, int32_t(tokens.size())});
-  }
+  explicit Lockstep(Pair* p) : StepBuilder(kPages, kPageSize), p_(p) {}
 
   // Full logits from both; compares every row.
   StepDiff run(float tol) {
-    EXPECT_TRUE(kv_->build_attention_view(queries_, &batch_.view).ok());
+    EXPECT_TRUE(build_view().ok());
     Logits a, b;
-    Status sa = p_->one->forward(batch_, &a);
-    Status sb = p_->many->forward(batch_, &b);
+    Status sa = p_->one->forward(batch(), &a);
+    Status sb = p_->many->forward(batch(), &b);
     EXPECT_TRUE(sa.ok()) << sa.message();
     EXPECT_TRUE(sb.ok()) << sb.message();
     StepDiff d;
     EXPECT_EQ(a.num_rows, b.num_rows);
     EXPECT_EQ(a.vocab, b.vocab);
     EXPECT_EQ(a.data.size(), b.data.size());
-    if (!sa.ok() || !sb.ok() || a.data.size() != b.data.size()) return clear(d);
+    clear();
+    if (!sa.ok() || !sb.ok() || a.data.size() != b.data.size()) return d;
     for (int32_t r = 0; r < a.num_rows; ++r) {
       const float* x = a.row(r);
       const float* y = b.row(r);
@@ -149,21 +131,20 @@ class Lockstep {
       d.greedy.push_back(ga);
       if (ga != gb) ++(std::fabs(x[ga] - x[gb]) <= tol ? d.near_ties : d.mismatches);
     }
-    return clear(d);
+    return d;
   }
 
   // Argmax-only step (full_logits = false) on both: logprobs within tol, ids the same unless
   // the two picks are a near tie (their logprobs within tol: then both are top logits within
   // tol of each other). Returns the near ties; *greedy = TP=1's ids.
   int32_t run_argmax(int64_t vocab_limit, float tol, std::vector<int32_t>* greedy) {
-    EXPECT_TRUE(kv_->build_attention_view(queries_, &batch_.view).ok());
-    batch_.full_logits = false;
-    batch_.vocab_limit = vocab_limit;
+    EXPECT_TRUE(build_view().ok());
+    batch().full_logits = false;
+    batch().vocab_limit = vocab_limit;
     Logits a, b;
-    Status sa = p_->one->forward(batch_, &a);
-    Status sb = p_->many->forward(batch_, &b);
-    StepDiff unused;
-    clear(unused);
+    Status sa = p_->one->forward(batch(), &a);
+    Status sb = p_->many->forward(batch(), &b);
+    clear();
     EXPECT_TRUE(sa.ok()) << sa.message();
     EXPECT_TRUE(sb.ok()) << sb.message();
     EXPECT_TRUE(b.data.empty());
@@ -191,16 +172,7 @@ class Lockstep {
   }
 
  private:
-  StepDiff& clear(StepDiff& d) {
-    batch_.clear();
-    queries_.clear();
-    return d;
-  }
-
   Pair* p_;
-  std::unique_ptr<KvCache> kv_;
-  StepBatch batch_;
-  std::vector<ViewQuery> queries_;
 };
 
 std::vector<int32_t> prompt_tokens(int n, int32_t vocab) {
@@ -225,9 +197,7 @@ void run_forked_tree(Pair* p, float tol, int32_t max_near_ties) {
   EXPECT_EQ(d.mismatches, 0) << "prefill";
   auto forked = ls.kv().fork(root->id, 6);
   ASSERT_TRUE(forked.ok());
-  for (const PageCopy& c : forked->copies) {
-    ls.batch().page_copies.push_back({c.src_page, c.dst_page, c.num_slots});
-  }
+  ls.add_page_copies(forked->copies);
   std::vector<int32_t> len(6, int32_t(prompt.size()));
   std::vector<int32_t> next(6);
   for (int i = 0; i < 6; ++i) next[i] = (10 + 17 * i) % vocab;
@@ -272,27 +242,15 @@ void run_speculative(Pair* p, float tol) {
   std::vector<KvSlot> slots;
   ASSERT_TRUE(ls.kv().append(b->id, std::vector<int32_t>{prompt.back()}, &slots).ok());
   ls.add_rows(b->id, {prompt.back()}, slots, int32_t(head.size()), true);
-  slots.clear();
-  std::vector<int32_t> drafts = {5, 6, 7, 8, 9, 10, 11};
-  std::vector<int32_t> parents = {-1, -1, 0, 0, 2, 1, 4};
-  ASSERT_TRUE(ls.kv().append_token_tree(b->id, drafts, parents, &slots).ok());
-  std::vector<int32_t> depth(drafts.size());
-  for (size_t i = 0; i < drafts.size(); ++i) {
-    depth[i] = parents[i] < 0 ? 0 : depth[parents[i]] + 1;
-    ls.batch().token_ids.push_back(drafts[i]);
-    ls.batch().positions.push_back(int32_t(prompt.size()) + depth[i]);
-    ls.batch().kv_slots.push_back(int64_t(slots[i].page) * kPageSize + slots[i].slot);
-    ls.batch().logit_rows.push_back(ls.batch().num_rows() - 1);
-  }
+  ASSERT_TRUE(ls.add_token_tree(b->id, {5, 6, 7, 8, 9, 10, 11}, {-1, -1, 0, 0, 2, 1, 4},
+                                int32_t(prompt.size()))
+                  .ok());
   StepDiff d = ls.run(tol);
   EXPECT_LE(d.max_abs, tol);
   EXPECT_EQ(d.mismatches, 0);
   std::vector<SlotMove> moves;
   ASSERT_TRUE(ls.kv().accept(b->id, std::vector<int32_t>{0, 2, 4, 6}, &moves).ok());
-  for (const SlotMove& mv : moves) {
-    ls.batch().slot_moves.push_back({int64_t(mv.src.page) * kPageSize + mv.src.slot,
-                                     int64_t(mv.dst.page) * kPageSize + mv.dst.slot});
-  }
+  ls.add_slot_moves(moves);
   int32_t pos = int32_t(prompt.size()) + 4;
   for (int step = 0; step < 8; ++step) {
     std::vector<KvSlot> s;
