@@ -17,7 +17,8 @@
 // the model dtype once, as the unsharded GEMM rounds it); the vocabulary-sharded embedding is
 // all-reduced the same way (exact: one rank holds each row). Each rank's logits shard goes
 // to the host (its columns of [rows][vocab], or for greedy steps its (max, sum exp, argmax),
-// merged there). With N = 1 none of this runs: no extra copy, sync or kernel.
+// merged there), or for sampling steps to rank 0, which draws on the device
+// (gather_and_sample). With N = 1 none of this runs: no extra copy, sync or kernel.
 #include "engine/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -343,16 +344,38 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   // logprob and the alternatives per row down (~170 bytes, not the vocabulary).
   Status sample_on_device(const StepBatch& batch, Logits* out) {
     const int64_t n = int64_t(batch.logit_rows.size());
+    TS_RETURN_IF_ERROR(reserve_sampling(n));
+    TS_RETURN_IF_ERROR(enqueue_sampling(batch, logits_.as<float>()));
+    // Same stream: the params upload has read the pinned buffer before this overwrites it.
+    TS_CUDA(
+        cudaMemcpyAsync(host_logits_.ptr, sample_out_.ptr, size_t(n) * sizeof(cuda::DeviceSample),
+                        cudaMemcpyDeviceToHost, stream_),
+        "sampled tokens download");
+    TS_CUDA(cudaStreamSynchronize(stream_), "step");
+    out->data.clear();
+    out->argmax.clear();
+    out->argmax_logprob.clear();
+    detail::append_device_samples(host_logits_.as<const cuda::DeviceSample>(), n, &out->sampled);
+    return Status::Ok();
+  }
+
+  // Device and pinned buffers of a draw over n rows (before a tensor-parallel step starts).
+  Status reserve_sampling(int64_t n) {
     const size_t param_bytes = size_t(n) * sizeof(cuda::DeviceSamplingRow);
     const size_t out_bytes = size_t(n) * sizeof(cuda::DeviceSample);
     TS_RETURN_IF_ERROR(sample_params_.reserve(param_bytes, "sampling params"));
     TS_RETURN_IF_ERROR(sample_out_.reserve(out_bytes, "sampled tokens"));
-    TS_RETURN_IF_ERROR(
-        host_logits_.reserve(std::max(param_bytes, out_bytes), "pinned sampling rows"));
-    auto* rows = host_logits_.as<cuda::DeviceSamplingRow>();
+    return host_logits_.reserve(std::max(param_bytes, out_bytes), "pinned sampling rows");
+  }
+
+  // Uploads the rows' sampling params and enqueues the draw over `rows` (float [n][vocab],
+  // the whole vocabulary) into sample_out_.
+  Status enqueue_sampling(const StepBatch& batch, const float* rows) {
+    const int64_t n = int64_t(batch.logit_rows.size());
+    auto* params = host_logits_.as<cuda::DeviceSamplingRow>();
     for (int64_t i = 0; i < n; ++i) {
       const StepSampling& s = batch.sampling[size_t(i)];
-      cuda::DeviceSamplingRow& r = rows[i];
+      cuda::DeviceSamplingRow& r = params[i];
       r.temperature = s.params.temperature;
       r.top_k = s.params.top_k;
       r.top_p = s.params.top_p;
@@ -361,32 +384,58 @@ class CudaBackend final : public Backend, public detail::CudaRank {
       r.stream_key = s.stream_key;
       r.position = s.position;
     }
-    TS_CUDA(cudaMemcpyAsync(sample_params_.ptr, host_logits_.ptr, param_bytes,
-                            cudaMemcpyHostToDevice, stream_),
+    TS_CUDA(cudaMemcpyAsync(sample_params_.ptr, host_logits_.ptr,
+                            size_t(n) * sizeof(cuda::DeviceSamplingRow), cudaMemcpyHostToDevice,
+                            stream_),
             "sampling params upload");
     const int64_t limit = batch.drawable_vocab(config_.vocab_size);
-    cuda::sample_rows(logits_.as<float>(), n, config_.vocab_size, limit,
+    cuda::sample_rows(rows, n, config_.vocab_size, limit,
                       sample_params_.as<cuda::DeviceSamplingRow>(),
                       sample_out_.as<cuda::DeviceSample>(), stream_);
-    // Same stream: the upload above has read the pinned buffer before this overwrites it.
-    TS_CUDA(cudaMemcpyAsync(host_logits_.ptr, sample_out_.ptr, out_bytes, cudaMemcpyDeviceToHost,
-                            stream_),
-            "sampled tokens download");
-    TS_CUDA(cudaStreamSynchronize(stream_), "step");
-    const auto* got = host_logits_.as<const cuda::DeviceSample>();
-    out->data.clear();
-    out->argmax.clear();
-    out->argmax_logprob.clear();
-    out->sampled.resize(size_t(n));
-    for (int64_t i = 0; i < n; ++i) {
-      SampledToken& t = out->sampled[size_t(i)];
-      t.token = got[i].token;
-      t.logprob = got[i].logprob;
-      t.top.clear();
-      for (int32_t a = 0; a < got[i].num_top; ++a) {
-        t.top.push_back({got[i].top_ids[a], got[i].top_logprobs[a]});
+    return Status::Ok();
+  }
+
+  // A tensor-parallel sampling step: the ranks' logits shards meet on rank 0 (NCCL
+  // point-to-point), which draws on the device like one GPU does; only the draws go to the
+  // host (out.sampled). Every rank joins: the others send their shard.
+  Status gather_and_sample(const StepBatch& batch, const ShardOutput& out) {
+    const int64_t n = int64_t(batch.logit_rows.size());
+    const size_t part = size_t(n * vocab_);  // every shard has vocab_ columns
+    const bool communicate = !options_.skip_collectives;
+    if (shard_.rank != 0) {
+      if (communicate) {
+        TS_RETURN_IF_ERROR(nccl_status(ncclSend(logits_.ptr, part, ncclFloat32, 0, comm_, stream_),
+                                       "logits send"));
       }
+      return Status::Ok();
     }
+    float* recv = gather_recv_.as<float>();
+    if (communicate) {
+      TS_RETURN_IF_ERROR(nccl_status(ncclGroupStart(), "group start"));
+      for (int32_t r = 1; r < world_; ++r) {
+        const ncclResult_t got =
+            ncclRecv(recv + size_t(r - 1) * part, part, ncclFloat32, r, comm_, stream_);
+        if (got != ncclSuccess) {
+          ncclGroupEnd();
+          return nccl_status(got, "logits receive");
+        }
+      }
+      TS_RETURN_IF_ERROR(nccl_status(ncclGroupEnd(), "group end"));
+    }
+    // Rank r's shard is columns [vocab_begin(r), + vocab_) of every row.
+    float* rows = gathered_.as<float>();
+    const int64_t vocab = config_.vocab_size;
+    for (int32_t r = 0; r < world_; ++r) {
+      const float* src = r == 0 ? logits_.as<float>() : recv + size_t(r - 1) * part;
+      const int64_t begin = tensor_parallel_shard(config_, r, world_).vocab_begin;
+      TS_CUDA(cudaMemcpy2DAsync(rows + begin, size_t(vocab) * 4, src, size_t(vocab_) * 4,
+                                size_t(vocab_) * 4, size_t(n), cudaMemcpyDeviceToDevice, stream_),
+              "logits gather");
+    }
+    TS_RETURN_IF_ERROR(enqueue_sampling(batch, rows));
+    TS_CUDA(cudaMemcpyAsync(out.sampled, sample_out_.ptr, size_t(n) * sizeof(cuda::DeviceSample),
+                            cudaMemcpyDeviceToHost, stream_),
+            "sampled tokens download");
     return Status::Ok();
   }
 
@@ -399,7 +448,9 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     prof_.begin(stream_, batch.num_rows());
     TS_RETURN_IF_ERROR(enqueue_step(batch, plan));
     const int64_t n = int64_t(batch.logit_rows.size());
-    if (n > 0 && (batch.full_logits || !batch.sampling.empty())) {
+    if (n > 0 && !batch.sampling.empty()) {
+      TS_RETURN_IF_ERROR(gather_and_sample(batch, out));
+    } else if (n > 0 && batch.full_logits) {
       // This rank's columns [vocab_begin, + vocab_) of the host's [n][vocab] rows.
       TS_CUDA(cudaMemcpy2DAsync(out.logits + shard_.vocab_begin, size_t(config_.vocab_size) * 4,
                                 logits_.ptr, size_t(vocab_) * 4, size_t(vocab_) * 4, size_t(n),
@@ -449,6 +500,14 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     if (world_ > 1) {
       TS_RETURN_IF_ERROR(partial_.reserve(size_t(std::max<int64_t>(rows, 1) * h) * 4, "partial"));
       TS_RETURN_IF_ERROR(argmax_.reserve(size_t(std::max<int64_t>(n_logits, 1)) * 12, "argmax"));
+      if (shard_.rank == 0 && n_logits > 0 && !batch.sampling.empty()) {
+        // Rank 0 gathers the sampled rows (gather_and_sample).
+        const size_t part = size_t(n_logits * vocab_) * 4;
+        TS_RETURN_IF_ERROR(
+            gathered_.reserve(size_t(n_logits * config_.vocab_size) * 4, "gathered logits"));
+        TS_RETURN_IF_ERROR(gather_recv_.reserve(part * size_t(world_ - 1), "received logits"));
+        TS_RETURN_IF_ERROR(reserve_sampling(n_logits));
+      }
     }
     const size_t meta = meta_bytes(batch);
     TS_RETURN_IF_ERROR(meta_.reserve(meta, "step metadata"));
@@ -646,23 +705,26 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     return Status::Ok();
   }
 
+  static Status nccl_status(ncclResult_t r, const char* what) {
+    if (r == ncclSuccess) return Status::Ok();
+    return Internal(std::string("NCCL ") + what + " failed: " + ncclGetErrorString(r));
+  }
+
   // In-place float32 sum over the ranks (none with world_ == 1, or when the benchmark option
   // skip_collectives measures the step without communication).
   Status all_reduce(float* data, int64_t n) {
     if (world_ == 1 || options_.skip_collectives || n == 0) return Status::Ok();
-    const ncclResult_t r =
-        ncclAllReduce(data, data, size_t(n), ncclFloat32, ncclSum, comm_, stream_);
-    if (r != ncclSuccess) {
-      return Internal(std::string("NCCL all-reduce failed: ") + ncclGetErrorString(r));
-    }
+    TS_RETURN_IF_ERROR(nccl_status(
+        ncclAllReduce(data, data, size_t(n), ncclFloat32, ncclSum, comm_, stream_), "all-reduce"));
     prof_.mark("all-reduce", stream_);
     return Status::Ok();
   }
 
   // The step buffers and the attention workspace, freed while this rank's device is current.
   void release_buffers() {
-    for (DeviceBuffer* b : {&argmax_, &residual_, &x_, &tmp_, &qkv_, &q_, &attn_, &gu_, &act_,
-                            &final_, &logits_, &meta_, &partial_}) {
+    for (DeviceBuffer* b :
+         {&argmax_, &residual_, &x_, &tmp_, &qkv_, &q_, &attn_, &gu_, &act_, &final_, &logits_,
+          &meta_, &partial_, &sample_params_, &sample_out_, &gather_recv_, &gathered_}) {
       b->release();
     }
     workspace_.release();
@@ -775,6 +837,9 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   DeviceBuffer argmax_, residual_, x_, tmp_, qkv_, q_, attn_, gu_, act_, final_, logits_, meta_;
   DeviceBuffer sample_params_, sample_out_;
   DeviceBuffer partial_;  // float [rows][hidden]: row-parallel GEMM partial sums (world_ > 1)
+  // Rank 0 of a tensor-parallel sampling step: the other ranks' shards as received, and the
+  // whole rows (float [n][vocab]).
+  DeviceBuffer gather_recv_, gathered_;
   PinnedBuffer host_meta_, host_logits_;
   std::vector<int64_t> move_src_, move_dst_;
   std::vector<int32_t> copy_src_, copy_dst_, copy_n_;

@@ -95,11 +95,13 @@ class TensorParallelBackend final : public Backend {
     cudaGetDevice(&previous_device);
     for (const auto& shard : shards_) TS_RETURN_IF_ERROR(shard->reserve_scratch(batch));
     cudaSetDevice(previous_device);
-    // Sampling with temperature / top-k / top-p gathers the rows and draws on the host (one
-    // GPU draws on the device; the vocabulary-sharded draw is not there yet).
-    const bool rows_to_host = batch.full_logits || !batch.sampling.empty();
-    TS_RETURN_IF_ERROR(
-        host_.reserve(size_t(rows_to_host ? n * vocab * 4 : n * world_ * 12), "pinned logits"));
+    // Sampling steps draw on rank 0 (the shards gathered there); full logits come to the host
+    // in columns; greedy steps bring each rank's (max, sum, argmax) per row.
+    const bool sampled = n > 0 && !batch.sampling.empty();
+    const size_t host_bytes = sampled             ? size_t(n) * sizeof(cuda::DeviceSample)
+                              : batch.full_logits ? size_t(n * vocab) * 4
+                                                  : size_t(n * world_) * 12;
+    TS_RETURN_IF_ERROR(host_.reserve(host_bytes, "pinned step output"));
     float* host = host_.as<float>();
     TS_RETURN_IF_ERROR(workers_.run([&](int32_t r) {
       ShardOutput o;
@@ -108,6 +110,7 @@ class TensorParallelBackend final : public Backend {
       o.maxes = host + int64_t(r) * n * 3;
       o.sums = o.maxes + n;
       o.ids = reinterpret_cast<int32_t*>(o.sums + n);
+      o.sampled = host_.as<cuda::DeviceSample>();
       Status s = shards_[size_t(r)]->forward_shard(batch, plan_, o);
       // The other ranks may be waiting in an all-reduce this rank will never join: abort
       // the communicators so that their collectives return.
@@ -119,8 +122,8 @@ class TensorParallelBackend final : public Backend {
     out->argmax.clear();
     out->argmax_logprob.clear();
     out->sampled.clear();
-    if (n > 0 && !batch.sampling.empty()) {
-      sample_rows_on_host(batch, host, vocab, vocab, &sampling_scratch_, &out->sampled);
+    if (sampled) {
+      append_device_samples(host_.as<const cuda::DeviceSample>(), n, &out->sampled);
       out->data.clear();
       return Status::Ok();
     }
@@ -157,7 +160,6 @@ class TensorParallelBackend final : public Backend {
   StepBatchCheckScratch check_;
   AttentionPlan plan_;
   std::vector<ArgmaxShard> merge_;
-  SamplingScratch sampling_scratch_;
   std::once_flag abort_once_;
   std::atomic<bool> aborted_{false};
   detail::PinnedBuffer host_{true};  // portable: every device's stream copies into it

@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "common/status.h"
 #include "engine/backend.h"
 #include "engine/cuda_backend.h"
+#include "engine/cuda_sampling.h"
 #include "engine/step_batch.h"
 #include "kernels/attention_plan.h"
 #include "kernels/attention_view.h"
@@ -21,13 +23,30 @@ namespace treeserve::detail {
 
 // Where a rank's step output goes (pinned host memory of the tensor-parallel backend): full
 // logits into its vocabulary columns of [rows][vocab]; for greedy steps its shard's per-row
-// max, sum of exp(x - max) and argmax id (tensor_parallel.h's ArgmaxShard).
+// max, sum of exp(x - max) and argmax id (tensor_parallel.h's ArgmaxShard); for sampling
+// steps rank 0's device draws (the other ranks send it their shards).
 struct ShardOutput {
-  float* logits = nullptr;  // float [n][vocab]
-  float* maxes = nullptr;   // [n]
-  float* sums = nullptr;    // [n]
-  int32_t* ids = nullptr;   // [n]
+  float* logits = nullptr;                // float [n][vocab]
+  float* maxes = nullptr;                 // [n]
+  float* sums = nullptr;                  // [n]
+  int32_t* ids = nullptr;                 // [n]
+  cuda::DeviceSample* sampled = nullptr;  // [n], rank 0
 };
+
+// The device sampler's rows as the Backend returns them.
+inline void append_device_samples(const cuda::DeviceSample* got, int64_t n,
+                                  std::vector<SampledToken>* out) {
+  out->resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) {
+    SampledToken& t = (*out)[size_t(i)];
+    t.token = got[i].token;
+    t.logprob = got[i].logprob;
+    t.top.clear();
+    for (int32_t a = 0; a < got[i].num_top; ++a) {
+      t.top.push_back({got[i].top_ids[a], got[i].top_logprobs[a]});
+    }
+  }
+}
 
 class CudaRank {
  public:

@@ -171,6 +171,40 @@ class Lockstep : public StepBuilder {
     return near_ties;
   }
 
+  // Sampling step (StepBatch::sampling: temperature, top-p, logprobs) on both: TP=N draws
+  // on rank 0 from the gathered rows. Returns the rows whose token differs (a draw whose
+  // uniform falls within rounding of a cumulative-weight boundary may); the logprobs of equal
+  // draws agree within tol. *tokens = TP=1's draws.
+  int32_t run_sampled(const SamplingParams& params, int64_t position, float tol,
+                      std::vector<int32_t>* tokens) {
+    EXPECT_TRUE(build_view().ok());
+    for (size_t r = 0; r < batch().logit_rows.size(); ++r) {
+      batch().sampling.push_back({params, /*stream_key=*/100 + r, position});
+    }
+    Logits a, b;
+    Status sa = p_->one->forward(batch(), &a);
+    Status sb = p_->many->forward(batch(), &b);
+    clear();
+    EXPECT_TRUE(sa.ok()) << sa.message();
+    EXPECT_TRUE(sb.ok()) << sb.message();
+    EXPECT_EQ(a.sampled.size(), b.sampled.size());
+    EXPECT_TRUE(b.data.empty());
+    if (!sa.ok() || !sb.ok() || a.sampled.size() != b.sampled.size()) return 0;
+    int32_t differ = 0;
+    tokens->clear();
+    for (size_t r = 0; r < a.sampled.size(); ++r) {
+      tokens->push_back(a.sampled[r].token);
+      if (a.sampled[r].token != b.sampled[r].token) {
+        ++differ;
+        continue;
+      }
+      EXPECT_NEAR(a.sampled[r].logprob, b.sampled[r].logprob, tol) << "row " << r;
+      EXPECT_EQ(a.sampled[r].top.size(), size_t(params.logprobs)) << "row " << r;
+      EXPECT_EQ(b.sampled[r].top.size(), a.sampled[r].top.size()) << "row " << r;
+    }
+    return differ;
+  }
+
  private:
   Pair* p_;
 };
@@ -263,7 +297,55 @@ void run_speculative(Pair* p, float tol) {
   }
 }
 
+// A forked tree decoding 16 steps with temperature 0.8 / top-p 0.95 / 5 logprobs, every
+// rank's logits shard gathered on rank 0 and drawn there: the same tokens as TP=1's device
+// draw but where rounding moves a cumulative-weight boundary (at most max_differ rows).
+void run_sampled(Pair* p, float tol, int32_t max_differ) {
+  ASSERT_TRUE(p->one && p->many);
+  const int32_t vocab = int32_t(p->config.vocab_size);
+  Lockstep ls(p);
+  std::vector<int32_t> prompt = prompt_tokens(33, vocab);
+  auto root = ls.kv().create_branch(prompt);
+  ASSERT_TRUE(root.ok());
+  ls.add_rows(root->id, prompt, root->slots, 0, false);
+  ls.run(tol);
+  auto forked = ls.kv().fork(root->id, 4);
+  ASSERT_TRUE(forked.ok());
+  ls.add_page_copies(forked->copies);
+  SamplingParams params;
+  params.temperature = 0.8f;
+  params.top_p = 0.95f;
+  params.seed = 7;
+  params.logprobs = 5;
+  std::vector<int32_t> next = {11, 12, 13, 14};
+  int32_t differ = 0;
+  for (int step = 0; step < 16; ++step) {
+    const int32_t pos = int32_t(prompt.size()) + step;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<KvSlot> slots;
+      ASSERT_TRUE(ls.kv().append(forked->branches[i], std::vector<int32_t>{next[i]}, &slots).ok());
+      ls.add_rows(forked->branches[i], {next[i]}, slots, pos, true);
+    }
+    differ += ls.run_sampled(params, pos + 1, tol, &next);
+    ASSERT_EQ(next.size(), 4u);
+  }
+  EXPECT_LE(differ, max_differ) << "draws that differ from TP=1's";
+}
+
 class TensorParallel : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(TensorParallel, TinySampledStepsDrawAsOneGpu) {
+  REQUIRE_DEVICES(GetParam());
+  Pair p = load_tiny(GetParam());
+  run_sampled(&p, 2e-2f, 1);
+}
+
+// Random weights: flat distributions over 128256 ids, many tokens per nucleus.
+TEST_P(TensorParallel, Llama3ShapeSampledStepsDrawAsOneGpu) {
+  REQUIRE_DEVICES(GetParam());
+  Pair p = random_8b(GetParam());
+  run_sampled(&p, 2e-2f, 3);
+}
 
 // The tiny model's logits are well spread (std ~3): no near ties are expected.
 TEST_P(TensorParallel, TinyForkedTreeMatchesOneGpu) {
