@@ -575,11 +575,10 @@ class CudaBackend final : public Backend, public detail::CudaRank {
         return enqueue_layers(batch, grid);
       }
       cudaGraphExec_t exec = nullptr;
-      Status enqueued = Status::Ok();
-      const Status captured = capture_layers(batch, grid, &exec, &enqueued);
-      if (!enqueued.ok()) return enqueued;  // the step itself failed (not the capture)
+      const Status captured = capture_layers(batch, grid, &exec);
       if (!captured.ok()) {
-        // Not expected; the step still runs, eagerly, and later steps do not try again.
+        // Not expected. The step runs again, eagerly (a real error of the step shows there
+        // too), and later steps do not try again.
         std::fprintf(stderr, "treeserve: CUDA graph capture failed (%s); running without graphs\n",
                      captured.ToString().c_str());
         graphs_ = false;
@@ -600,18 +599,17 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     return Status::Ok();
   }
 
-  // Captures enqueue_layers into *exec. *enqueued: what enqueue_layers itself returned (a
-  // failed step is reported as such, not as a capture failure).
-  Status capture_layers(const StepBatch& batch, TreeAttentionGrid grid, cudaGraphExec_t* exec,
-                        Status* enqueued) {
+  // Captures enqueue_layers into *exec; any failure (of the capture or of an enqueue inside
+  // it) ends the capture and is returned.
+  Status capture_layers(const StepBatch& batch, TreeAttentionGrid grid, cudaGraphExec_t* exec) {
     TS_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
-    *enqueued = enqueue_layers(batch, grid);
+    const Status enqueued = enqueue_layers(batch, grid);
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
-    if (!enqueued->ok() || ended != cudaSuccess) {
+    if (!enqueued.ok() || ended != cudaSuccess) {
       if (graph != nullptr) cudaGraphDestroy(graph);
       cudaGetLastError();
-      return cuda_status(ended, "end capture");
+      return enqueued.ok() ? cuda_status(ended, "end capture") : enqueued;
     }
     const cudaError_t made = cudaGraphInstantiate(exec, graph, 0);
     cudaGraphDestroy(graph);

@@ -112,9 +112,10 @@ using detail::pdl_wait;
 // D: the delta's type, T or float. A float delta (tensor parallel: the all-reduced sum of the
 // ranks' float partial GEMM outputs) is rounded to T first, as the unsharded GEMM's output is.
 template <typename T, typename D, int V>
-__global__ void add_rms_norm_kernel(float* __restrict__ residual, const D* __restrict__ delta,
-                                    const T* __restrict__ weight, float eps, int64_t hidden,
-                                    T* __restrict__ out) {
+__global__ void __launch_bounds__(1024)
+    add_rms_norm_kernel(float* __restrict__ residual, const D* __restrict__ delta,
+                        const T* __restrict__ weight, float eps, int64_t hidden,
+                        T* __restrict__ out) {
   const int64_t r = blockIdx.x;
   float* x = residual + r * hidden;
   float v[V][8], dv[V][8], wv[V][8];
@@ -168,10 +169,11 @@ __global__ void gather_rows_kernel(const float* src, const int32_t* rows, int64_
 // u / (d / 8), i = 4 (u % (d / 8)) .. + 3 (two 8-byte loads, two stores); the next nkv * d / 8
 // units copy 8 values of V each. Q goes to q_out, K and V into the row's pool slot.
 template <typename T>
-__global__ void rope_store_kernel(const T* __restrict__ qkv, const int32_t* positions,
-                                  const float* __restrict__ inv_freq, const int64_t* kv_slots,
-                                  int32_t nh, int32_t nkv, int32_t d, int32_t page_size,
-                                  T* __restrict__ q_out, T* k_pool, T* v_pool) {
+__global__ void __launch_bounds__(1024)
+    rope_store_kernel(const T* __restrict__ qkv, const int32_t* positions,
+                      const float* __restrict__ inv_freq, const int64_t* kv_slots, int32_t nh,
+                      int32_t nkv, int32_t d, int32_t page_size, T* __restrict__ q_out, T* k_pool,
+                      T* v_pool) {
   pdl_wait();
   const int64_t r = blockIdx.x;
   const int32_t half = d / 2, per_head = d / 8;

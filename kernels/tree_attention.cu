@@ -23,8 +23,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "kernels/detail/pdl_launch.cuh"
 #include "kernels/detail/tree_attention_layout.h"
@@ -631,13 +634,31 @@ Status cuda_status(const char* what) {
   return Internal(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+// Stage 1's opt-in to more than 48 KB of dynamic shared memory. The attribute belongs to the
+// kernel in one device's context, so it is set once per device (tensor parallelism launches
+// on several), before any launch there — so never during a graph capture, whose eager first
+// step comes first.
+template <int D, typename T>
+cudaError_t allow_large_smem() {
+  static std::mutex mutex;
+  static std::vector<int> done;  // devices where the attribute is set
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (std::find(done.begin(), done.end(), device) != done.end()) return cudaSuccess;
+  e = cudaFuncSetAttribute(tree_attention_stage1<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           227 * 1024);
+  if (e == cudaSuccess) done.push_back(device);
+  return e;
+}
+
 template <int D, typename T>
 Status launch(const Stage1Params& params, void* out, const TreeAttentionWorkspace& ws,
               cudaStream_t stream, TreeAttentionGrid grid) {
   const TreeAttentionLimits& limits = ws.limits();
   const int smem = stage1_smem_bytes_fixed<D>() + limits.max_item_tokens * 4;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      tree_attention_stage1<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+  const cudaError_t attr = allow_large_smem<D, T>();
   if (attr != cudaSuccess) {
     return Internal(std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr));
   }

@@ -41,6 +41,7 @@ struct DeviceBuffer {
     release();
     const cudaError_t e = cudaMalloc(&ptr, grown);
     if (e != cudaSuccess) {
+      cudaGetLastError();  // not left pending for the next step's launch check
       ptr = nullptr;
       return cuda_error_status(e, "CUDA backend", what);
     }

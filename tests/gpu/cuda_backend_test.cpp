@@ -340,6 +340,8 @@ TEST(CudaBackend, GraphReplayMatchesEagerSteps) {
   auto eager = create_cuda_backend(*config, *weights, go);
   ASSERT_TRUE(graphs.ok() && eager.ok());
   StepBuilder sb(kPages, kPageSize);
+  // A failed capture falls back to eager steps (and says so): that would pass unnoticed.
+  ::testing::internal::CaptureStderr();
   auto run = [&](const char* what, int step) {
     ASSERT_TRUE(sb.build_view().ok());
     Logits a, b;
@@ -379,6 +381,8 @@ TEST(CudaBackend, GraphReplayMatchesEagerSteps) {
     }
     run("decode", step);
   }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(log.find("capture failed"), std::string::npos) << log;
 }
 
 }  // namespace

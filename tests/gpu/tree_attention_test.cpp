@@ -250,11 +250,20 @@ TEST(TreeAttentionGpu, GraphGridReplaysLaterPlans) {
   ASSERT_TRUE(launched.ok()) << launched.ToString();
   cudaGraphExec_t exec;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (int32_t chunk : {512, 128, 1024}) {
+  // Other chunkings (heads-first plans), then the baseline's head-major plan (heads_first =
+  // false: blocks past its items sit inside every head's range of the padded grid).
+  for (int32_t chunk : {512, 128, 1024, 0}) {
     AttentionPlanConfig config = config_for(shape);
-    config.kv_chunk_tokens = chunk;
     AttentionPlan plan;
-    ASSERT_TRUE(build_attention_plan(tree.view, config, &plan).ok());
+    if (chunk > 0) {
+      config.kv_chunk_tokens = chunk;
+      ASSERT_TRUE(build_attention_plan(tree.view, config, &plan).ok());
+    } else {
+      ASSERT_TRUE(build_baseline_plan(tree.view, config, &plan).ok());
+      ASSERT_FALSE(plan.heads_first);
+    }
+    ASSERT_LT(plan.num_items(), grid.items) << "chunk " << chunk;
+    ASSERT_LE(plan.num_queries(), grid.queries);
     ASSERT_TRUE(problem.reset_out().ok());
     ASSERT_TRUE(ws.upload(plan, stream).ok());
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
