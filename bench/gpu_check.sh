@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One-GPU check and benchmark pass (issues 5 and 6), from the repo root of a GPU machine:
-#   bench/gpu_check.sh [tests|e2e|bench|ncu|all] [BUILD_DIR]       (default: all build)
+#   bench/gpu_check.sh [tests|sanitize|e2e|bench|ncu|all] [BUILD_DIR]  (default: all build)
 # tests: every GPU test binary (label gpu: kernels, backend vs CPU, graphs vs eager, sampling);
+# sanitize: compute-sanitizer memcheck on the backend tests (graphs, forked trees, row
+#        kernels, sliced argmax) and the sampling tests, racecheck on one attention test;
 # e2e:   the tree-API, tree-search and random-weights e2e suites against
 #        `treeserve --backend cuda` on the tiny model, with CUDA graphs off and on;
 # bench: bench_decode few-shot b=50 with CUDA graphs off and on (same binary, back to back),
@@ -31,6 +33,19 @@ if [ "$stage" = tests ] || [ "$stage" = all ]; then
     [ $rc -ne 0 ] && status=$rc
     note "$name: exit $rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/$name.log" | tr '\n' ' ')"
   done
+fi
+
+if [ "$stage" = sanitize ] || [ "$stage" = all ]; then
+  san() {  # name tool binary gtest-filter
+    timeout 400 compute-sanitizer --tool "$2" --error-exitcode 99 "$B/tests/gpu/$3" \
+      --gtest_filter="$4" > "$OUT/sanitize-$1.log" 2>&1
+    local rc=$?
+    [ $rc -ne 0 ] && status=$rc
+    note "compute-sanitizer $2 $3 ($4): exit $rc $(grep -E 'ERROR SUMMARY' "$OUT/sanitize-$1.log" | tail -1)"
+  }
+  san backend memcheck cuda_backend_gpu_tests '*Graph*:*ForkedTree*:*ArgmaxOnly*:*SingleSequenceMatchesCpuFp16*'
+  san sampling memcheck cuda_sampling_gpu_tests '*'
+  san attention racecheck tree_attention_gpu_tests '*GraphGrid*'
 fi
 
 if [ "$stage" = e2e ] || [ "$stage" = all ]; then
