@@ -2,7 +2,8 @@
 // same step batches (built by one KvCache, so both pools hold the same pages) must give
 // logits within 2e-2 in fp16 and the same greedy tokens — for one sequence (prefill + 32
 // decode steps), a forked tree decoding in one batch, and a speculative token tree with its
-// accept (slot moves) followed by more decoding.
+// accept (slot moves) followed by more decoding. Also: CUDA graph replay against eager steps
+// (fp16 and bf16; full logits, device argmax and device sampling) — bit-identical.
 #include "engine/cuda_backend.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "engine/backend.h"
+#include "engine/sampling.h"
 #include "kvcache/kv_cache.h"
 #include "models/llama_weights.h"
 #include "models/model_config.h"
@@ -323,8 +325,9 @@ TEST(CudaBackend, SpeculativeTokenTreeAndAcceptMatchCpu) {
 // (its shape repeats: captured on the second step, replayed after), interrupted by one-off
 // steps of other shapes (a longer append; a 300-token prefill that grows the step buffers,
 // so the graphs of the old buffers no longer match) — every step's logits bit-identical.
-TEST(CudaBackend, GraphReplayMatchesEagerSteps) {
-  REQUIRE_GPU();
+// Steps cycle through the three ways a step returns its rows (full logits, device argmax,
+// device sampling), all behind the same captured layers; every result must be identical.
+void run_graph_replay(bool bf16) {
   auto config = load_model_config(tiny_model_dir());
   ASSERT_TRUE(config.ok());
   auto reader = SafetensorsReader::open_dir(tiny_model_dir());
@@ -334,25 +337,50 @@ TEST(CudaBackend, GraphReplayMatchesEagerSteps) {
   CudaBackendOptions go;
   go.num_pages = kPages;
   go.page_size = kPageSize;
+  go.bfloat16 = bf16;
   go.cuda_graphs = true;
   auto graphs = create_cuda_backend(*config, *weights, go);
   go.cuda_graphs = false;
   auto eager = create_cuda_backend(*config, *weights, go);
   ASSERT_TRUE(graphs.ok() && eager.ok());
   StepBuilder sb(kPages, kPageSize);
-  // A failed capture falls back to eager steps (and says so): that would pass unnoticed.
-  ::testing::internal::CaptureStderr();
+  SamplingParams sampling;
+  sampling.temperature = 0.8f;
+  sampling.top_p = 0.9f;
+  sampling.seed = 5;
+  sampling.logprobs = 3;
   auto run = [&](const char* what, int step) {
     ASSERT_TRUE(sb.build_view().ok());
+    StepBatch& batch = sb.batch();
+    const int mode = step % 3;  // 0 full logits, 1 argmax only, 2 sampled
+    batch.full_logits = mode == 0;
+    if (mode == 2) {
+      for (size_t r = 0; r < batch.logit_rows.size(); ++r) {
+        batch.sampling.push_back({sampling, 1000 + r, int64_t(step)});
+      }
+    }
     Logits a, b;
-    ASSERT_TRUE((*graphs)->forward(sb.batch(), &a).ok()) << what << " " << step;
-    ASSERT_TRUE((*eager)->forward(sb.batch(), &b).ok()) << what << " " << step;
+    ASSERT_TRUE((*graphs)->forward(batch, &a).ok()) << what << " " << step;
+    ASSERT_TRUE((*eager)->forward(batch, &b).ok()) << what << " " << step;
     ASSERT_EQ(a.data.size(), b.data.size());
     float err = 0.f;
     for (size_t i = 0; i < a.data.size(); ++i) {
       err = std::max(err, std::fabs(a.data[i] - b.data[i]));
     }
     EXPECT_EQ(err, 0.f) << what << " step " << step;
+    EXPECT_EQ(a.argmax, b.argmax) << what << " step " << step;
+    EXPECT_EQ(a.argmax_logprob, b.argmax_logprob) << what << " step " << step;
+    ASSERT_EQ(a.sampled.size(), b.sampled.size());
+    for (size_t r = 0; r < a.sampled.size(); ++r) {
+      EXPECT_EQ(a.sampled[r].token, b.sampled[r].token) << what << " step " << step;
+      EXPECT_EQ(a.sampled[r].logprob, b.sampled[r].logprob) << what << " step " << step;
+      ASSERT_EQ(a.sampled[r].top.size(), b.sampled[r].top.size());
+      for (size_t k = 0; k < a.sampled[r].top.size(); ++k) {
+        EXPECT_EQ(a.sampled[r].top[k].token, b.sampled[r].top[k].token);
+        EXPECT_EQ(a.sampled[r].top[k].logprob, b.sampled[r].top[k].logprob);
+      }
+    }
+    EXPECT_EQ(!a.sampled.empty(), mode == 2) << what << " step " << step;
     sb.clear();
   };
   const std::vector<int32_t> prompt = prompt_tokens(45);
@@ -381,6 +409,14 @@ TEST(CudaBackend, GraphReplayMatchesEagerSteps) {
     }
     run("decode", step);
   }
+}
+
+TEST(CudaBackend, GraphReplayMatchesEagerSteps) {
+  REQUIRE_GPU();
+  // A failed capture falls back to eager steps (and says so): that would pass unnoticed.
+  ::testing::internal::CaptureStderr();
+  run_graph_replay(false);
+  run_graph_replay(true);
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(log.find("capture failed"), std::string::npos) << log;
 }
