@@ -719,6 +719,7 @@ Scheduler::~Scheduler() { shutdown(); }
 void Scheduler::shutdown() { impl_->stop(); }
 const SchedulerOptions& Scheduler::options() const { return impl_->options_; }
 ServerMetrics* Scheduler::metrics() const { return impl_->metrics_; }
+const DetokenizerVocab* Scheduler::detokenizer_vocab() const { return impl_->detok_vocab_.get(); }
 
 StatusOr<CreateTreeResult> Scheduler::create_tree(std::vector<int32_t> prompt) {
   if (prompt.empty()) return InvalidArgument("prompt: must not be empty");

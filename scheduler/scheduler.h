@@ -33,6 +33,8 @@
 
 namespace treeserve {
 
+class DetokenizerVocab;
+
 class Backend;
 class Tokenizer;
 struct ServerMetrics;
@@ -174,6 +176,9 @@ class Scheduler {
   // The options it was created with (limits a caller checks up front).
   const SchedulerOptions& options() const;
   ServerMetrics* metrics() const;  // may be null
+  // The tokenizer's streaming table, built once (null without a tokenizer); immutable, so
+  // any thread may detokenize with it.
+  const DetokenizerVocab* detokenizer_vocab() const;
 
   // Ends every in-flight call (CANCELLED) and stops the loop. Idempotent.
   void shutdown();

@@ -271,7 +271,7 @@ StatusOr<SearchResult> TreeSearch::result(int32_t levels) const {
       leaf.score = n.score;
       leaf.finish = n.finish;
       leaf.level = n.level;
-      IncrementalDetokenizer detok(tokenizer_);
+      IncrementalDetokenizer detok(tokenizer_, scheduler_->detokenizer_vocab());
       for (int32_t t : n.path_tokens) {
         StatusOr<std::string> piece = detok.push(t);
         if (!piece.ok()) return piece.status();

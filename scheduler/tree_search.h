@@ -88,10 +88,11 @@ struct TreeSearchHooks {
   std::function<bool()> cancelled;
 };
 
-// Runs the search on the caller's thread (blocking). Errors: NOT_FOUND for an unknown tree or
-// branch, FAILED_PRECONDITION for a pruned search root, INVALID_ARGUMENT for expand/keep/
-// depth < 1 or expand * keep over SchedulerOptions::max_branches_per_tree, and whatever the
-// scheduler calls return (RESOURCE_EXHAUSTED when the pool cannot hold a level).
+// Runs the search on the caller's thread (blocking); `tokenizer` is the one the scheduler was
+// created with (the leaves' text uses the scheduler's detokenizer table). Errors: NOT_FOUND for an
+// unknown tree or branch, FAILED_PRECONDITION for a pruned search root, INVALID_ARGUMENT for
+// expand/keep/ depth < 1 or expand * keep over SchedulerOptions::max_branches_per_tree, and
+// whatever the scheduler calls return (RESOURCE_EXHAUSTED when the pool cannot hold a level).
 StatusOr<SearchResult> run_tree_search(Scheduler* scheduler, const Tokenizer& tokenizer,
                                        const TreeSearchSpec& spec, const TreeSearchHooks& hooks);
 
