@@ -375,14 +375,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     auto* params = host_logits_.as<cuda::DeviceSamplingRow>();
     for (int64_t i = 0; i < n; ++i) {
       const StepSampling& s = batch.sampling[size_t(i)];
-      cuda::DeviceSamplingRow& r = params[i];
-      r.temperature = s.params.temperature;
-      r.top_k = s.params.top_k;
-      r.top_p = s.params.top_p;
-      r.logprobs = s.params.logprobs;
-      r.seed = s.params.seed;
-      r.stream_key = s.stream_key;
-      r.position = s.position;
+      params[i] = detail::device_sampling_row(s.params, s.stream_key, s.position);
     }
     TS_CUDA(cudaMemcpyAsync(sample_params_.ptr, host_logits_.ptr,
                             size_t(n) * sizeof(cuda::DeviceSamplingRow), cudaMemcpyHostToDevice,

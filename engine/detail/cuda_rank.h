@@ -33,6 +33,21 @@ struct ShardOutput {
   cuda::DeviceSample* sampled = nullptr;  // [n], rank 0
 };
 
+// The row of a draw as SamplingParams gives it, with the stream key and position of its
+// uniform (sampling_uniform).
+inline cuda::DeviceSamplingRow device_sampling_row(const SamplingParams& params,
+                                                   uint64_t stream_key, int64_t position) {
+  cuda::DeviceSamplingRow r;
+  r.temperature = params.temperature;
+  r.top_k = params.top_k;
+  r.top_p = params.top_p;
+  r.logprobs = params.logprobs;
+  r.seed = params.seed;
+  r.stream_key = stream_key;
+  r.position = position;
+  return r;
+}
+
 // The device sampler's rows as the Backend returns them.
 inline void append_device_samples(const cuda::DeviceSample* got, int64_t n,
                                   std::vector<SampledToken>* out) {

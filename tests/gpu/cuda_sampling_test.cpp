@@ -18,6 +18,7 @@
 
 #include "engine/cuda_backend.h"
 #include "engine/cuda_ops.h"
+#include "engine/detail/cuda_rank.h"
 #include "engine/sampling.h"
 
 namespace treeserve {
@@ -44,15 +45,7 @@ std::vector<cuda::DeviceSample> run_device(const std::vector<Row>& rows, int64_t
   std::vector<cuda::DeviceSamplingRow> params;
   for (const Row& r : rows) {
     flat.insert(flat.end(), r.logits.begin(), r.logits.end());
-    cuda::DeviceSamplingRow p;
-    p.temperature = r.params.temperature;
-    p.top_k = r.params.top_k;
-    p.top_p = r.params.top_p;
-    p.logprobs = r.params.logprobs;
-    p.seed = r.params.seed;
-    p.stream_key = r.key;
-    p.position = r.position;
-    params.push_back(p);
+    params.push_back(detail::device_sampling_row(r.params, r.key, r.position));
   }
   float* d_logits = nullptr;
   cuda::DeviceSamplingRow* d_params = nullptr;
