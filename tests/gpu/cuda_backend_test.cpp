@@ -43,24 +43,20 @@ using testing::tiny_model_dir;
 
 Models load(bool bf16) {
   Models m;
-  auto config = load_model_config(tiny_model_dir());
-  EXPECT_TRUE(config.ok()) << config.status().message();
-  m.config = *config;
-  auto reader = SafetensorsReader::open_dir(tiny_model_dir());
-  EXPECT_TRUE(reader.ok()) << reader.status().message();
-  auto weights = load_llama_weights(m.config, *reader);
-  EXPECT_TRUE(weights.ok()) << weights.status().message();
+  const auto ckpt = testing::load_tiny_checkpoint();
+  if (!ckpt) return m;
+  m.config = ckpt->config;
   CpuBackendOptions co;
   co.num_pages = kPages;
   co.page_size = kPageSize;
-  auto cpu = create_cpu_backend(m.config, *weights, co);
+  auto cpu = create_cpu_backend(m.config, ckpt->weights, co);
   EXPECT_TRUE(cpu.ok()) << cpu.status().message();
   m.cpu = std::move(*cpu);
   CudaBackendOptions go;
   go.num_pages = kPages;
   go.page_size = kPageSize;
   go.bfloat16 = bf16;
-  auto gpu = create_cuda_backend(m.config, *weights, go);
+  auto gpu = create_cuda_backend(m.config, ckpt->weights, go);
   EXPECT_TRUE(gpu.ok()) << gpu.status().message();
   m.gpu = std::move(*gpu);
   return m;
@@ -328,20 +324,16 @@ TEST(CudaBackend, SpeculativeTokenTreeAndAcceptMatchCpu) {
 // Steps cycle through the three ways a step returns its rows (full logits, device argmax,
 // device sampling), all behind the same captured layers; every result must be identical.
 void run_graph_replay(bool bf16) {
-  auto config = load_model_config(tiny_model_dir());
-  ASSERT_TRUE(config.ok());
-  auto reader = SafetensorsReader::open_dir(tiny_model_dir());
-  ASSERT_TRUE(reader.ok());
-  auto weights = load_llama_weights(*config, *reader);
-  ASSERT_TRUE(weights.ok());
+  const auto ckpt = testing::load_tiny_checkpoint();
+  ASSERT_TRUE(ckpt);
   CudaBackendOptions go;
   go.num_pages = kPages;
   go.page_size = kPageSize;
   go.bfloat16 = bf16;
   go.cuda_graphs = true;
-  auto graphs = create_cuda_backend(*config, *weights, go);
+  auto graphs = create_cuda_backend(ckpt->config, ckpt->weights, go);
   go.cuda_graphs = false;
-  auto eager = create_cuda_backend(*config, *weights, go);
+  auto eager = create_cuda_backend(ckpt->config, ckpt->weights, go);
   ASSERT_TRUE(graphs.ok() && eager.ok());
   StepBuilder sb(kPages, kPageSize);
   SamplingParams sampling;

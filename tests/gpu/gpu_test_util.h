@@ -1,4 +1,4 @@
-// Shared by the GPU tests: the tiny model's directory and StepBuilder, step batches built by
+// Shared by the GPU tests: the tiny model's checkpoint and StepBuilder, step batches built by
 // one KvCache, so that every backend that runs them holds the same pages.
 #pragma once
 
@@ -12,6 +12,9 @@
 
 #include "engine/step_batch.h"
 #include "kvcache/kv_cache.h"
+#include "models/llama_weights.h"
+#include "models/model_config.h"
+#include "models/safetensors.h"
 
 namespace treeserve::testing {
 
@@ -19,6 +22,29 @@ namespace treeserve::testing {
 inline std::string tiny_model_dir() {
   const char* env = std::getenv("TREESERVE_TINY_MODEL_DIR");
   return env ? env : TREESERVE_TINY_MODEL_DIR;
+}
+
+// The tiny checkpoint: its config, the mapped file, and the weights (views into the mapping,
+// so the reader stays where it is).
+struct TinyCheckpoint {
+  ModelConfig config;
+  std::unique_ptr<SafetensorsReader> reader;
+  LlamaWeights weights;
+};
+
+// Loads it; a failure is a test failure and gives null.
+inline std::unique_ptr<TinyCheckpoint> load_tiny_checkpoint() {
+  auto config = load_model_config(tiny_model_dir());
+  EXPECT_TRUE(config.ok()) << config.status().message();
+  auto opened = SafetensorsReader::open_dir(tiny_model_dir());
+  EXPECT_TRUE(opened.ok()) << opened.status().message();
+  if (!config.ok() || !opened.ok()) return nullptr;
+  auto reader = std::make_unique<SafetensorsReader>(std::move(*opened));
+  auto weights = load_llama_weights(*config, *reader);
+  EXPECT_TRUE(weights.ok()) << weights.status().message();
+  if (!weights.ok()) return nullptr;
+  return std::make_unique<TinyCheckpoint>(
+      TinyCheckpoint{*config, std::move(reader), std::move(*weights)});
 }
 
 class StepBuilder {

@@ -36,7 +36,6 @@ constexpr int32_t kPageSize = 16;
   } while (0)
 
 using testing::StepBuilder;
-using testing::tiny_model_dir;
 
 // Llama-3-8B's shape (configs/models/llama-3-8b.json) with 4 of its 32 layers.
 ModelConfig llama3_8b_shape(int64_t layers) {
@@ -70,15 +69,11 @@ struct Pair {
 
 Pair load_tiny(int32_t tp) {
   Pair p;
-  auto config = load_model_config(tiny_model_dir());
-  EXPECT_TRUE(config.ok()) << config.status().message();
-  p.config = *config;
-  auto reader = SafetensorsReader::open_dir(tiny_model_dir());
-  EXPECT_TRUE(reader.ok()) << reader.status().message();
-  auto weights = load_llama_weights(p.config, *reader);
-  EXPECT_TRUE(weights.ok()) << weights.status().message();
+  const auto ckpt = testing::load_tiny_checkpoint();
+  if (!ckpt) return p;
+  p.config = ckpt->config;
   for (int32_t n : {1, tp}) {
-    auto b = create_cuda_backend(p.config, *weights, options(n));
+    auto b = create_cuda_backend(p.config, ckpt->weights, options(n));
     EXPECT_TRUE(b.ok()) << "tp=" << n << ": " << b.status().message();
     if (b.ok()) (n == 1 ? p.one : p.many) = std::move(*b);
   }
