@@ -25,33 +25,7 @@ lt=("$py" "$src/clients/loadtest.py" --target "127.0.0.1:$port" --scale small --
 
 passed=0 failed=0 skipped=0
 check() {  # check NAME JSON: the results file has sane fields
-  "$py" - "$2" <<'EOF'
-import json, sys
-r = json.load(open(sys.argv[1]))
-problems = []
-def need(cond, what):
-    if not cond: problems.append(what)
-need(r["requests_completed"] >= 1, "no request completed")
-need(not r["errors"], "errors: %s" % r["errors"][:3])
-need(r["generated_tokens"] > 0 and r["throughput_tok_s"] > 0, "no tokens generated")
-need(r["ttft_s"]["count"] >= 1 and 0 < r["ttft_s"]["p50"] <= r["ttft_s"]["p99"], "bad TTFT")
-need(r["request_latency_s"]["p50"] >= r["ttft_s"]["p50"], "latency below TTFT")
-need(r["itl_s"]["count"] == 0 or 0 <= r["itl_s"]["p50"] <= r["itl_s"]["p99"], "bad ITL")
-kv = r["kv_pages"]
-need(kv["samples"] >= 1 and 0 <= kv["min"] <= kv["mean"] <= kv["max"] <= kv["total"],
-     "bad KV page figures %s" % kv)
-need(r["idle_after"], "server not idle after the run: %s" % r["idle_state"])
-need(r["server"]["backend"] == "cpu", "backend %s" % r["server"]["backend"])
-if r["workload"] == "speculative":
-    need(r["speculative"]["verify_steps"] >= 1, "no verify step")
-if r["workload"] == "tot":
-    need(r["counters"].get("tot_pruned", 0) >= 1, "tot pruned nothing")
-if problems:
-    print("; ".join(problems)); sys.exit(1)
-print("%s: %d requests, %.1f tok/s, TTFT p50 %.1f ms, KV pages max %d" % (
-    r["workload"], r["requests_completed"], r["throughput_tok_s"],
-    1000 * r["ttft_s"]["p50"], kv["max"]))
-EOF
+  "$py" "$src/tests/e2e/check_loadtest_result.py" "$2"
 }
 
 # Every workload of clients/loadtest_presets.json ("NAME NEEDS_DATA" lines, the file's order; on
