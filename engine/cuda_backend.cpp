@@ -532,15 +532,11 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     int64_t rows = 0, n_logits = 0;
     int32_t items = 0, queries = 0;
     std::array<const void*, 11> buffers{};
-    bool operator==(const GraphKey& o) const {
-      return rows == o.rows && n_logits == o.n_logits && items == o.items && queries == o.queries &&
-             buffers == o.buffers;
-    }
+    bool operator==(const GraphKey&) const = default;
   };
   struct StepGraph {
     GraphKey key;
     cudaGraphExec_t exec = nullptr;
-    uint64_t last_used = 0;
   };
   static constexpr size_t kMaxGraphs = 8;
   static constexpr int64_t kCublasWorkspaceBytes = 32 << 20;
@@ -557,13 +553,13 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     key.buffers = {residual_.ptr, x_.ptr,   tmp_.ptr,   qkv_.ptr,    q_.ptr,   attn_.ptr,
                    gu_.ptr,       act_.ptr, final_.ptr, logits_.ptr, meta_.ptr};
     const TreeAttentionGrid grid{key.items, key.queries};
-    ++graph_clock_;
-    StepGraph* found = nullptr;
-    for (StepGraph& g : step_graphs_) {
-      if (g.key == key) found = &g;
-    }
-    if (found == nullptr) {
-      if (!(key == last_eager_key_)) {
+    // step_graphs_ is kept least recently used first.
+    auto found = std::find_if(step_graphs_.begin(), step_graphs_.end(),
+                              [&](const StepGraph& g) { return g.key == key; });
+    if (found != step_graphs_.end()) {
+      std::rotate(found, found + 1, step_graphs_.end());
+    } else {
+      if (key != last_eager_key_) {
         last_eager_key_ = key;
         return enqueue_layers(batch, grid);
       }
@@ -578,17 +574,12 @@ class CudaBackend final : public Backend, public detail::CudaRank {
         return enqueue_layers(batch, grid);
       }
       if (step_graphs_.size() >= kMaxGraphs) {
-        auto oldest = std::min_element(
-            step_graphs_.begin(), step_graphs_.end(),
-            [](const StepGraph& a, const StepGraph& b) { return a.last_used < b.last_used; });
-        cudaGraphExecDestroy(oldest->exec);
-        step_graphs_.erase(oldest);
+        cudaGraphExecDestroy(step_graphs_.front().exec);
+        step_graphs_.erase(step_graphs_.begin());
       }
-      step_graphs_.push_back(StepGraph{key, exec, 0});
-      found = &step_graphs_.back();
+      step_graphs_.push_back(StepGraph{key, exec});
     }
-    found->last_used = graph_clock_;
-    TS_CUDA(cudaGraphLaunch(found->exec, stream_), "CUDA graph launch");
+    TS_CUDA(cudaGraphLaunch(step_graphs_.back().exec, stream_), "CUDA graph launch");
     return Status::Ok();
   }
 
@@ -819,7 +810,6 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   bool graphs_ = false;
   std::vector<StepGraph> step_graphs_;
   GraphKey last_eager_key_;
-  uint64_t graph_clock_ = 0;
   TreeAttentionWorkspace workspace_;
   AttentionPlanConfig plan_config_;
   AttentionPlan plan_;
