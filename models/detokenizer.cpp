@@ -87,9 +87,7 @@ StatusOr<std::string> decode_new_text(const Tokenizer& tokenizer,
 }
 
 DetokenizerVocab::DetokenizerVocab(const Tokenizer& tokenizer)
-    : anchor_(find_anchor(tokenizer)),
-      text_(size_t(std::max(0, tokenizer.vocab_size()))),
-      plain_(text_.size(), 0) {
+    : anchor_(find_anchor(tokenizer)), text_(size_t(std::max(0, tokenizer.vocab_size()))) {
   if (anchor_ < 0) return;  // no anchor: no context-free decode to test against
   anchor_text_ = tokenizer.id_to_piece(anchor_);
   for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
@@ -102,12 +100,12 @@ DetokenizerVocab::DetokenizerVocab(const Tokenizer& tokenizer)
       continue;
     }
     text_[size_t(id)] = alone->substr(anchor_text_.size());
-    plain_[size_t(id)] = 1;
   }
 }
 
 int32_t DetokenizerVocab::num_plain() const {
-  return int32_t(std::count(plain_.begin(), plain_.end(), uint8_t(1)));
+  return int32_t(
+      std::count_if(text_.begin(), text_.end(), [](const std::string& t) { return !t.empty(); }));
 }
 
 IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer,

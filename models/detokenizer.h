@@ -38,16 +38,15 @@ class DetokenizerVocab {
   // id's fixed text, or nullptr when its text depends on its neighbours (or id is outside
   // the vocabulary).
   const std::string* plain_text(int32_t id) const {
-    return id >= 0 && id < int32_t(plain_.size()) && plain_[size_t(id)] ? &text_[size_t(id)]
-                                                                        : nullptr;
+    return id >= 0 && id < int32_t(text_.size()) && !text_[size_t(id)].empty() ? &text_[size_t(id)]
+                                                                               : nullptr;
   }
   int32_t num_plain() const;
 
  private:
   int32_t anchor_ = -1;
   std::string anchor_text_;
-  std::vector<std::string> text_;
-  std::vector<uint8_t> plain_;
+  std::vector<std::string> text_;  // a plain id's text (never empty); "" for the others
 };
 
 // One per streamed sequence. Decodes only a sliding window of the last tokens

@@ -37,7 +37,7 @@ void Scheduler::Impl::loop() {
       if (stopping_) break;
       commands.swap(commands_);
     }
-    host_begin_ = std::chrono::steady_clock::now();
+    const auto host_begin = std::chrono::steady_clock::now();
     for (auto& c : commands) c();
     if (has_work() && step() && metrics_) {
       // The device waits for the host for everything but the forward: this iteration's
@@ -46,7 +46,7 @@ void Scheduler::Impl::loop() {
       const auto now = std::chrono::steady_clock::now();
       metrics_->step_forward_seconds->observe(Seconds(forward_end_ - forward_begin_).count());
       metrics_->step_host_seconds->observe(
-          Seconds((forward_begin_ - host_begin_) + (now - forward_end_)).count());
+          Seconds((forward_begin_ - host_begin) + (now - forward_end_)).count());
     }
   }
   // Shutdown: commands already queued run (their callers wait on them), then every piece of

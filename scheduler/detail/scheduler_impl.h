@@ -234,9 +234,8 @@ class Scheduler::Impl {
   std::vector<StepSlotMove> deferred_moves_;
   std::vector<StepPageCopy> deferred_copies_;
   int64_t steps_ = 0;
-  // Step timing for the step_host / step_forward metrics: when this loop iteration's host
-  // work began (after the wait for work) and the backend forward's span.
-  std::chrono::steady_clock::time_point host_begin_, forward_begin_, forward_end_;
+  // The backend forward's span in the last step (the step_host / step_forward metrics).
+  std::chrono::steady_clock::time_point forward_begin_, forward_end_;
   int32_t stalled_steps_ = 0;
 
   // Step scratch, reused.
