@@ -54,9 +54,14 @@ struct AttentionPlanConfig {
   bool greedy_grouping = true;     // false: every run is its own group (no folding)
   bool pack_subtrees = true;       // false: no masked packing of small subtrees
   bool long_context_split = true;  // false: chunks are always kv_chunk_tokens
-  // Launch order: items sorted by estimated cost, tokens x (query_tile_rows + rows), longest
-  // first (stable), so the long items do not start last and leave SMs idle at the tail.
-  bool longest_first = false;
+  // Launch order of the items. Cost = tokens x (query_tile_rows + rows), an estimate of an
+  // item's time. kPlan: as built (groups in tree order, chunks in order). kLongestFirst: by
+  // cost, longest first (stable), so the long items do not start last and leave SMs idle at
+  // the tail. kInterleaved: by cost, alternating from both ends (longest, shortest, second
+  // longest, ...), so the SMs' resident blocks mix compute-heavy items (many query rows) with
+  // memory-heavy ones (decode-shaped) instead of all of one kind at a time.
+  enum class ItemOrder : uint8_t { kPlan, kLongestFirst, kInterleaved };
+  ItemOrder item_order = ItemOrder::kPlan;
 
   // Optional bounds of a preallocated workspace (0 = unbounded): exceeding one returns
   // RESOURCE_EXHAUSTED. num_pages > 0 also checks every page id against the pool.
@@ -78,7 +83,7 @@ struct AttentionPlanScratch {
   std::vector<uint8_t> unit_is_pack, unit_folded;
   std::vector<int32_t> chain_runs, group_queries, chunk_queries, chunk_visible;
   std::vector<int32_t> query_cursor, stack;
-  std::vector<int32_t> item_order, permuted;  // longest_first reordering
+  std::vector<int32_t> item_order, permuted;  // AttentionPlanConfig::item_order reordering
   std::vector<int64_t> item_cost;
 };
 

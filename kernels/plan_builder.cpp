@@ -95,7 +95,7 @@ class PlanBuilder {
   int32_t choose_chunk_tokens() const;
   void collect_group(int32_t u);
   void emit_group(int32_t u, int32_t chunk);
-  void order_longest_first();
+  void reorder_items();
   void emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tokens);
   int32_t visible_in_segment(int32_t query, int32_t seg) const;
   Status build_reduction_map();
@@ -385,7 +385,7 @@ Status PlanBuilder::build_reduction_map() {
 
 // Items reference segments, partial slots and mask words by offset, so a permutation of the
 // per-item arrays is all a reordering needs (partial slots stay where they are).
-void PlanBuilder::order_longest_first() {
+void PlanBuilder::reorder_items() {
   AttentionPlan& p = *out_;
   const int32_t n = p.num_items();
   std::vector<int32_t>& order = s_.item_order;
@@ -401,6 +401,13 @@ void PlanBuilder::order_longest_first() {
   std::stable_sort(order.begin(), order.end(),
                    [&](int32_t a, int32_t b) { return cost[size_t(a)] > cost[size_t(b)]; });
   std::vector<int32_t>& tmp = s_.permuted;
+  if (c_.item_order == AttentionPlanConfig::ItemOrder::kInterleaved) {
+    tmp.resize(size_t(n));
+    for (int32_t i = 0, lo = 0, hi = n - 1; i < n; ++i) {
+      tmp[size_t(i)] = order[size_t(i % 2 == 0 ? lo++ : hi--)];
+    }
+    order.swap(tmp);
+  }
   for (std::vector<int32_t>* v : {&p.item_segment_begin, &p.item_segment_end, &p.item_query_begin,
                                   &p.item_query_end, &p.item_num_tokens, &p.item_mask_offset}) {
     tmp.resize(size_t(n));
@@ -436,7 +443,7 @@ Status PlanBuilder::build() {
     ++p.num_groups;
     emit_group(u, chunk);
   }
-  if (c_.longest_first) order_longest_first();
+  if (c_.item_order != AttentionPlanConfig::ItemOrder::kPlan) reorder_items();
   TS_RETURN_IF_ERROR(build_reduction_map());
 
   auto over = [](const char* what, int64_t have, int32_t bound) {

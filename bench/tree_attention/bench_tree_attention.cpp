@@ -9,6 +9,7 @@
 //
 // usage: bench_tree_attention [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush]
 //                             [--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X]
+//                             [--order plan|longest|interleaved]   (launch order of the items)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,7 +54,7 @@ struct Options {
   int chunk = 0;  // 0: tree_attention_plan_config's default
   int min_split = 0;
   double items_per_sm = 0;
-  bool longest_first = false;
+  AttentionPlanConfig::ItemOrder item_order = AttentionPlanConfig::ItemOrder::kPlan;
 };
 
 struct Case {
@@ -232,7 +233,7 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
       tree_attention_plan_config(num_q_heads, num_kv_heads, kHeadDim, num_sms);
   if (opt.chunk > 0) config.kv_chunk_tokens = opt.chunk;
   if (opt.min_split > 0) config.min_split_tokens = opt.min_split;
-  config.longest_first = opt.longest_first;
+  config.item_order = opt.item_order;
   if (opt.items_per_sm > 0)
     config.num_sms = std::max(1, int32_t(opt.items_per_sm * num_sms / num_kv_heads));
   AttentionPlan plan, baseline;
@@ -344,12 +345,23 @@ int main_impl(int argc, char** argv) {
       opt.min_split = std::atoi(next().c_str());
     } else if (a == "--items-per-sm") {
       opt.items_per_sm = std::atof(next().c_str());
-    } else if (a == "--longest-first") {
-      opt.longest_first = true;
+    } else if (a == "--order") {
+      const std::string o = next();
+      if (o == "plan") {
+        opt.item_order = AttentionPlanConfig::ItemOrder::kPlan;
+      } else if (o == "longest") {
+        opt.item_order = AttentionPlanConfig::ItemOrder::kLongestFirst;
+      } else if (o == "interleaved") {
+        opt.item_order = AttentionPlanConfig::ItemOrder::kInterleaved;
+      } else {
+        std::fprintf(stderr, "--order: plan, longest or interleaved, not %s\n", o.c_str());
+        return 2;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush] "
-                   "[--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X] [--longest-first]\n",
+                   "[--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X] "
+                   "[--order plan|longest|interleaved]\n",
                    argv[0]);
       return 2;
     }

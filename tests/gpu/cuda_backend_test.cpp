@@ -352,8 +352,11 @@ void run_graph_replay(bool bf16) {
       }
     }
     Logits a, b;
-    ASSERT_TRUE((*graphs)->forward(batch, &a).ok()) << what << " " << step;
-    ASSERT_TRUE((*eager)->forward(batch, &b).ok()) << what << " " << step;
+    const Status ga = (*graphs)->forward(batch, &a);
+    const Status eb = (*eager)->forward(batch, &b);
+    sb.clear();  // (before any ASSERT: a failed step must not poison the next one's view)
+    ASSERT_TRUE(ga.ok()) << what << " " << step << ": graphs backend: " << ga.ToString();
+    ASSERT_TRUE(eb.ok()) << what << " " << step << ": eager backend: " << eb.ToString();
     ASSERT_EQ(a.data.size(), b.data.size());
     float err = 0.f;
     for (size_t i = 0; i < a.data.size(); ++i) {
@@ -373,7 +376,6 @@ void run_graph_replay(bool bf16) {
       }
     }
     EXPECT_EQ(!a.sampled.empty(), mode == 2) << what << " step " << step;
-    sb.clear();
   };
   const std::vector<int32_t> prompt = prompt_tokens(45);
   auto root = sb.kv().create_branch(prompt);
@@ -397,7 +399,11 @@ void run_graph_replay(bool bf16) {
       const std::vector<int32_t> other = prompt_tokens(300);
       auto b = sb.kv().create_branch(other);
       ASSERT_TRUE(b.ok());
-      sb.add_rows(b->id, other, b->slots, 0, true);
+      // It shares the first prompt's opening tokens: only the rest is computed.
+      ASSERT_GT(b->cached_tokens, 0);
+      sb.add_page_copies(b->copies);
+      const std::vector<int32_t> rest(other.begin() + b->cached_tokens, other.end());
+      sb.add_rows(b->id, rest, b->slots, b->cached_tokens, true);
     }
     run("decode", step);
   }

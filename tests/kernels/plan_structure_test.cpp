@@ -116,7 +116,7 @@ TEST(PlanStructure, LongestFirstOrdersItemsByCostAndKeepsCoverage) {
   AttentionPlanConfig config = small_config(4);
   AttentionPlan plain, sorted;
   ASSERT_TRUE(build_attention_plan(c.view, config, &plain).ok());
-  config.longest_first = true;
+  config.item_order = AttentionPlanConfig::ItemOrder::kLongestFirst;
   ASSERT_TRUE(build_attention_plan(c.view, config, &sorted).ok());
   testing::expect_plan_covers_view(sorted, c.view, config);
   ASSERT_EQ(plain.num_items(), sorted.num_items());
@@ -139,6 +139,31 @@ TEST(PlanStructure, LongestFirstOrdersItemsByCostAndKeepsCoverage) {
   const int32_t* items = sorted.item_num_tokens.data();
   ASSERT_TRUE(build_attention_plan(c.view, config, &sorted).ok());
   EXPECT_EQ(items, sorted.item_num_tokens.data());
+}
+
+TEST(PlanStructure, InterleavedOrderAlternatesLongAndShortItems) {
+  const TreeCase c = testing::few_shot_case(4000, 50, 200, 16, 4);
+  AttentionPlanConfig config = small_config(4);
+  config.item_order = AttentionPlanConfig::ItemOrder::kLongestFirst;
+  AttentionPlan sorted, mixed;
+  ASSERT_TRUE(build_attention_plan(c.view, config, &sorted).ok());
+  config.item_order = AttentionPlanConfig::ItemOrder::kInterleaved;
+  ASSERT_TRUE(build_attention_plan(c.view, config, &mixed).ok());
+  testing::expect_plan_covers_view(mixed, c.view, config);
+  const int32_t n = sorted.num_items();
+  ASSERT_EQ(mixed.num_items(), n);
+  ASSERT_GE(n, 4);
+  auto cost = [&](const AttentionPlan& p, int32_t i) {
+    return int64_t(p.item_num_tokens[i]) *
+           (config.query_tile_rows + (p.item_query_end[i] - p.item_query_begin[i]) * 4);
+  };
+  // Longest, shortest, second longest, second shortest, ...
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t from = i % 2 == 0 ? i / 2 : n - 1 - i / 2;
+    EXPECT_EQ(cost(mixed, i), cost(sorted, from)) << "item " << i;
+  }
+  EXPECT_GT(cost(mixed, 0), cost(mixed, 1));
+  EXPECT_EQ(sorted.item_queries, mixed.item_queries);
 }
 
 // Tokens of run `node` read by the plan, over all items.
