@@ -7,7 +7,9 @@
 // from a CUDA graph per step shape (rows, logit rows, attention grid bucket, buffers): the
 // metadata and plan uploads, slot moves and page copies stay ordinary stream work before it.
 // The residual stream is float32; activations and weights are in the model dtype; GEMMs
-// accumulate in float32 (cublasGemmEx, CUBLAS_COMPUTE_32F).
+// accumulate in float32 (CUBLAS_COMPUTE_32F): cublasLt with each shape's algorithm chosen by
+// timing (detail/cuda_gemm.h, options.gemm_autotune; each tuned on all layers' matrices of
+// its kind), or cublasGemmEx.
 //
 // Tensor parallelism (options.tensor_parallel = N > 1): CudaBackend is one rank's shard
 // (engine/tensor_parallel.h: its query/KV heads, intermediate and vocabulary slices, its
@@ -31,12 +33,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "engine/cuda_ops.h"
 #include "engine/cuda_sampling.h"
 #include "engine/detail/cuda_buffers.h"
+#include "engine/detail/cuda_gemm.h"
 #include "engine/detail/cuda_rank.h"
 #include "engine/detail/cuda_weight_upload.h"
 #include "engine/detail/step_profiler.h"
@@ -135,6 +139,8 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     TS_RETURN_IF_ERROR(
         cublas_status(cublasSetWorkspace(cublas_, cublas_workspace_, size_t(kCublasWorkspaceBytes)),
                       "cublasSetWorkspace"));
+    TS_RETURN_IF_ERROR(gemm_.init(device_, cublas_, cublas_workspace_,
+                                  size_t(kCublasWorkspaceBytes), options_.gemm_autotune));
     graphs_ = options_.cuda_graphs && world_ == 1 && !prof_.on();
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_);
@@ -156,6 +162,14 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     } else {
       TS_RETURN_IF_ERROR(alloc(&lm_head_, v * h * 2));
     }
+    // Each GEMM's same-shape weights, cycled through when its shape is tuned.
+    for (const LayerWeights& l : layers_) {
+      qkv_set_.push_back(l.qkv);
+      o_set_.push_back(l.o);
+      gate_up_set_.push_back(l.gate_up);
+      down_set_.push_back(l.down);
+    }
+    lm_head_set_ = {lm_head_};
     const int64_t pool_bytes = layout_.layer_elems() * layout_.num_layers * 2;
     TS_RETURN_IF_ERROR(alloc(&k_all_, pool_bytes));
     TS_RETURN_IF_ERROR(alloc(&v_all_, pool_bytes));
@@ -631,7 +645,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
       const LayerWeights& w = layers_[l];
       void* k_pool = static_cast<char*>(k_all_) + int64_t(l) * layer_elems * 2;
       void* v_pool = static_cast<char*>(v_all_) + int64_t(l) * layer_elems * 2;
-      TS_RETURN_IF_ERROR(gemm(x_.ptr, w.qkv, qkv_.ptr, rows, q + 2 * kv, h, false));
+      TS_RETURN_IF_ERROR(gemm(x_.ptr, w.qkv, qkv_.ptr, rows, q + 2 * kv, h, false, qkv_set_));
       prof_.mark("gemm qkv", stream_);
       cuda::rope_and_store_kv(dtype_, qkv_.ptr, d_positions_, inv_freq(), d_slots_, rows, nh, nkv,
                               d, layout_.page_size, q_.ptr, k_pool, v_pool, stream_);
@@ -641,14 +655,15 @@ class CudaBackend final : public Backend, public detail::CudaRank {
           options_.bfloat16 ? TreeAttentionDtype::kBFloat16 : TreeAttentionDtype::kFloat16, nh, nkv,
           d, layout_.page_size, scale_, workspace_, stream_, grid));
       prof_.mark("attention", stream_);
-      TS_RETURN_IF_ERROR(residual_gemm(attn_.ptr, w.o, rows, q, w.post_norm, x_.ptr, "gemm o"));
-      TS_RETURN_IF_ERROR(gemm(x_.ptr, w.gate_up, gu_.ptr, rows, 2 * im, h, false));
+      TS_RETURN_IF_ERROR(
+          residual_gemm(attn_.ptr, w.o, o_set_, rows, q, w.post_norm, x_.ptr, "gemm o"));
+      TS_RETURN_IF_ERROR(gemm(x_.ptr, w.gate_up, gu_.ptr, rows, 2 * im, h, false, gate_up_set_));
       prof_.mark("gemm gate_up", stream_);
       cuda::swiglu(dtype_, gu_.ptr, rows, im, act_.ptr, stream_);
       prof_.mark("swiglu", stream_);
       // Residual add, fused with the next layer's input norm.
       const bool last = l + 1 == layers_.size();
-      TS_RETURN_IF_ERROR(residual_gemm(act_.ptr, w.down, rows, im,
+      TS_RETURN_IF_ERROR(residual_gemm(act_.ptr, w.down, down_set_, rows, im,
                                        last ? nullptr : layers_[l + 1].input_norm,
                                        last ? nullptr : x_.ptr, "gemm down"));
     }
@@ -658,7 +673,8 @@ class CudaBackend final : public Backend, public detail::CudaRank {
                         stream_);
       cuda::add_rms_norm(dtype_, final_.as<float>(), nullptr, norm_, eps, n_logits, h, x_.ptr,
                          stream_);
-      TS_RETURN_IF_ERROR(gemm(x_.ptr, lm_head_, logits_.ptr, n_logits, vocab_, h, true));
+      TS_RETURN_IF_ERROR(
+          gemm(x_.ptr, lm_head_, logits_.ptr, n_logits, vocab_, h, true, lm_head_set_));
       prof_.mark("lm head", stream_);
     }
     return Status::Ok();
@@ -666,18 +682,19 @@ class CudaBackend final : public Backend, public detail::CudaRank {
 
   // residual (float [rows][h]) += x [rows][k] . w [h][k]^T, then out = rmsnorm(residual) *
   // norm (when norm is not null). Tensor parallel: the GEMM is row-parallel (k is this
-  // rank's slice), so its float32 partial sums are all-reduced first.
-  Status residual_gemm(const void* x, const void* w, int64_t rows, int64_t k, const void* norm,
-                       void* out, const char* name) {
+  // rank's slice), so its float32 partial sums are all-reduced first. same_shape: w's kind in
+  // every layer (for tuning).
+  Status residual_gemm(const void* x, const void* w, std::span<const void* const> same_shape,
+                       int64_t rows, int64_t k, const void* norm, void* out, const char* name) {
     const float eps = float(config_.rms_norm_eps);
     if (world_ == 1) {
-      TS_RETURN_IF_ERROR(gemm(x, w, tmp_.ptr, rows, h_, k, false));
+      TS_RETURN_IF_ERROR(gemm(x, w, tmp_.ptr, rows, h_, k, false, same_shape));
       prof_.mark(name, stream_);
       cuda::add_rms_norm(dtype_, residual_.as<float>(), tmp_.ptr, norm, eps, rows, h_, out,
                          stream_);
     } else {
       float* partial = partial_.as<float>();
-      TS_RETURN_IF_ERROR(gemm(x, w, partial, rows, h_, k, true));
+      TS_RETURN_IF_ERROR(gemm(x, w, partial, rows, h_, k, true, same_shape));
       prof_.mark(name, stream_);
       TS_RETURN_IF_ERROR(all_reduce(partial, rows * h_));
       cuda::add_rms_norm_f32_delta(dtype_, residual_.as<float>(), partial, norm, eps, rows, h_, out,
@@ -718,17 +735,12 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     return Status::Ok();
   }
 
-  // y [m][n] = x [m][k] . w [n][k]^T (row-major), i.e. column-major y^T = w . x^T.
-  Status gemm(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
-              bool f32_out) {
-    if (m == 0) return Status::Ok();
-    const float alpha = 1.0f, beta = 0.0f;
+  // y [m][n] = x [m][k] . w [n][k]^T (row-major); same_shape: the matrices of w's kind
+  // (all layers' O weights, say), which tuning the shape cycles through.
+  Status gemm(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k, bool f32_out,
+              std::span<const void* const> same_shape) {
     const cudaDataType_t t = options_.bfloat16 ? CUDA_R_16BF : CUDA_R_16F;
-    return cublas_status(
-        cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, w, t,
-                     int(k), x, t, int(k), &beta, y, f32_out ? CUDA_R_32F : t, int(n),
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-        "gemm");
+    return gemm_.run(x, w, y, m, n, k, t, f32_out ? CUDA_R_32F : t, stream_, same_shape);
   }
 
   static size_t align8(size_t n) { return (n + 7) & ~size_t(7); }
@@ -807,6 +819,8 @@ class CudaBackend final : public Backend, public detail::CudaRank {
 
   detail::StepProfiler prof_;
   void* cublas_workspace_ = nullptr;
+  detail::LtGemm gemm_;  // shares cublas_ (its fallback) and cublas_workspace_
+  std::vector<const void*> qkv_set_, o_set_, gate_up_set_, down_set_, lm_head_set_;
   bool graphs_ = false;
   std::vector<StepGraph> step_graphs_;
   GraphKey last_eager_key_;

@@ -36,6 +36,10 @@ struct CudaBackendOptions {
   // while it lasts. One GPU only (tensor_parallel = 1); off under TREESERVE_PROFILE. Off by
   // default until it has run on a GPU (written in a session without one).
   bool cuda_graphs = false;
+  // GEMMs through cublasLt with the algorithm of each shape chosen by timing cublasLt's
+  // candidates the first time the shape runs (engine/detail/cuda_gemm.h; the choice is shared
+  // by every backend of the process). false: cublasGemmEx with cuBLAS's default choice.
+  bool gemm_autotune = true;
 };
 
 // Number of usable CUDA devices (0 when there is no driver or device).

@@ -40,7 +40,7 @@ struct CommandLine {
   std::optional<std::string> model, listen, backend, log_level, metrics_listen;
   std::optional<int64_t> kv_cache_bytes, random_weights;
   std::optional<int32_t> page_size, tensor_parallel;
-  std::optional<bool> cuda_graphs;
+  std::optional<bool> cuda_graphs, gemm_autotune;
   bool print_config = false;
 };
 
@@ -125,6 +125,9 @@ int run_treeserve(int argc, char** argv) {
                  "GPUs to split the model over (NCCL; cuda backend; default 1)");
   app.add_flag("--cuda-graphs,!--no-cuda-graphs", cl.cuda_graphs,
                "replay decode steps from CUDA graphs (engine.cuda_graphs; cuda backend, 1 GPU)");
+  app.add_flag("--gemm-autotune,!--no-gemm-autotune", cl.gemm_autotune,
+               "time each GEMM shape's cublasLt candidates on first use (engine.gemm_autotune; "
+               "cuda backend; default on)");
   app.add_flag("--print-config", cl.print_config, "print the effective config and exit");
   try {
     app.parse(argc, argv);
@@ -149,6 +152,7 @@ int run_treeserve(int argc, char** argv) {
   if (cl.page_size) config.kv_cache.page_size = *cl.page_size;
   if (cl.tensor_parallel) config.engine.tensor_parallel = *cl.tensor_parallel;
   if (cl.cuda_graphs) config.engine.cuda_graphs = *cl.cuda_graphs;
+  if (cl.gemm_autotune) config.engine.gemm_autotune = *cl.gemm_autotune;
   if (cl.random_weights) config.model.random_weights_seed = *cl.random_weights;
   if (config.model.dir.empty()) config.model.dir = default_model_dir();
   if (Status s = validate_config(config); !s.ok()) return fail(s);
@@ -224,6 +228,7 @@ int run_treeserve(int argc, char** argv) {
     cuda.tensor_parallel = config.engine.tensor_parallel;
     cuda.baseline_attention = config.engine.attention == "baseline";
     cuda.cuda_graphs = config.engine.cuda_graphs;
+    cuda.gemm_autotune = config.engine.gemm_autotune;
 #endif
     if (random_weights) {
       const uint64_t seed = uint64_t(config.model.random_weights_seed);

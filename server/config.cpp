@@ -105,6 +105,7 @@ Status merge_config_json(const std::string& json_text, const std::string& source
     TS_RETURN_IF_ERROR(s.get("tensor_parallel", &c->engine.tensor_parallel));
     TS_RETURN_IF_ERROR(s.get("attention", &c->engine.attention));
     TS_RETURN_IF_ERROR(s.get("cuda_graphs", &c->engine.cuda_graphs));
+    TS_RETURN_IF_ERROR(s.get("gemm_autotune", &c->engine.gemm_autotune));
     TS_RETURN_IF_ERROR(s.check_unknown());
   }
   TS_RETURN_IF_ERROR(sub_object(root, "kv_cache", source, &obj));
@@ -240,7 +241,8 @@ std::string config_to_json(const TreeserveConfig& c) {
                         {"cpu_threads", c.engine.cpu_threads},
                         {"tensor_parallel", c.engine.tensor_parallel},
                         {"attention", c.engine.attention},
-                        {"cuda_graphs", c.engine.cuda_graphs}}},
+                        {"cuda_graphs", c.engine.cuda_graphs},
+                        {"gemm_autotune", c.engine.gemm_autotune}}},
                       {"kv_cache",
                        {{"page_size", c.kv_cache.page_size},
                         {"memory_bytes", c.kv_cache.memory_bytes},

@@ -37,6 +37,9 @@ struct EngineOptions {
   // CUDA backend, one GPU: replay each decode shape's layer chain as a CUDA graph (opt in:
   // not yet verified on a GPU).
   bool cuda_graphs = false;
+  // CUDA backend: choose each GEMM shape's cublasLt algorithm by timing its candidates the
+  // first time the shape runs (false: cuBLAS's default choice).
+  bool gemm_autotune = true;
 };
 
 struct KvCacheOptions {

@@ -7,10 +7,14 @@
 // all-reduces skipped (CudaBackendOptions::skip_collectives: wrong results, same kernels) and
 // reports the all-reduce share of the step as 1 - (step without communication / step); the
 // roofline then divides the streamed bytes over the N GPUs.
+// GEMMs are autotuned (CudaBackendOptions::gemm_autotune): after the table it prints each
+// tuned shape (algorithm, tile, split-K, time, weight bytes / time), and the few-shot steps
+// run once more with tuning off (cublasGemmEx) for the A/B; --no-gemm-tune: off throughout.
 //
 //   bench_decode [--config configs/models/llama-3-8b.json] [--steps 16] [--json FILE]
 //                [--workloads fewshot,sampled,spec,tot] [--kv-gib 6] [--tensor-parallel N]
 //                [--fewshot-branches 20,30,50] [--profile-last-step] [--graphs]
+//                [--no-gemm-tune]
 // --profile-last-step wraps each workload's last step in cudaProfilerStart/Stop, for
 // `ncu --profile-from-start off` (per-kernel times of one step).
 #include <cuda_profiler_api.h>
@@ -25,8 +29,10 @@
 #include <string>
 #include <vector>
 
+#include "bench_tile_names.h"  // generated (bench/decode/CMakeLists.txt)
 #include "engine/backend.h"
 #include "engine/cuda_backend.h"
+#include "engine/detail/cuda_gemm.h"
 #include "kvcache/kv_cache.h"
 #include "models/model_config.h"
 
@@ -43,6 +49,7 @@ struct Args {
   std::vector<int> fewshot_branches = {20, 30, 50};
   bool profile_last_step = false;  // cudaProfilerStart/Stop around each workload's last step
   bool cuda_graphs = false;
+  bool gemm_tune = true;
 };
 
 double copy_bandwidth_bytes_per_s() {
@@ -268,7 +275,44 @@ struct Result {
   int64_t rows = 0;
   double ms = 0, baseline_ms = 0, roofline_ms = 0, unique_kv_gb = 0;
   double no_comm_ms = 0;  // tensor parallel: the same steps without the all-reduces
+  double untuned_ms = 0;  // the same steps with cublasGemmEx (few-shot only; 0: not run)
 };
+
+// cublasLt's tile enum as "64x56" (bench_tile_names.h is generated from cublasLt.h).
+std::string tile_name(int32_t tile) {
+  for (const bench::TileName& t : bench::kTileNames) {
+    if (t.id == tile) return t.name;
+  }
+  return "tile " + std::to_string(tile);
+}
+
+// One line per shape the GEMM tuner chose an algorithm for, with its weight-read rate.
+void print_tuned_gemms(double copy_bw) {
+  const std::vector<detail::TunedGemm> tuned = detail::LtGemm::tuned_shapes();
+  if (tuned.empty()) return;
+  std::printf("\ntuned GEMMs (y[m][n] = x[m][k] . w[n][k]^T; TB/s of weight bytes; copy %.2f)\n",
+              copy_bw / 1e12);
+  std::printf("%3s %5s %5s %7s %6s %4s %5s %9s %6s %6s %4s %9s %7s %9s %6s\n", "dev", "m", "m@",
+              "n", "k", "out", "algo", "tile", "stages", "splitK", "red", "us", "TB/s", "heur. us",
+              "cands");
+  for (const detail::TunedGemm& t : tuned) {
+    const char* out = t.out == CUDA_R_32F ? "f32" : t.in == CUDA_R_16BF ? "bf16" : "f16";
+    if (t.fallback) {
+      std::printf("%3d %5lld %5lld %7lld %6lld %4s  cublasGemmEx (no cublasLt candidate ran)\n",
+                  t.device, (long long)t.m_bucket, (long long)t.m_tuned, (long long)t.n,
+                  (long long)t.k, out);
+      continue;
+    }
+    const double tbps = double(t.n) * double(t.k) * 2.0 / (double(t.us) * 1e-6) / 1e12;
+    std::printf("%3d %5lld %5lld %7lld %6lld %4s %5d %9s %6d %6d %4d %9.1f %7.2f %9.1f %6d\n",
+                t.device, (long long)t.m_bucket, (long long)t.m_tuned, (long long)t.n,
+                (long long)t.k, out, t.algo_id, tile_name(t.tile).c_str(), t.stages, t.split_k,
+                t.reduction, t.us, tbps, t.heuristic_us, t.candidates);
+  }
+  std::printf(
+      "(m: the bucket's rows, m@: the rows it was timed at; red: reduction scheme, "
+      "cublasLtReductionScheme_t; heur. us: cublasLt's first candidate)\n");
+}
 
 int run(const Args& args) {
   std::ifstream f(args.config);
@@ -290,9 +334,11 @@ int run(const Args& args) {
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   const double bw = copy_bandwidth_bytes_per_s();
-  std::printf("device: %s, copy bandwidth %.2f TB/s, tensor parallel %d, CUDA graphs %s\n",
-              prop.name, bw / 1e12, args.tensor_parallel,
-              args.cuda_graphs && args.tensor_parallel == 1 ? "on" : "off");
+  std::printf(
+      "device: %s, copy bandwidth %.2f TB/s, tensor parallel %d, CUDA graphs %s, GEMM "
+      "autotune %s\n",
+      prop.name, bw / 1e12, args.tensor_parallel,
+      args.cuda_graphs && args.tensor_parallel == 1 ? "on" : "off", args.gemm_tune ? "on" : "off");
   if (cuda_device_count() < args.tensor_parallel) {
     std::fprintf(stderr, "bench_decode: --tensor-parallel %d needs %d devices, found %d\n",
                  args.tensor_parallel, args.tensor_parallel, cuda_device_count());
@@ -311,9 +357,13 @@ int run(const Args& args) {
     std::snprintf(b, sizeof b, "%.2f GiB", bytes / double(1ull << 30));
     return std::string(b);
   };
-  // Passes: 0 the measured run, 1 baseline attention, 2 (tensor parallel) no all-reduces.
+  // Passes: 0 the measured run, 1 baseline attention, 2 (tensor parallel) no all-reduces,
+  // 3 (tuning on, few-shot only) GEMMs untuned.
   const int passes = args.tensor_parallel > 1 ? 3 : 2;
-  for (int pass = 0; pass < passes; ++pass) {
+  const bool untuned_pass = args.gemm_tune && args.workloads.find("fewshot") != std::string::npos;
+  for (int pass = 0; pass < 4; ++pass) {
+    if (pass == 2 && passes < 3) continue;
+    if (pass == 3 && !untuned_pass) continue;
     const bool baseline = pass == 1;
     CudaBackendOptions opt;
     opt.page_size = 16;
@@ -322,6 +372,7 @@ int run(const Args& args) {
     opt.tensor_parallel = args.tensor_parallel;
     opt.skip_collectives = pass == 2;
     opt.cuda_graphs = args.cuda_graphs;
+    opt.gemm_autotune = args.gemm_tune && pass != 3;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
     auto backend = create_cuda_backend_random(*config, opt, 42);
@@ -342,11 +393,16 @@ int run(const Args& args) {
         results.push_back(r);
       } else if (pass == 1) {
         results[index++].baseline_ms = ms;
-      } else {
+      } else if (pass == 2) {
         results[index++].no_comm_ms = ms;
+      } else {
+        results[index++].untuned_ms = ms;  // the few-shot workloads come first in pass 0 too
       }
     };
-    auto want = [&](const char* w) { return args.workloads.find(w) != std::string::npos; };
+    auto want = [&](const char* w) {
+      if (pass == 3) return std::strcmp(w, "fewshot") == 0;
+      return args.workloads.find(w) != std::string::npos;
+    };
     if (want("fewshot")) {
       for (int b : args.fewshot_branches) {
         KvCacheConfig kc{16, int32_t(opt.num_pages)};
@@ -432,6 +488,7 @@ int run(const Args& args) {
   std::printf("\n%-36s %6s %10s %10s %12s %12s %10s", "workload", "rows", "step ms", "tok/s",
               "roofline ms", "baseline ms", "speedup");
   if (passes == 3) std::printf(" %12s %11s", "no-comm ms", "all-reduce");
+  if (untuned_pass) std::printf(" %11s %8s", "untuned ms", "tuning");
   std::printf("\n");
   for (const Result& r : results) {
     std::printf("%-36s %6lld %10.3f %10.0f %12.3f %12.3f %9.2fx", r.name.c_str(), (long long)r.rows,
@@ -439,12 +496,17 @@ int run(const Args& args) {
                 r.baseline_ms / r.ms);
     if (passes == 3)
       std::printf(" %12.3f %10.1f%%", r.no_comm_ms, 100.0 * (1.0 - r.no_comm_ms / r.ms));
+    if (untuned_pass && r.untuned_ms > 0) {
+      std::printf(" %11.3f %7.2fx", r.untuned_ms, r.untuned_ms / r.ms);
+    }
     std::printf("\n");
   }
+  print_tuned_gemms(bw);
   if (!args.json.empty()) {
     std::ofstream out(args.json);
     out << "{\"device\": \"" << prop.name << "\", \"copy_bandwidth_tbps\": " << bw / 1e12
-        << ", \"tensor_parallel\": " << args.tensor_parallel << ", \"results\": [";
+        << ", \"tensor_parallel\": " << args.tensor_parallel
+        << ", \"gemm_autotune\": " << (args.gemm_tune ? "true" : "false") << ", \"results\": [";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       out << (i ? ", " : "") << "{\"name\": \"" << r.name << "\", \"rows\": " << r.rows
@@ -454,6 +516,7 @@ int run(const Args& args) {
         out << ", \"no_comm_ms\": " << r.no_comm_ms
             << ", \"allreduce_share\": " << 1.0 - r.no_comm_ms / r.ms;
       }
+      if (r.untuned_ms > 0) out << ", \"untuned_gemm_step_ms\": " << r.untuned_ms;
       out << "}";
     }
     out << "]}\n";
@@ -491,11 +554,14 @@ int main(int argc, char** argv) {
       args.profile_last_step = true;
     else if (a == "--graphs")
       args.cuda_graphs = true;
+    else if (a == "--no-gemm-tune")
+      args.gemm_tune = false;
     else {
       std::fprintf(stderr,
                    "usage: bench_decode [--config F] [--steps N] [--json F] "
                    "[--workloads fewshot,sampled,spec,tot] [--kv-gib G] [--tensor-parallel N] "
-                   "[--fewshot-branches 20,30,50] [--profile-last-step] [--graphs]\n");
+                   "[--fewshot-branches 20,30,50] [--profile-last-step] [--graphs] "
+                   "[--no-gemm-tune]\n");
       return 2;
     }
   }

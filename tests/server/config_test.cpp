@@ -95,6 +95,12 @@ TEST(Config, AttentionScheduleAndTheNoSharingPreset) {
   EXPECT_TRUE(c.engine.cuda_graphs);
   EXPECT_EQ(c.engine.attention, "baseline");  // merged, not reset
   EXPECT_FALSE(merge_config_json(R"({"engine": {"cuda_graphs": "yes"}})", "c.json", &c).ok());
+  EXPECT_TRUE(c.engine.gemm_autotune);
+  ASSERT_TRUE(merge_config_json(R"({"engine": {"gemm_autotune": false}})", "d.json", &c).ok());
+  EXPECT_FALSE(c.engine.gemm_autotune);
+  EXPECT_TRUE(c.engine.cuda_graphs);  // merged, not reset
+  EXPECT_NE(config_to_json(c).find("\"gemm_autotune\":false"), std::string::npos);
+  EXPECT_FALSE(merge_config_json(R"({"engine": {"gemm_autotune": 1}})", "e.json", &c).ok());
   // Prefix sharing off, for A/B measurements: no radix reuse and prefix-unaware attention.
   TreeserveConfig off;
   ASSERT_TRUE(

@@ -1,0 +1,391 @@
+// LtGemm (engine/detail/cuda_gemm.h): cublasLt GEMMs whose algorithm is chosen per shape by
+// timing the heuristic's candidates, with a process-wide cache of the choices.
+#include "engine/detail/cuda_gemm.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "engine/detail/cuda_buffers.h"
+
+namespace treeserve::detail {
+namespace {
+
+Status cuda_status(cudaError_t e, const char* what) {
+  return cuda_error_status(e, "GEMM tuner", what);
+}
+
+Status cublas_status(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+  return Internal(std::string("cuBLAS: ") + what + " failed (status " + std::to_string(int(s)) +
+                  ")");
+}
+
+#define TS_LT(expr, what) TS_RETURN_IF_ERROR(cublas_status((expr), what))
+
+// Heuristic candidates timed per shape, and calls per candidate: one warm-up (lazy module
+// loading, first-touch of the workspace), then kReps timed one by one (median).
+constexpr int kCandidates = 16;
+constexpr int kReps = 7;
+
+// The largest power of two (up to 256, cublasLt's default requirement) dividing the address.
+int32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  int32_t align = 256;
+  while (align > 1 && a % uintptr_t(align) != 0) align /= 2;
+  return align;
+}
+
+// Split-K parts are added in float32: INPLACE and OUTPUT_TYPE add them in the output type,
+// which for fp16/bf16 outputs rounds every part instead of the float32 sum once (what
+// cublasGemmEx with CUBLAS_COMPUTE_32F gives). INPLACE also orders its additions through
+// counters in the workspace; it is left out for float32 outputs too, so that only schemes
+// with a fixed reduction order (none, or a separate reduction kernel) are ever run.
+uint32_t reduction_mask(cudaDataType_t out) {
+  uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  if (out == CUDA_R_32F) mask |= CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+  return mask;
+}
+
+// The process-wide cache: (device, m bucket, n, k, in, out, alignment) -> choice.
+using TuneKey = std::tuple<int32_t, int64_t, int64_t, int64_t, int32_t, int32_t, int32_t>;
+std::mutex g_mutex;
+std::map<TuneKey, TunedGemm>& cache() {
+  static auto* c = new std::map<TuneKey, TunedGemm>();  // never destroyed: no exit-order issue
+  return *c;
+}
+
+bool lookup(const TuneKey& key, TunedGemm* out) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = cache().find(key);
+  if (it == cache().end()) return false;
+  *out = it->second;
+  return true;
+}
+
+// Inserts `tuned` unless another thread got there first; *out = the cached entry.
+void insert(const TuneKey& key, const TunedGemm& tuned, TunedGemm* out) {
+  bool inserted = false;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto [it, fresh] = cache().emplace(key, tuned);
+    inserted = fresh;
+    *out = it->second;
+  }
+  if (inserted && tuned.fallback) {
+    std::fprintf(stderr,
+                 "treeserve: no cublasLt algorithm ran for GEMM m=%lld n=%lld k=%lld on device "
+                 "%d; using cublasGemmEx for it\n",
+                 (long long)tuned.m_tuned, (long long)tuned.n, (long long)tuned.k, tuned.device);
+  }
+}
+
+template <typename T>
+T algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T v{};
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof v, &written);
+  return v;
+}
+
+// The chosen configuration's numbers, for reports.
+void describe(const cublasLtMatmulAlgo_t& algo, TunedGemm* t) {
+  t->algo = algo;
+  t->algo_id = algo_config<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID);
+  t->tile = int32_t(algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
+  t->stages = int32_t(algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID));
+  t->split_k = algo_config<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+  t->reduction = int32_t(algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
+}
+
+}  // namespace
+
+int64_t gemm_rows_bucket(int64_t m) {
+  if (m <= 16) return m;
+  if (m <= 128) return (m + 15) / 16 * 16;
+  if (m <= 1024) return (m + 127) / 128 * 128;
+  int64_t b = 2048;
+  while (b < m) b *= 2;
+  return b;
+}
+
+size_t LtGemm::PlanKeyHash::operator()(const PlanKey& p) const {
+  size_t h = std::hash<int64_t>()(p.m);
+  for (int64_t v : {p.n, p.k, int64_t(p.in), int64_t(p.out), int64_t(p.align)}) {
+    h = h * 1000003u ^ std::hash<int64_t>()(v);
+  }
+  return h;
+}
+
+LtGemm::~LtGemm() {
+  for (auto& [key, plan] : plans_) destroy(&plan);
+  if (lt_) cublasLtDestroy(lt_);
+}
+
+void LtGemm::destroy(Plan* plan) {
+  if (plan->desc) cublasLtMatmulDescDestroy(plan->desc);
+  for (cublasLtMatrixLayout_t l : {plan->a, plan->b, plan->c}) {
+    if (l) cublasLtMatrixLayoutDestroy(l);
+  }
+  *plan = Plan{};
+}
+
+Status LtGemm::init(int32_t device, cublasHandle_t fallback, void* workspace,
+                    size_t workspace_bytes, bool autotune) {
+  device_ = device;
+  fallback_ = fallback;
+  workspace_ = workspace;
+  workspace_bytes_ = workspace_bytes;
+  autotune_ = autotune;
+  if (autotune_) TS_LT(cublasLtCreate(&lt_), "cublasLtCreate");
+  return Status::Ok();
+}
+
+Status LtGemm::run(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
+                   cudaDataType_t in, cudaDataType_t out, cudaStream_t stream,
+                   std::span<const void* const> same_shape) {
+  if (m == 0) return Status::Ok();
+  if (!autotune_) return run_fallback(x, w, y, m, n, k, in, out, stream);
+  const PlanKey key{
+      m, n, k, int32_t(in), int32_t(out), std::min({alignment(x), alignment(w), alignment(y)})};
+  auto it = plans_.find(key);
+  if (it != plans_.end() && it->second.provisional) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    TS_RETURN_IF_ERROR(cuda_status(cudaStreamIsCapturing(stream, &capturing), "capture status"));
+    if (capturing == cudaStreamCaptureStatusNone) {
+      destroy(&it->second);
+      plans_.erase(it);
+      it = plans_.end();
+    }
+  }
+  if (it == plans_.end()) {
+    Plan plan;
+    const Status made = make_plan(key, x, w, y, stream, same_shape, &plan);
+    if (!made.ok()) {
+      destroy(&plan);
+      return made;
+    }
+    it = plans_.emplace(key, plan).first;
+  }
+  const Plan& plan = it->second;
+  if (plan.use_fallback) return run_fallback(x, w, y, m, n, k, in, out, stream);
+  const float alpha = 1.0f, beta = 0.0f;
+  return cublas_status(
+      cublasLtMatmul(lt_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y, plan.c, y, plan.c,
+                     &plan.algo, workspace_, workspace_bytes_, stream),
+      "cublasLtMatmul");
+}
+
+Status LtGemm::run_fallback(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
+                            cudaDataType_t in, cudaDataType_t out,
+                            cudaStream_t /*stream: fallback_'s, set by the owner*/) {
+  // Column-major y^T [n][m] = w^T . x^T: w is k x n (ld k) transposed, x is k x m (ld k).
+  const float alpha = 1.0f, beta = 0.0f;
+  return cublas_status(cublasGemmEx(fallback_, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k),
+                                    &alpha, w, in, int(k), x, in, int(k), &beta, y, out, int(n),
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                       "gemm");
+}
+
+// Descriptors for the shape, then the algorithm: the cache's choice for the shape's bucket
+// (tuned now when there is none and the stream is not capturing), checked for this m.
+Status LtGemm::make_plan(const PlanKey& key, const void* x, const void* w, void* y,
+                         cudaStream_t stream, std::span<const void* const> same_shape, Plan* plan) {
+  const auto in = cudaDataType_t(key.in), out = cudaDataType_t(key.out);
+  TS_LT(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc create");
+  const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
+  TS_LT(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof trans),
+      "transa");
+  TS_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans,
+                                       sizeof no_trans),
+        "transb");
+  // Column-major: A = w (k x n, ld k) transposed, B = x (k x m, ld k), C = D = y (n x m).
+  TS_LT(cublasLtMatrixLayoutCreate(&plan->a, in, uint64_t(key.k), uint64_t(key.n), key.k),
+        "layout a");
+  TS_LT(cublasLtMatrixLayoutCreate(&plan->b, in, uint64_t(key.k), uint64_t(key.m), key.k),
+        "layout b");
+  TS_LT(cublasLtMatrixLayoutCreate(&plan->c, out, uint64_t(key.n), uint64_t(key.m), key.n),
+        "layout c");
+
+  const int64_t bucket = gemm_rows_bucket(key.m);
+  const TuneKey tune_key{device_, bucket, key.n, key.k, key.in, key.out, key.align};
+  TunedGemm chosen;
+  if (!lookup(tune_key, &chosen)) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    TS_RETURN_IF_ERROR(cuda_status(cudaStreamIsCapturing(stream, &capturing), "capture status"));
+    if (capturing != cudaStreamCaptureStatusNone) {
+      // No timing inside a capture: the heuristic's first candidate for this call only.
+      plan->provisional = true;
+      std::vector<cublasLtMatmulHeuristicResult_t> found;
+      TS_RETURN_IF_ERROR(heuristic(*plan, key, 1, &found));
+      plan->use_fallback = found.empty();
+      if (!found.empty()) plan->algo = found[0].algo;
+      return Status::Ok();
+    }
+    // The tuning set: the caller's same-shape weights at least as aligned as this call's.
+    std::vector<const void*> weights;
+    for (const void* p : same_shape) {
+      if (alignment(p) >= key.align) weights.push_back(p);
+    }
+    if (weights.empty()) weights.push_back(w);
+    TunedGemm tuned;
+    TS_RETURN_IF_ERROR(tune(*plan, key, x, y, stream, weights, &tuned));
+    insert(tune_key, tuned, &chosen);
+  }
+  if (chosen.fallback) {
+    plan->use_fallback = true;
+    return Status::Ok();
+  }
+  plan->algo = chosen.algo;
+  if (chosen.m_tuned == key.m) return Status::Ok();
+  // Another m of the bucket: the same algorithm if it supports this m (it is a tile and
+  // split-K configuration, so it should), else the heuristic's first candidate for it —
+  // either way the same for every LtGemm of the process.
+  cublasLtMatmulHeuristicResult_t check{};
+  if (cublasLtMatmulAlgoCheck(lt_, plan->desc, plan->a, plan->b, plan->c, plan->c, &plan->algo,
+                              &check) == CUBLAS_STATUS_SUCCESS &&
+      check.workspaceSize <= workspace_bytes_) {
+    return Status::Ok();
+  }
+  std::vector<cublasLtMatmulHeuristicResult_t> found;
+  TS_RETURN_IF_ERROR(heuristic(*plan, key, 1, &found));
+  plan->use_fallback = found.empty();
+  if (!found.empty()) plan->algo = found[0].algo;
+  return Status::Ok();
+}
+
+// Up to `requested` usable candidates, best first by cublasLt's own estimate.
+Status LtGemm::heuristic(const Plan& plan, const PlanKey& key, int requested,
+                         std::vector<cublasLtMatmulHeuristicResult_t>* out) const {
+  cublasLtMatmulPreference_t pref = nullptr;
+  TS_LT(cublasLtMatmulPreferenceCreate(&pref), "preference create");
+  const uint64_t ws = workspace_bytes_;
+  const uint32_t mask = reduction_mask(cudaDataType_t(key.out));
+  const uint32_t align = uint32_t(key.align);
+  cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (s == CUBLAS_STATUS_SUCCESS) {
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                             &mask, sizeof mask);
+  }
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    if (s == CUBLAS_STATUS_SUCCESS) {
+      s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof align);
+    }
+  }
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(requested));
+  int returned = 0;
+  if (s == CUBLAS_STATUS_SUCCESS) {
+    s = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.c, plan.c, pref,
+                                       requested, results.data(), &returned);
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  out->clear();
+  // NOT_SUPPORTED: no algorithm for this shape at all (the caller falls back to cuBLAS).
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED) return Status::Ok();
+  TS_LT(s, "cublasLtMatmulAlgoGetHeuristic");
+  for (int i = 0; i < returned; ++i) {
+    if (results[size_t(i)].state == CUBLAS_STATUS_SUCCESS &&
+        results[size_t(i)].workspaceSize <= workspace_bytes_) {
+      out->push_back(results[size_t(i)]);
+    }
+  }
+  return Status::Ok();
+}
+
+// Times every candidate on `stream` (after the work already queued there): a warm-up call,
+// then kReps calls each between two events, each call on the next matrix of `weights` (so
+// the weights it reads were not read by the calls just before it: not in L2 when the set is
+// larger than L2, as all layers' matrices of one kind are). A candidate that fails to launch
+// is dropped; the fastest median wins.
+Status LtGemm::tune(const Plan& plan, const PlanKey& key, const void* x, void* y,
+                    cudaStream_t stream, std::span<const void* const> weights, TunedGemm* chosen) {
+  *chosen = TunedGemm{};
+  chosen->device = device_;
+  chosen->m_bucket = gemm_rows_bucket(key.m);
+  chosen->m_tuned = key.m;
+  chosen->n = key.n;
+  chosen->k = key.k;
+  chosen->in = cudaDataType_t(key.in);
+  chosen->out = cudaDataType_t(key.out);
+  chosen->fallback = true;
+  std::vector<cublasLtMatmulHeuristicResult_t> found;
+  TS_RETURN_IF_ERROR(heuristic(plan, key, kCandidates, &found));
+  if (found.empty()) return Status::Ok();
+
+  std::vector<cudaEvent_t> events(kReps + 1, nullptr);
+  Status status = Status::Ok();
+  for (cudaEvent_t& e : events) {
+    if (status.ok()) status = cuda_status(cudaEventCreate(&e), "tuning event");
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  size_t cursor = 0;
+  auto call = [&](const cublasLtMatmulAlgo_t& algo) {
+    const void* w = weights[cursor++ % weights.size()];
+    return cublasLtMatmul(lt_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y, plan.c, y, plan.c,
+                          &algo, workspace_, workspace_bytes_, stream);
+  };
+  float best = 0;
+  for (size_t c = 0; c < found.size() && status.ok(); ++c) {
+    const cublasLtMatmulAlgo_t& algo = found[c].algo;
+    bool launched = call(algo) == CUBLAS_STATUS_SUCCESS;
+    status = cuda_status(cudaEventRecord(events[0], stream), "tuning event");
+    for (int r = 0; r < kReps && launched && status.ok(); ++r) {
+      launched = call(algo) == CUBLAS_STATUS_SUCCESS;
+      status = cuda_status(cudaEventRecord(events[size_t(r) + 1], stream), "tuning event");
+    }
+    if (!launched) {
+      cudaGetLastError();  // the failed launch's error is not left for the caller's next check
+      if (status.ok()) status = cuda_status(cudaStreamSynchronize(stream), "tuning");
+      continue;
+    }
+    // A failure here is a fault on the device (the context is lost), not a bad candidate.
+    if (status.ok()) status = cuda_status(cudaEventSynchronize(events[kReps]), "tuning");
+    if (!status.ok()) break;
+    std::vector<float> ms(kReps);
+    for (int r = 0; r < kReps && status.ok(); ++r) {
+      status = cuda_status(
+          cudaEventElapsedTime(&ms[size_t(r)], events[size_t(r)], events[size_t(r) + 1]),
+          "tuning event time");
+    }
+    if (!status.ok()) break;
+    std::nth_element(ms.begin(), ms.begin() + kReps / 2, ms.end());
+    const float us = ms[kReps / 2] * 1e3f;
+    if (c == 0) chosen->heuristic_us = us;
+    ++chosen->candidates;
+    if (chosen->fallback || us < best) {
+      best = us;
+      chosen->fallback = false;
+      chosen->us = us;
+      describe(algo, chosen);
+    }
+  }
+  for (cudaEvent_t e : events) {
+    if (e) cudaEventDestroy(e);
+  }
+  return status;
+}
+
+std::vector<TunedGemm> LtGemm::tuned_shapes() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::vector<TunedGemm> out;
+  for (const auto& [key, tuned] : cache()) out.push_back(tuned);
+  std::sort(out.begin(), out.end(), [](const TunedGemm& a, const TunedGemm& b) {
+    return std::tie(a.device, a.n, a.k, a.m_bucket, a.in, a.out) <
+           std::tie(b.device, b.n, b.k, b.m_bucket, b.in, b.out);
+  });
+  return out;
+}
+
+void LtGemm::clear_cache() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  cache().clear();
+}
+
+}  // namespace treeserve::detail

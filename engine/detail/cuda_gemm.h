@@ -1,0 +1,120 @@
+// The CUDA backend's GEMMs through cublasLt with the algorithm chosen per shape by measurement
+// (cuBLAS's default heuristic picks under-filled tiles for the skinny decode GEMMs, e.g. 64
+// CTAs on 132 SMs for Llama-3-8B's O projection at 50 rows).
+//
+//   y [m][n] = x [m][k] . w [n][k]^T   (row-major; fp16 or bf16 in, float32 accumulate,
+//                                       y in the input dtype or float32)
+//
+// The first time a shape is seen (outside a CUDA graph capture) the heuristic's candidates are
+// timed on the caller's stream, cycling through the caller's same-shape weight matrices (all
+// layers' O weights, say) so every timed call reads weights that are not in L2, and the
+// fastest is kept in a process-wide cache keyed by device and shape: every LtGemm of a process
+// on that device (two backends compared bit for bit) uses the same algorithm for the shape,
+// and a given algorithm gives bit-identical results; each tensor-parallel rank tunes on its
+// own device. The cache's mutex is never held while timing (a rank that waits on its stream
+// may wait for another rank's all-reduce). Host-only code (plain C++ with the CUDA
+// runtime and cublasLt headers), for the backend's .cpp files and the GPU tests.
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+
+namespace treeserve::detail {
+
+// One tuned shape as the process-wide cache holds it (for benchmark reports and tests).
+struct TunedGemm {
+  int32_t device = 0;
+  int64_t m_bucket = 0;  // the cache key's rows (gemm_rows_bucket)
+  int64_t m_tuned = 0;   // the rows it was timed with (the first call of the bucket)
+  int64_t n = 0, k = 0;
+  cudaDataType_t in = CUDA_R_16F, out = CUDA_R_16F;
+  // The chosen cublasLt configuration (CUBLASLT_ALGO_CONFIG_*; tile is a cublasLtMatmulTile_t).
+  int32_t algo_id = -1, tile = 0, stages = 0, split_k = 1, reduction = 0;
+  float us = 0;            // median time of one call, microseconds
+  float heuristic_us = 0;  // the heuristic's first candidate's median (what it would run)
+  int32_t candidates = 0;  // timed successfully
+  bool fallback = false;   // every candidate failed: cublasGemmEx runs instead
+  cublasLtMatmulAlgo_t algo{};
+};
+
+// The cache key's row count for m rows: exact up to 16, then rounded up to 16 up to 128, to
+// 128 up to 1024, to a power of two beyond. A server sees every row count from 1 to
+// max_step_rows; tuning each would cost tens of milliseconds a shape each time, while the
+// best tile and split-K change slowly with m. Every m of a bucket runs the same algorithm.
+int64_t gemm_rows_bucket(int64_t m);
+
+class LtGemm {
+ public:
+  LtGemm() = default;
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+  ~LtGemm();
+
+  // On `device` (current when called): a cublasLt handle; `workspace` (workspace_bytes,
+  // shared with the cuBLAS handle `fallback`, which must use the same stream as run()'s
+  // calls) and `fallback` stay the caller's. autotune false: every run() is cublasGemmEx
+  // with CUBLAS_GEMM_DEFAULT (what the backend did before this class).
+  Status init(int32_t device, cublasHandle_t fallback, void* workspace, size_t workspace_bytes,
+              bool autotune);
+
+  // y = x . w^T on `stream` (see the file comment; in: CUDA_R_16F or CUDA_R_16BF, out: in or
+  // CUDA_R_32F). same_shape: every weight matrix of this shape that the caller streams (w's
+  // siblings, w among them or not), cycled through while tuning; empty: w alone. Tunes on the
+  // first call of a shape unless the stream is capturing a graph (then the cached choice, or
+  // the heuristic's first candidate, not cached).
+  Status run(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
+             cudaDataType_t in, cudaDataType_t out, cudaStream_t stream,
+             std::span<const void* const> same_shape = {});
+
+  // The process-wide cache, sorted by (device, n, k, m_bucket, dtypes).
+  static std::vector<TunedGemm> tuned_shapes();
+  // Empties it (tests; not while another thread runs GEMMs).
+  static void clear_cache();
+
+ private:
+  // What run() needs for one exact shape: descriptors and the algorithm (or cublasGemmEx).
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool use_fallback = false;
+    bool provisional = false;  // chosen during a capture: resolved again on the next call
+  };
+  struct PlanKey {
+    int64_t m, n, k;
+    int32_t in, out, align;
+    bool operator==(const PlanKey&) const = default;
+  };
+  struct PlanKeyHash {
+    size_t operator()(const PlanKey& p) const;
+  };
+
+  Status make_plan(const PlanKey& key, const void* x, const void* w, void* y, cudaStream_t stream,
+                   std::span<const void* const> same_shape, Plan* plan);
+  Status heuristic(const Plan& plan, const PlanKey& key, int requested,
+                   std::vector<cublasLtMatmulHeuristicResult_t>* out) const;
+  Status tune(const Plan& plan, const PlanKey& key, const void* x, void* y, cudaStream_t stream,
+              std::span<const void* const> weights, TunedGemm* chosen);
+  Status run_fallback(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
+                      cudaDataType_t in, cudaDataType_t out, cudaStream_t stream);
+  static void destroy(Plan* plan);
+
+  int32_t device_ = 0;
+  cublasLtHandle_t lt_ = nullptr;
+  cublasHandle_t fallback_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  bool autotune_ = true;
+  std::unordered_map<PlanKey, Plan, PlanKeyHash> plans_;
+};
+
+}  // namespace treeserve::detail
