@@ -153,6 +153,7 @@ struct Stage1Params {
   const void* q;  // [rows][num_q_heads][D]
   const void* k;  // [pages][num_kv_heads][page_size][D]
   const void* v;
+  const int32_t* token_table;  // the workspace's (used when the header's kTokenTable is set)
   float* partial_o;    // [partials][num_q_heads][D]
   float* partial_lse;  // [partials][num_q_heads]
   int32_t num_q_heads;
@@ -167,14 +168,14 @@ constexpr int stage1_smem_bytes_fixed() {
   return (kTileRows + 2 * kStages * kKvTile) * D * 2 + (3 * kSegBatch + 2 * kWarps) * 4;
 }
 
-// Fills tok[t] = row of item token t in the K (or V) pool viewed as [rows][head_dim], for this
-// block's kv head (head_row = kv_head * page_size), for all tokens of segments
-// [seg_begin, seg_end); int32 rows halve the table (a pool of 2^31 rows is 512 GB of fp16 at
-// head_dim 128, far beyond one layer). Returns the item's token count.
+// Calls emit(t, physical page, slot in page) for every token t of segments
+// [seg_begin, seg_end) (an item's tokens, in order), spread over the block's threads; the
+// scratch arrays hold kSegBatch segments. Returns the item's token count; every emit is done
+// (and the scratch free) when it returns.
+template <typename Emit>
 __device__ int resolve_tokens(const int32_t* plan, const PlanHeaderArg& h, int seg_begin,
-                              int seg_end, int rows_per_page, int page_size, int64_t head_row,
-                              int32_t* tok, int32_t* seg_start, int32_t* seg_slot,
-                              int32_t* seg_page, int32_t* warp_sums) {
+                              int seg_end, int page_size, int32_t* seg_start, int32_t* seg_slot,
+                              int32_t* seg_page, int32_t* warp_sums, Emit&& emit) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int32_t* seg_page_begin = plan + h.w[kSegPageBegin];
   const int32_t* seg_first_slot = plan + h.w[kSegFirstSlot];
@@ -221,8 +222,7 @@ __device__ int resolve_tokens(const int32_t* plan, const PlanHeaderArg& h, int s
         }
       }
       const int s = seg_slot[lo] + (t - seg_start[lo]);
-      tok[t] = int32_t(int64_t(page_table[seg_page[lo] + s / page_size]) * rows_per_page +
-                       s % page_size + head_row);
+      emit(t, page_table[seg_page[lo] + s / page_size], s % page_size);
     }
     pos += total;
     __syncthreads();  // scratch reused by the next pass; tok complete for the caller
@@ -495,8 +495,7 @@ __global__ void __launch_bounds__(kThreads, 2) tree_attention_stage1(Stage1Param
   it.mask_offset = plan[h.w[kItemMaskOffset] + item];
   it.words_per_row = (it.num_tokens + 31) >> 5;
   it.partial_slot = plan + h.w[kPartialSlot];
-  const int32_t* item_queries = plan + h.w[kItemQueries];
-  const int32_t* query_rows = plan + h.w[kQueryRows];
+  const int32_t* item_query_rows = plan + h.w[kItemQueryRows];
   const uint32_t* mask_words = reinterpret_cast<const uint32_t*>(plan + h.w[kMaskWords]);
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -510,40 +509,73 @@ __global__ void __launch_bounds__(kThreads, 2) tree_attention_stage1(Stage1Param
   int32_t* tok = warp_sums + 2 * kWarps;  // [max_item_tokens]
 
   // Q tile: row r = local query r / gqa, q head kv_head * gqa + r % gqa; pad rows are zero.
-  const T* q = static_cast<const T*>(p.q);
-#pragma unroll
-  for (int i_ = 0; i_ < kTileRows * kChunks / kThreads; ++i_) {
-    const int i = tid + i_ * kThreads;
-    const int r = i / kChunks, c = i % kChunks;
+  // Two threads per row (one division by gqa each), alternating 16-byte chunks, so each copy
+  // instruction reads 32 contiguous bytes of 16 rows.
+  static_assert(kThreads == 2 * kTileRows, "two threads per query-tile row");
+  {
+    const T* q = static_cast<const T*>(p.q);
+    const int r = tid >> 1;
     const bool valid = r < it.num_rows;
     const T* src = q;
     if (valid) {
-      const int row = query_rows[item_queries[it.query_begin + r / it.gqa]];
-      const int head = it.kv_head * it.gqa + r % it.gqa;
-      src = q + (int64_t(row) * p.num_q_heads + head) * D + c * 8;
+      const int local_query = r / it.gqa;
+      const int row = item_query_rows[it.query_begin + local_query];
+      const int head = it.kv_head * it.gqa + (r - local_query * it.gqa);
+      src = q + (int64_t(row) * p.num_q_heads + head) * D;
     }
-    cp_async_16(smem_u32(s_q + swz<D>(r, c)), src, valid);
+#pragma unroll
+    for (int j = 0; j < kChunks / 2; ++j) {
+      const int c = (tid & 1) + 2 * j;
+      cp_async_16(smem_u32(s_q + swz<D>(r, c)), valid ? src + c * 8 : q, valid);
+    }
   }
 
-  resolve_tokens(plan, h, plan[h.w[kItemSegmentBegin] + item], plan[h.w[kItemSegmentEnd] + item],
-                 p.num_kv_heads * page_size, page_size, int64_t(it.kv_head) * page_size, tok,
-                 seg_start, seg_slot, seg_page, warp_sums);
+  // tok[t] = row of item token t in the K (or V) pool viewed as [rows][head_dim], for this
+  // block's kv head; int32 rows halve the table (a pool of 2^31 rows is 512 GB of fp16 at
+  // head_dim 128, far beyond one layer).
+  const int rows_per_page = p.num_kv_heads * page_size;
+  const int head_row = it.kv_head * page_size;
+  if (h.w[kTokenTable]) {
+    // The upload's table: (page << 8) | slot per token, one coalesced read.
+    const int32_t* entries = p.token_table + plan[h.w[kItemTableBegin] + item];
+    for (int t = tid; t < it.num_tokens; t += kThreads) {
+      const int32_t e = entries[t];
+      tok[t] = (e >> 8) * rows_per_page + head_row + (e & 0xff);
+    }
+    __syncthreads();
+  } else {
+    resolve_tokens(plan, h, plan[h.w[kItemSegmentBegin] + item],
+                   plan[h.w[kItemSegmentEnd] + item], page_size, seg_start, seg_slot, seg_page,
+                   warp_sums, [&](int t, int32_t page, int slot) {
+                     tok[t] = page * rows_per_page + head_row + slot;
+                   });
+  }
 
   const T* k_pool = static_cast<const T*>(p.k);
   const T* v_pool = static_cast<const T*>(p.v);
   const int num_tokens = it.num_tokens;
+  // Each thread copies 4 chunks (16 bytes each) of a token row per pass, so it looks the row
+  // up once for 4 chunks; the row's kTpr threads are adjacent lanes, so each copy instruction
+  // still reads whole 32-byte sectors (kTpr x 16 contiguous bytes of 32 / kTpr rows).
+  constexpr int kTpr = kChunks / 4;              // threads per token row
+  constexpr int kRowsPerPass = kThreads / kTpr;  // 32 (head_dim 128) or 64 (head_dim 64)
+  static_assert(kKvTile % kRowsPerPass == 0, "whole passes per tile");
   auto load_tile = [&](int tile, int stage) {
     T* dk = s_k + stage * kKvTile * D;
     T* dv = s_v + stage * kKvTile * D;
 #pragma unroll
-    for (int i_ = 0; i_ < kKvTile * kChunks / kThreads; ++i_) {
-      const int i = tid + i_ * kThreads;
-      const int r = i / kChunks, c = i % kChunks;
+    for (int pass = 0; pass < kKvTile / kRowsPerPass; ++pass) {
+      const int r = pass * kRowsPerPass + tid / kTpr;
       const int t = tile * kKvTile + r;
       const bool valid = t < num_tokens;
-      const int64_t off = valid ? int64_t(tok[t]) * D + c * 8 : 0;
-      cp_async_16(smem_u32(dk + swz<D>(r, c)), k_pool + off, valid);
-      cp_async_16(smem_u32(dv + swz<D>(r, c)), v_pool + off, valid);
+      const int64_t row = valid ? int64_t(tok[t]) * D : 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = tid % kTpr + kTpr * j;
+        const int64_t off = valid ? row + c * 8 : 0;
+        cp_async_16(smem_u32(dk + swz<D>(r, c)), k_pool + off, valid);
+        cp_async_16(smem_u32(dv + swz<D>(r, c)), v_pool + off, valid);
+      }
     }
   };
   // Groups 0 .. kStages - 2: Q with the first tile, then one tile each (possibly empty).
@@ -563,6 +595,19 @@ __global__ void __launch_bounds__(kThreads, 2) tree_attention_stage1(Stage1Param
   }
   // The merge grid (programmatic dependent launch) may start once every block got here.
   pdl_trigger();
+}
+
+// The upload's token table: one block per item writes (page << 8) | slot for each of its
+// tokens at item_table_begin[item] (detail/tree_attention_layout.h).
+__global__ void __launch_bounds__(kThreads) fill_token_table(PlanHeaderArg h, const int32_t* plan,
+                                                             int32_t* table) {
+  __shared__ int32_t seg_start[kSegBatch], seg_slot[kSegBatch], seg_page[kSegBatch];
+  __shared__ int32_t warp_sums[2 * kWarps];
+  const int item = blockIdx.x;
+  int32_t* out = table + plan[h.w[kItemTableBegin] + item];
+  resolve_tokens(plan, h, plan[h.w[kItemSegmentBegin] + item], plan[h.w[kItemSegmentEnd] + item],
+                 h.w[kPageSize], seg_start, seg_slot, seg_page, warp_sums,
+                 [&](int t, int32_t page, int slot) { out[t] = (page << 8) | slot; });
 }
 
 // One warp per (query, q head): out[row][head] = sum_i w_i o_i / sum_i w_i, w_i = 2^(lse_i - max),
@@ -687,6 +732,20 @@ Status launch(const Stage1Params& params, void* out, const TreeAttentionWorkspac
 
 }  // namespace
 
+namespace detail {
+
+Status enqueue_token_table_fill(const void* device_plan, const int32_t* header, void* table,
+                                int32_t num_items, cudaStream_t stream) {
+  if (num_items <= 0) return Status::Ok();
+  PlanHeaderArg h;
+  for (int i = 0; i < kHeaderWords; ++i) h.w[i] = header[i];
+  fill_token_table<<<num_items, kThreads, 0, stream>>>(h, static_cast<const int32_t*>(device_plan),
+                                                       static_cast<int32_t*>(table));
+  return cuda_status("token table fill launch");
+}
+
+}  // namespace detail
+
 Status launch_tree_attention(const void* q, const void* k_pool, const void* v_pool, void* out,
                              TreeAttentionDtype dtype, int32_t num_q_heads, int32_t num_kv_heads,
                              int32_t head_dim, int32_t page_size, float sm_scale,
@@ -729,6 +788,7 @@ Status launch_tree_attention(const void* q, const void* k_pool, const void* v_po
   params.q = q;
   params.k = k_pool;
   params.v = v_pool;
+  params.token_table = static_cast<const int32_t*>(workspace.token_table());
   params.partial_o = static_cast<float*>(workspace.partial_o());
   params.partial_lse = static_cast<float*>(workspace.partial_lse());
   params.num_q_heads = num_q_heads;

@@ -41,6 +41,10 @@ struct TreeAttentionLimits {
   int32_t max_queries = 4096;
   int32_t max_view_pages = 1 << 20;  // pages of one view (plan.page_table)
   int32_t max_item_tokens = 2048;    // longest item; bounds the block's token table (smem)
+  // Entries of the per-upload token table (all items' tokens; 4 bytes each). A plan with more
+  // tokens (or a pool of 2^23 pages or more) runs without it (stage 1 resolves its tokens
+  // from the segments and page table itself); 0: never use one.
+  int32_t max_table_tokens = 1 << 20;
   int32_t max_num_q_heads = 32;      // partial (O, LSE) buffers are sized with these two
   int32_t max_head_dim = 128;
 
@@ -79,6 +83,8 @@ class TreeAttentionWorkspace {
   const int32_t* plan_header() const { return header_; }
   void* partial_o() const { return partial_o_; }      // float [max_partials][heads][head_dim]
   void* partial_lse() const { return partial_lse_; }  // float [max_partials][heads], base 2
+  const void* token_table() const { return token_table_; }  // int32 [max_table_tokens]
+  bool uses_token_table() const { return table_filled_; }  // for the last upload
 
  private:
   TreeAttentionLimits limits_;
@@ -87,10 +93,12 @@ class TreeAttentionWorkspace {
   void* staging_done_ = nullptr;  // cudaEvent_t
   void* partial_o_ = nullptr;
   void* partial_lse_ = nullptr;
+  void* token_table_ = nullptr;
   int64_t plan_words_ = 0;
   int32_t header_[kPlanHeaderWords] = {};
   int32_t num_items_ = 0, num_queries_ = 0, num_partials_ = 0;
   int32_t gqa_group_size_ = 0, page_size_ = 0, max_item_tokens_ = 0;
+  bool table_filled_ = false;
 };
 
 // The grid of a launch that a CUDA graph captures and replays after later uploads: blocks for

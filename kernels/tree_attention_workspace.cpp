@@ -3,6 +3,8 @@
 // layout of detail/tree_attention_layout.h, then one cudaMemcpyAsync).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -25,10 +27,13 @@ Status cuda_error(const char* what, cudaError_t e) {
 
 // Words the device buffer needs for plans within limits (each array padded to alignment).
 int64_t capacity_words(const TreeAttentionLimits& l) {
-  return kHeaderWords + 6 * align_up(l.max_work_items) + 3 * align_up(l.max_segments) +
+  return kHeaderWords + 7 * align_up(l.max_work_items) + 3 * align_up(l.max_segments) +
          2 * align_up(l.max_partials) + align_up(l.max_queries + 1) + align_up(l.max_queries) +
-         align_up(l.max_view_pages) + align_up(l.max_mask_words) + align_up(l.max_partials);
+         align_up(l.max_view_pages) + align_up(l.max_mask_words) + 2 * align_up(l.max_partials);
 }
+
+// Packed table entries hold the physical page in 23 bits (slot: 8 bits, page_size <= 256).
+constexpr int32_t kTablePageLimit = 1 << 23;
 
 }  // namespace
 
@@ -51,7 +56,9 @@ void TreeAttentionWorkspace::release() {
   if (device_plan_ != nullptr) cudaFree(device_plan_);
   if (partial_o_ != nullptr) cudaFree(partial_o_);
   if (partial_lse_ != nullptr) cudaFree(partial_lse_);
-  staging_done_ = host_staging_ = device_plan_ = partial_o_ = partial_lse_ = nullptr;
+  if (token_table_ != nullptr) cudaFree(token_table_);
+  staging_done_ = host_staging_ = device_plan_ = partial_o_ = partial_lse_ = token_table_ = nullptr;
+  table_filled_ = false;
   plan_words_ = 0;
   num_items_ = num_queries_ = num_partials_ = 0;
 }
@@ -60,9 +67,11 @@ Status TreeAttentionWorkspace::init(const TreeAttentionLimits& limits) {
   release();
   if (limits.max_work_items < 1 || limits.max_partials < 1 || limits.max_segments < 1 ||
       limits.max_queries < 1 || limits.max_view_pages < 1 || limits.max_mask_words < 0 ||
-      limits.max_item_tokens < 1 || limits.max_num_q_heads < 1 ||
+      limits.max_item_tokens < 1 || limits.max_num_q_heads < 1 || limits.max_table_tokens < 0 ||
       (limits.max_head_dim != 64 && limits.max_head_dim != 128)) {
-    return InvalidArgument("TreeAttentionLimits: every max_* must be >= 1 and max_head_dim 64|128");
+    return InvalidArgument(
+        "TreeAttentionLimits: every max_* must be >= 1 (max_table_tokens, max_mask_words >= 0) "
+        "and max_head_dim 64|128");
   }
   limits_ = limits;
   plan_words_ = capacity_words(limits);
@@ -75,6 +84,10 @@ Status TreeAttentionWorkspace::init(const TreeAttentionLimits& limits) {
   if (e != cudaSuccess) return cuda_error("cudaMalloc(partial_o)", e);
   e = cudaMalloc(&partial_lse_, lse_elems * sizeof(float));
   if (e != cudaSuccess) return cuda_error("cudaMalloc(partial_lse)", e);
+  if (limits.max_table_tokens > 0) {
+    e = cudaMalloc(&token_table_, size_t(limits.max_table_tokens) * 4);
+    if (e != cudaSuccess) return cuda_error("cudaMalloc(token table)", e);
+  }
   cudaEvent_t event;
   e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
   if (e != cudaSuccess) return cuda_error("cudaEventCreate", e);
@@ -152,11 +165,35 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
   words[kPartialSlot] = int32_t(cursor);
   for (int32_t m = 0; m < plan.num_partials(); ++m) words[cursor + plan.merge_partials[m]] = m;
   cursor += align_up(plan.num_partials());
+  words[kItemQueryRows] = int32_t(cursor);
+  for (size_t i = 0; i < plan.item_queries.size(); ++i) {
+    words[cursor + int64_t(i)] = plan.query_rows[size_t(plan.item_queries[i])];
+  }
+  cursor += align_up(int64_t(plan.item_queries.size()));
+  // The token table: each item's tokens from item_table_begin on, if they all fit.
+  words[kItemTableBegin] = int32_t(cursor);
+  int64_t table_tokens = 0;
+  for (size_t i = 0; i < ni; ++i) {
+    words[cursor + int64_t(i)] = int32_t(std::min<int64_t>(table_tokens, INT32_MAX));
+    table_tokens += plan.item_num_tokens[i];
+  }
+  cursor += align_up(int64_t(ni));
+  bool table = token_table_ != nullptr && table_tokens <= limits_.max_table_tokens;
+  for (size_t i = 0; table && i < plan.page_table.size(); ++i) {
+    table = plan.page_table[i] < kTablePageLimit;
+  }
+  words[kTokenTable] = table ? 1 : 0;
   std::memcpy(header_, words, sizeof(header_));
 
   e = cudaMemcpyAsync(device_plan_, host_staging_, size_t(cursor) * 4, cudaMemcpyHostToDevice,
                       stream);
   if (e != cudaSuccess) return cuda_error("cudaMemcpyAsync(plan)", e);
+  table_filled_ = false;
+  if (table && ni > 0) {
+    TS_RETURN_IF_ERROR(detail::enqueue_token_table_fill(device_plan_, header_, token_table_,
+                                                        plan.num_items(), stream));
+    table_filled_ = true;
+  }
   e = cudaEventRecord(static_cast<cudaEvent_t>(staging_done_), stream);
   if (e != cudaSuccess) return cuda_error("cudaEventRecord(staging)", e);
   num_items_ = plan.num_items();

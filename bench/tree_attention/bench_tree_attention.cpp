@@ -10,6 +10,7 @@
 // usage: bench_tree_attention [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush]
 //                             [--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X]
 //                             [--order plan|longest|interleaved]   (launch order of the items)
+//                             [--no-token-table]   (stage 1 resolves tokens per block; A/B)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,6 +56,7 @@ struct Options {
   int min_split = 0;
   double items_per_sm = 0;
   AttentionPlanConfig::ItemOrder item_order = AttentionPlanConfig::ItemOrder::kPlan;
+  bool token_table = true;  // false: stage 1 resolves its tokens itself (A/B)
 };
 
 struct Case {
@@ -150,8 +152,11 @@ std::vector<Case> make_cases() {
   return cases;
 }
 
-TreeAttentionLimits limits_for(const AttentionPlan& plan, int32_t num_q_heads) {
+TreeAttentionLimits limits_for(const AttentionPlan& plan, int32_t num_q_heads, bool token_table) {
   TreeAttentionLimits l;
+  int64_t tokens = 0;
+  for (int32_t n : plan.item_num_tokens) tokens += n;
+  l.max_table_tokens = token_table ? int32_t(std::max<int64_t>(1, tokens)) : 0;
   l.max_work_items = std::max(1, plan.num_items());
   l.max_partials = std::max(1, plan.num_partials());
   l.max_segments = std::max(1, plan.num_segments());
@@ -250,8 +255,8 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   CHECK_OK(problem.init(c.tree, num_q_heads, num_kv_heads, kHeadDim, TreeAttentionDtype::kFloat16,
                         1234, 2.f));
   TreeAttentionWorkspace ws, ws_base;
-  CHECK_OK(ws.init(limits_for(plan, num_q_heads)));
-  CHECK_OK(ws_base.init(limits_for(baseline, num_q_heads)));
+  CHECK_OK(ws.init(limits_for(plan, num_q_heads, opt.token_table)));
+  CHECK_OK(ws_base.init(limits_for(baseline, num_q_heads, opt.token_table)));
   CHECK_OK(ws.upload(plan, nullptr));
   CHECK_OK(ws_base.upload(baseline, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -345,6 +350,8 @@ int main_impl(int argc, char** argv) {
       opt.min_split = std::atoi(next().c_str());
     } else if (a == "--items-per-sm") {
       opt.items_per_sm = std::atof(next().c_str());
+    } else if (a == "--no-token-table") {
+      opt.token_table = false;
     } else if (a == "--order") {
       const std::string o = next();
       if (o == "plan") {
@@ -361,7 +368,7 @@ int main_impl(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush] "
                    "[--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X] "
-                   "[--order plan|longest|interleaved]\n",
+                   "[--order plan|longest|interleaved] [--no-token-table]\n",
                    argv[0]);
       return 2;
     }

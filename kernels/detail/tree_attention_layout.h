@@ -8,10 +8,19 @@
 // Besides the plan's own arrays the upload adds kPartialSlot, the inverse of merge_partials:
 // stage 1 stores partial p at slot partial_slot[p], so each query's partials are the
 // contiguous slots [query_merge_begin[q], query_merge_begin[q + 1]) and the merge needs no
-// indirection.
+// indirection. kItemQueryRows saves stage 1 one dependent load per query row.
+//
+// The token table (a separate int32 buffer of the workspace, when the plan fits it): entry
+// item_table_begin[i] + t = (physical page << 8) | slot of item i's token t, filled once per
+// upload by a small kernel (all of a step's layers share it), so stage 1's prologue is one
+// coalesced read instead of a segment scan and a page-table gather per token.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
+
+#include "common/status.h"
 
 namespace treeserve::detail {
 
@@ -38,8 +47,16 @@ enum PlanHeader : int32_t {
   kQueryRows,
   kPageTable,
   kMaskWords,
-  kPartialSlot,       // [num_partials] where stage 1 stores partial p: queries' partials contiguous
+  kPartialSlot,    // [num_partials] where stage 1 stores partial p: queries' partials contiguous
+  kItemQueryRows,  // [num_partials] query_rows[item_queries[i]]: the batch row of each item query
+  kItemTableBegin,  // [num_items] item i's first entry in the workspace's token table
+  kTokenTable,      // 1: the token table is filled for this plan (else stage 1 resolves tokens)
   kHeaderWords = 32,  // header padded so arrays start 128-byte aligned
 };
+
+// Enqueues the kernel that fills the token table for the plan just copied to device_plan
+// (header: its host copy, kTokenTable set): one block per item. tree_attention.cu.
+Status enqueue_token_table_fill(const void* device_plan, const int32_t* header, void* table,
+                                int32_t num_items, cudaStream_t stream);
 
 }  // namespace treeserve::detail

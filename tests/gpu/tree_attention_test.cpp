@@ -83,6 +83,21 @@ TreeAttentionWorkspace& shared_workspace() {
   return ws;
 }
 
+// A workspace whose token table holds only small plans (max_table_tokens = 0: none), so
+// stage 1 resolves the other plans' tokens itself.
+TreeAttentionWorkspace& small_table_workspace(int32_t max_table_tokens) {
+  static TreeAttentionWorkspace ws[2];
+  TreeAttentionWorkspace& w = ws[max_table_tokens == 0 ? 0 : 1];
+  if (!w.initialized()) {
+    TreeAttentionLimits limits;
+    limits.max_table_tokens = max_table_tokens;
+    const Status s = w.init(limits);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  EXPECT_EQ(w.limits().max_table_tokens, max_table_tokens);
+  return w;
+}
+
 testing::RandomTreeOptions random_options(uint64_t seed) {
   testing::RandomTreeOptions o;
   o.depth = 1 + int32_t(seed % 10);
@@ -99,6 +114,7 @@ testing::RandomTreeOptions random_options(uint64_t seed) {
 
 TEST(TreeAttentionGpu, RandomTreesMatchPlanExecutorFp16) {
   SKIP_WITHOUT_GPU();
+  int fitted = 0, spilled = 0;
   for (uint64_t seed = 1; seed <= 40; ++seed) {
     const TreeCase tree = testing::random_tree_case(seed * 104729, random_options(seed));
     Shape shape;
@@ -109,9 +125,24 @@ TEST(TreeAttentionGpu, RandomTreesMatchPlanExecutorFp16) {
     config.kv_chunk_tokens = std::vector<int32_t>{512, 128, 1024}[seed % 3];
     config.greedy_grouping = seed % 7 != 0;
     config.pack_subtrees = seed % 11 != 0;
-    const float err = gpu_vs_cpu_plan(tree, shape, config, &shared_workspace(), seed);
+    // Token table (default), none, or one that only small plans fit.
+    TreeAttentionWorkspace* ws = seed % 3 == 0   ? &shared_workspace()
+                                 : seed % 3 == 1 ? &small_table_workspace(0)
+                                                 : &small_table_workspace(3000);
+    const float err = gpu_vs_cpu_plan(tree, shape, config, ws, seed);
     EXPECT_LE(err, kFp16Tolerance) << "seed " << seed << " " << describe(shape);
+    if (seed % 3 == 1) {
+      EXPECT_FALSE(ws->uses_token_table());
+    }
+    if (seed % 3 == 0) {
+      EXPECT_TRUE(ws->uses_token_table()) << "seed " << seed;
+    }
+    fitted += seed % 3 == 2 && ws->uses_token_table();
+    spilled += seed % 3 == 2 && !ws->uses_token_table();
   }
+  // The small table both held some plans and turned some away.
+  EXPECT_GT(fitted, 0);
+  EXPECT_GT(spilled, 0);
 }
 
 TEST(TreeAttentionGpu, RandomTreesMatchPlanExecutorBf16) {
