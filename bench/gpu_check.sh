@@ -12,7 +12,8 @@
 # Needs BUILD_DIR's binaries (bin/, tests/gpu/, tests/e2e/, bench/tree_attention/), its tiny
 # model (tiny-llama/) and lib/libtreeserve_spm.so; put the non-CUDA shared libraries the
 # binaries need on LD_LIBRARY_PATH. Everything goes to $OUT (default ./gpu-out): *.log,
-# *.json, summary.txt.
+# *.json, summary.txt; with PACK=1 all of them packed into $OUT/gpu-check.tgz instead (the
+# device tool brings back only a few files).
 set -uo pipefail
 stage=${1:-all}
 B=${2:-build}
@@ -64,10 +65,10 @@ fi
 
 decode=("$B/bin/bench_decode" --config configs/models/llama-3-8b.json)
 if [ "$stage" = bench ] || [ "$stage" = all ]; then
-  for graphs in "" --graphs; do
+  for graphs in --no-graphs --graphs; do
     timeout 300 "${decode[@]}" --workloads fewshot --fewshot-branches 50 --steps 16 $graphs \
       > "$OUT/decode-b50$graphs.txt" 2>&1
-    note "bench_decode b=50 ${graphs:-(no graphs)}: exit $? $(grep -E '^fewshot' "$OUT/decode-b50$graphs.txt")"
+    note "bench_decode b=50 $graphs: exit $? $(grep -E '^fewshot' "$OUT/decode-b50$graphs.txt")"
   done
   timeout 400 "${decode[@]}" --graphs --json "$OUT/decode.json" > "$OUT/decode.txt" 2>&1
   note "bench_decode (all workloads, graphs): exit $?"
@@ -111,4 +112,7 @@ for part, sub in (("tree", items[: len(items) // 2]), ("baseline", items[len(ite
 PY
 fi
 note "overall status: $status"
+if [ "${PACK:-0}" = 1 ]; then
+  tar czf /tmp/gpu-check.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/gpu-check.tgz "$OUT/"
+fi
 exit $status

@@ -123,17 +123,25 @@ int run_treeserve(int argc, char** argv) {
   app.add_option("--page-size", cl.page_size, "KV page size in tokens (1..256)");
   app.add_option("--tensor-parallel", cl.tensor_parallel,
                  "GPUs to split the model over (NCCL; cuda backend; default 1)");
-  app.add_flag("--cuda-graphs,!--no-cuda-graphs", cl.cuda_graphs,
-               "replay decode steps from CUDA graphs (engine.cuda_graphs; cuda backend, 1 GPU)");
-  app.add_flag("--gemm-autotune,!--no-gemm-autotune", cl.gemm_autotune,
-               "time each GEMM shape's cublasLt candidates on first use (engine.gemm_autotune; "
-               "cuda backend; default on)");
+  // Boolean switches with a negated form: CLI11 gives a std::optional<bool> flag a value even
+  // when it is absent, so each flag writes a plain bool and counts tell whether it was given.
+  bool cuda_graphs_flag = false, gemm_autotune_flag = false;
+  CLI::Option* cuda_graphs_opt =
+      app.add_flag("--cuda-graphs,!--no-cuda-graphs", cuda_graphs_flag,
+                   "replay decode steps from CUDA graphs (engine.cuda_graphs; cuda backend, 1 "
+                   "GPU; default on)");
+  CLI::Option* gemm_autotune_opt =
+      app.add_flag("--gemm-autotune,!--no-gemm-autotune", gemm_autotune_flag,
+                   "time each GEMM shape's cublasLt candidates on first use "
+                   "(engine.gemm_autotune; cuda backend; default on)");
   app.add_flag("--print-config", cl.print_config, "print the effective config and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (cuda_graphs_opt->count() > 0) cl.cuda_graphs = cuda_graphs_flag;
+  if (gemm_autotune_opt->count() > 0) cl.gemm_autotune = gemm_autotune_flag;
 
   TreeserveConfig config;
   auto fail = [](const Status& s) {

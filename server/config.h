@@ -34,9 +34,8 @@ struct EngineOptions {
   // prefix-unaware server does (for side-by-side measurements; see
   // configs/server/no-prefix-sharing.json).
   std::string attention = "tree";
-  // CUDA backend, one GPU: replay each decode shape's layer chain as a CUDA graph (opt in:
-  // not yet verified on a GPU).
-  bool cuda_graphs = false;
+  // CUDA backend, one GPU: replay each decode shape's layer chain as a CUDA graph.
+  bool cuda_graphs = true;
   // CUDA backend: choose each GEMM shape's cublasLt algorithm by timing its candidates the
   // first time the shape runs (false: cuBLAS's default choice).
   bool gemm_autotune = true;

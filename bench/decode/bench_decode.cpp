@@ -13,7 +13,7 @@
 //
 //   bench_decode [--config configs/models/llama-3-8b.json] [--steps 16] [--json FILE]
 //                [--workloads fewshot,sampled,spec,tot] [--kv-gib 6] [--tensor-parallel N]
-//                [--fewshot-branches 20,30,50] [--profile-last-step] [--graphs]
+//                [--fewshot-branches 20,30,50] [--profile-last-step] [--graphs|--no-graphs]
 //                [--no-gemm-tune]
 // --profile-last-step wraps each workload's last step in cudaProfilerStart/Stop, for
 // `ncu --profile-from-start off` (per-kernel times of one step).
@@ -48,7 +48,7 @@ struct Args {
   int tensor_parallel = 1;
   std::vector<int> fewshot_branches = {20, 30, 50};
   bool profile_last_step = false;  // cudaProfilerStart/Stop around each workload's last step
-  bool cuda_graphs = false;
+  bool cuda_graphs = true;
   bool gemm_tune = true;
 };
 
@@ -554,13 +554,15 @@ int main(int argc, char** argv) {
       args.profile_last_step = true;
     else if (a == "--graphs")
       args.cuda_graphs = true;
+    else if (a == "--no-graphs")
+      args.cuda_graphs = false;
     else if (a == "--no-gemm-tune")
       args.gemm_tune = false;
     else {
       std::fprintf(stderr,
                    "usage: bench_decode [--config F] [--steps N] [--json F] "
                    "[--workloads fewshot,sampled,spec,tot] [--kv-gib G] [--tensor-parallel N] "
-                   "[--fewshot-branches 20,30,50] [--profile-last-step] [--graphs] "
+                   "[--fewshot-branches 20,30,50] [--profile-last-step] [--graphs|--no-graphs] "
                    "[--no-gemm-tune]\n");
       return 2;
     }

@@ -90,10 +90,21 @@ TEST(CliErrors, PrintConfigShowsCliOverrides) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\"page_size\":32"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("127.0.0.1:6000"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("\"cuda_graphs\":false"), std::string::npos) << r.output;
-  auto g = run_treeserve_to_exit({"--print-config", "--cuda-graphs"});
+  EXPECT_NE(r.output.find("\"cuda_graphs\":true"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"gemm_autotune\":true"), std::string::npos) << r.output;
+  auto g = run_treeserve_to_exit({"--print-config", "--no-cuda-graphs", "--no-gemm-autotune"});
   EXPECT_EQ(g.exit_code, 0) << g.output;
-  EXPECT_NE(g.output.find("\"cuda_graphs\":true"), std::string::npos) << g.output;
+  EXPECT_NE(g.output.find("\"cuda_graphs\":false"), std::string::npos) << g.output;
+  EXPECT_NE(g.output.find("\"gemm_autotune\":false"), std::string::npos) << g.output;
+  // A switch the command line does not name keeps the config file's value.
+  const std::string path =
+      write_temp("switches.json", R"({"engine": {"cuda_graphs": false, "gemm_autotune": false}})");
+  auto f = run_treeserve_to_exit({"--print-config", "--config", path});
+  EXPECT_NE(f.output.find("\"cuda_graphs\":false"), std::string::npos) << f.output;
+  EXPECT_NE(f.output.find("\"gemm_autotune\":false"), std::string::npos) << f.output;
+  auto o = run_treeserve_to_exit({"--print-config", "--config", path, "--cuda-graphs"});
+  EXPECT_NE(o.output.find("\"cuda_graphs\":true"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("\"gemm_autotune\":false"), std::string::npos) << o.output;
 }
 
 class ServerE2E : public ::testing::Test {

@@ -90,15 +90,15 @@ TEST(Config, AttentionScheduleAndTheNoSharingPreset) {
   ASSERT_TRUE(merge_config_json(R"({"engine": {"attention": "baseline"}})", "a.json", &c).ok());
   EXPECT_EQ(c.engine.attention, "baseline");
   EXPECT_TRUE(validate_config(c).ok());
-  EXPECT_FALSE(c.engine.cuda_graphs);
-  ASSERT_TRUE(merge_config_json(R"({"engine": {"cuda_graphs": true}})", "b.json", &c).ok());
   EXPECT_TRUE(c.engine.cuda_graphs);
+  ASSERT_TRUE(merge_config_json(R"({"engine": {"cuda_graphs": false}})", "b.json", &c).ok());
+  EXPECT_FALSE(c.engine.cuda_graphs);
   EXPECT_EQ(c.engine.attention, "baseline");  // merged, not reset
   EXPECT_FALSE(merge_config_json(R"({"engine": {"cuda_graphs": "yes"}})", "c.json", &c).ok());
   EXPECT_TRUE(c.engine.gemm_autotune);
   ASSERT_TRUE(merge_config_json(R"({"engine": {"gemm_autotune": false}})", "d.json", &c).ok());
   EXPECT_FALSE(c.engine.gemm_autotune);
-  EXPECT_TRUE(c.engine.cuda_graphs);  // merged, not reset
+  EXPECT_FALSE(c.engine.cuda_graphs);  // merged, not reset
   EXPECT_NE(config_to_json(c).find("\"gemm_autotune\":false"), std::string::npos);
   EXPECT_FALSE(merge_config_json(R"({"engine": {"gemm_autotune": 1}})", "e.json", &c).ok());
   // Prefix sharing off, for A/B measurements: no radix reuse and prefix-unaware attention.
