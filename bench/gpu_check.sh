@@ -3,7 +3,8 @@
 #   bench/gpu_check.sh [tests|sanitize|e2e|bench|ncu|all] [BUILD_DIR]  (default: all build)
 # tests: every GPU test binary (label gpu: kernels, backend vs CPU, graphs vs eager, sampling);
 # sanitize: compute-sanitizer memcheck on the backend tests (graphs, forked trees, row
-#        kernels, sliced argmax) and the sampling tests, racecheck on one attention test;
+#        kernels, sliced argmax), the sampling tests and three attention tests (token table,
+#        graph grids, workload shapes), racecheck on one attention test;
 # e2e:   the tree-API, tree-search and random-weights e2e suites against
 #        `treeserve --backend cuda` on the tiny model, with CUDA graphs off and on;
 # bench: bench_decode few-shot b=50 with CUDA graphs off and on (same binary, back to back),
@@ -47,6 +48,7 @@ if [ "$stage" = sanitize ] || [ "$stage" = all ]; then
   san backend memcheck cuda_backend_gpu_tests '*Graph*:*ForkedTree*:*ArgmaxOnly*:*SingleSequenceMatchesCpuFp16*'
   san sampling memcheck cuda_sampling_gpu_tests '*'
   san attention racecheck tree_attention_gpu_tests '*GraphGrid*'
+  san attention-mem memcheck tree_attention_gpu_tests '*LongRuns*:*GraphGrid*:*Workload*'
 fi
 
 if [ "$stage" = e2e ] || [ "$stage" = all ]; then
