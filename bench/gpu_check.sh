@@ -101,7 +101,16 @@ for r in rows:
         scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
         kernels[d["ID"]] = (d["Kernel Name"], v * scale.get(d["Metric Unit"], 1.0))
 items = list(kernels.values())
-for part, sub in (("tree", items[: len(items) // 2]), ("baseline", items[len(items) // 2:])):
+# One profiled step per run of bench_decode (tree attention, then the baseline, then the
+# tree again with GEMM tuning off): each starts with its embedding kernel; anything before the
+# first is shown on its own.
+starts = [i for i, (name, _) in enumerate(items) if "embed" in name]
+bounds = ([0] if not starts or starts[0] > 0 else []) + starts + [len(items)]
+names = ["tree", "baseline", "tree, GEMM tuning off"]
+labels = (["before the first step"] if not starts or starts[0] > 0 else []) + \
+    [names[k] if k < len(names) else f"step {k + 1}" for k in range(len(starts))]
+for part, lo, hi in zip(labels, bounds, bounds[1:]):
+    sub = items[lo:hi]
     agg = collections.OrderedDict()
     for name, us in sub:
         name = re.sub(r"\(.*", "", name).replace("void ", "")[:70]
