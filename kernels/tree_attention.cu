@@ -154,8 +154,8 @@ struct Stage1Params {
   const void* k;  // [pages][num_kv_heads][page_size][D]
   const void* v;
   const int32_t* token_table;  // the workspace's (used when the header's kTokenTable is set)
-  float* partial_o;    // [partials][num_q_heads][D]
-  float* partial_lse;  // [partials][num_q_heads]
+  float* partial_o;            // [partials][num_q_heads][D]
+  float* partial_lse;          // [partials][num_q_heads]
   int32_t num_q_heads;
   int32_t num_kv_heads;
   float scale_log2;  // sm_scale * log2(e)
@@ -544,11 +544,10 @@ __global__ void __launch_bounds__(kThreads, 2) tree_attention_stage1(Stage1Param
     }
     __syncthreads();
   } else {
-    resolve_tokens(plan, h, plan[h.w[kItemSegmentBegin] + item],
-                   plan[h.w[kItemSegmentEnd] + item], page_size, seg_start, seg_slot, seg_page,
-                   warp_sums, [&](int t, int32_t page, int slot) {
-                     tok[t] = page * rows_per_page + head_row + slot;
-                   });
+    resolve_tokens(
+        plan, h, plan[h.w[kItemSegmentBegin] + item], plan[h.w[kItemSegmentEnd] + item], page_size,
+        seg_start, seg_slot, seg_page, warp_sums,
+        [&](int t, int32_t page, int slot) { tok[t] = page * rows_per_page + head_row + slot; });
   }
 
   const T* k_pool = static_cast<const T*>(p.k);
@@ -599,8 +598,8 @@ __global__ void __launch_bounds__(kThreads, 2) tree_attention_stage1(Stage1Param
 
 // The upload's token table: one block per item writes (page << 8) | slot for each of its
 // tokens at item_table_begin[item] (detail/tree_attention_layout.h).
-__global__ void __launch_bounds__(kThreads) fill_token_table(PlanHeaderArg h, const int32_t* plan,
-                                                             int32_t* table) {
+__global__ void __launch_bounds__(kThreads)
+    fill_token_table(PlanHeaderArg h, const int32_t* plan, int32_t* table) {
   __shared__ int32_t seg_start[kSegBatch], seg_slot[kSegBatch], seg_page[kSegBatch];
   __shared__ int32_t warp_sums[2 * kWarps];
   const int item = blockIdx.x;

@@ -45,7 +45,7 @@ struct TreeAttentionLimits {
   // tokens (or a pool of 2^23 pages or more) runs without it (stage 1 resolves its tokens
   // from the segments and page table itself); 0: never use one.
   int32_t max_table_tokens = 1 << 20;
-  int32_t max_num_q_heads = 32;      // partial (O, LSE) buffers are sized with these two
+  int32_t max_num_q_heads = 32;  // partial (O, LSE) buffers are sized with these two
   int32_t max_head_dim = 128;
 
   void apply_to(AttentionPlanConfig* config) const;
@@ -81,10 +81,10 @@ class TreeAttentionWorkspace {
   static constexpr int kPlanHeaderWords = 32;
   const void* device_plan() const { return device_plan_; }
   const int32_t* plan_header() const { return header_; }
-  void* partial_o() const { return partial_o_; }      // float [max_partials][heads][head_dim]
-  void* partial_lse() const { return partial_lse_; }  // float [max_partials][heads], base 2
+  void* partial_o() const { return partial_o_; }            // float [max_partials][heads][head_dim]
+  void* partial_lse() const { return partial_lse_; }        // float [max_partials][heads], base 2
   const void* token_table() const { return token_table_; }  // int32 [max_table_tokens]
-  bool uses_token_table() const { return table_filled_; }  // for the last upload
+  bool uses_token_table() const { return table_filled_; }   // for the last upload
 
  private:
   TreeAttentionLimits limits_;

@@ -47,8 +47,8 @@ enum PlanHeader : int32_t {
   kQueryRows,
   kPageTable,
   kMaskWords,
-  kPartialSlot,    // [num_partials] where stage 1 stores partial p: queries' partials contiguous
-  kItemQueryRows,  // [num_partials] query_rows[item_queries[i]]: the batch row of each item query
+  kPartialSlot,     // [num_partials] where stage 1 stores partial p: queries' partials contiguous
+  kItemQueryRows,   // [num_partials] query_rows[item_queries[i]]: the batch row of each item query
   kItemTableBegin,  // [num_items] item i's first entry in the workspace's token table
   kTokenTable,      // 1: the token table is filled for this plan (else stage 1 resolves tokens)
   kHeaderWords = 32,  // header padded so arrays start 128-byte aligned
