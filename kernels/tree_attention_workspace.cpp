@@ -28,8 +28,8 @@ Status cuda_error(const char* what, cudaError_t e) {
 // Words the device buffer needs for plans within limits (each array padded to alignment).
 int64_t capacity_words(const TreeAttentionLimits& l) {
   return kHeaderWords + 7 * align_up(l.max_work_items) + 3 * align_up(l.max_segments) +
-         2 * align_up(l.max_partials) + align_up(l.max_queries + 1) + align_up(l.max_queries) +
-         align_up(l.max_view_pages) + align_up(l.max_mask_words) + 2 * align_up(l.max_partials);
+         align_up(l.max_queries + 1) + align_up(l.max_queries) + align_up(l.max_view_pages) +
+         align_up(l.max_mask_words) + 2 * align_up(l.max_partials);
 }
 
 // Packed table entries hold the physical page in 23 bits (slot: 8 bits, page_size <= 256).
@@ -156,9 +156,7 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
   put(kSegPageBegin, plan.seg_page_begin.data(), ns);
   put(kSegFirstSlot, plan.seg_first_slot.data(), ns);
   put(kSegNumTokens, plan.seg_num_tokens.data(), ns);
-  put(kItemQueries, plan.item_queries.data(), plan.item_queries.size());
   put(kQueryMergeBegin, plan.query_merge_begin.data(), plan.query_merge_begin.size());
-  put(kMergePartials, plan.merge_partials.data(), plan.merge_partials.size());
   put(kQueryRows, plan.query_rows.data(), plan.query_rows.size());
   put(kPageTable, plan.page_table.data(), plan.page_table.size());
   put(kMaskWords, plan.mask_words.data(), plan.mask_words.size());

@@ -5,10 +5,12 @@
 // block); fixed-grid launches read it from the device buffer, so a captured launch stays valid
 // for every later upload.
 //
-// Besides the plan's own arrays the upload adds kPartialSlot, the inverse of merge_partials:
-// stage 1 stores partial p at slot partial_slot[p], so each query's partials are the
-// contiguous slots [query_merge_begin[q], query_merge_begin[q + 1]) and the merge needs no
-// indirection. kItemQueryRows saves stage 1 one dependent load per query row.
+// Arrays the kernels read in a form of their own instead of the plan's: kPartialSlot, the
+// inverse of merge_partials (stage 1 stores partial p at slot partial_slot[p], so each
+// query's partials are the contiguous slots [query_merge_begin[q], query_merge_begin[q + 1])
+// and the merge needs no indirection), and kItemQueryRows, query_rows[item_queries[i]] (one
+// dependent load less per query row in stage 1). item_queries and merge_partials themselves
+// are not uploaded.
 //
 // The token table (a separate int32 buffer of the workspace, when the plan fits it): entry
 // item_table_begin[i] + t = (physical page << 8) | slot of item i's token t, filled once per
@@ -41,9 +43,7 @@ enum PlanHeader : int32_t {
   kSegPageBegin,
   kSegFirstSlot,
   kSegNumTokens,
-  kItemQueries,
   kQueryMergeBegin,
-  kMergePartials,
   kQueryRows,
   kPageTable,
   kMaskWords,
