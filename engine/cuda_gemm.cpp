@@ -220,11 +220,7 @@ Status LtGemm::make_plan(const PlanKey& key, const void* x, const void* w, void*
     if (capturing != cudaStreamCaptureStatusNone) {
       // No timing inside a capture: the heuristic's first candidate for this call only.
       plan->provisional = true;
-      std::vector<cublasLtMatmulHeuristicResult_t> found;
-      TS_RETURN_IF_ERROR(heuristic(*plan, key, 1, &found));
-      plan->use_fallback = found.empty();
-      if (!found.empty()) plan->algo = found[0].algo;
-      return Status::Ok();
+      return use_first_candidate(key, plan);
     }
     // The tuning set: the caller's same-shape weights at least as aligned as this call's.
     std::vector<const void*> weights;
@@ -251,6 +247,11 @@ Status LtGemm::make_plan(const PlanKey& key, const void* x, const void* w, void*
       check.workspaceSize <= workspace_bytes_) {
     return Status::Ok();
   }
+  return use_first_candidate(key, plan);
+}
+
+// The heuristic's first candidate for the plan's shape, or cublasGemmEx when it has none.
+Status LtGemm::use_first_candidate(const PlanKey& key, Plan* plan) const {
   std::vector<cublasLtMatmulHeuristicResult_t> found;
   TS_RETURN_IF_ERROR(heuristic(*plan, key, 1, &found));
   plan->use_fallback = found.empty();

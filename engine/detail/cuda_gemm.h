@@ -102,6 +102,7 @@ class LtGemm {
                    std::span<const void* const> same_shape, Plan* plan);
   Status heuristic(const Plan& plan, const PlanKey& key, int requested,
                    std::vector<cublasLtMatmulHeuristicResult_t>* out) const;
+  Status use_first_candidate(const PlanKey& key, Plan* plan) const;
   Status tune(const Plan& plan, const PlanKey& key, const void* x, void* y, cudaStream_t stream,
               std::span<const void* const> weights, TunedGemm* chosen);
   Status run_fallback(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
