@@ -55,13 +55,17 @@ struct AttentionPlanConfig {
   bool pack_subtrees = true;       // false: no masked packing of small subtrees
   bool long_context_split = true;  // false: chunks are always kv_chunk_tokens
   // Launch order of the items. Cost = tokens x (query_tile_rows + rows), an estimate of an
-  // item's time. kPlan: as built (groups in tree order, chunks in order). kLongestFirst: by
+  // item's time. kKvMajor (default): by the KV position an item starts at (node, then token),
+  // stable, so the query tiles that read the same chunk of a shared run are launched side by
+  // side: their blocks run together and all but the first read of each KV tile hit L2 (as
+  // built, a group's chunks come first, so a tile's re-reads came a wave later, from DRAM).
+  // kPlan: as built (groups in tree order, chunks in order). kLongestFirst: by
   // cost, longest first (stable), so the long items do not start last and leave SMs idle at
   // the tail. kInterleaved: by cost, alternating from both ends (longest, shortest, second
   // longest, ...), so the SMs' resident blocks mix compute-heavy items (many query rows) with
   // memory-heavy ones (decode-shaped) instead of all of one kind at a time.
-  enum class ItemOrder : uint8_t { kPlan, kLongestFirst, kInterleaved };
-  ItemOrder item_order = ItemOrder::kPlan;
+  enum class ItemOrder : uint8_t { kPlan, kLongestFirst, kInterleaved, kKvMajor };
+  ItemOrder item_order = ItemOrder::kKvMajor;
 
   // Optional bounds of a preallocated workspace (0 = unbounded): exceeding one returns
   // RESOURCE_EXHAUSTED. num_pages > 0 also checks every page id against the pool.

@@ -10,8 +10,12 @@
 //  - the item's tokens (the concatenation of its page-table segments) are first resolved to
 //    pool offsets in shared memory, then kKvTile-token K and V tiles stream in with cp.async,
 //    kStages deep, into XOR-swizzled shared memory (ldmatrix without bank conflicts);
-//  - S = Q K^T and O += P V with mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulate), online
-//    softmax in base 2, mask words applied per (row, token) where the item has them;
+//  - S = Q K^T and O += P V on tensor cores (fp16/bf16 in, fp32 accumulate), online softmax
+//    in base 2, mask words applied per (row, token) where the item has them. Items of more
+//    than 32 rows (one 16-row slab per warp) use wgmma on sm_90a builds: the 4 warps are one
+//    warpgroup, Q and K are read from shared memory by the tensor cores (m64n64k16) and P V
+//    takes P from registers (m64nDk16); other items, and other architectures, use mma.sync
+//    m16n8k16 with ldmatrix. Both read the same 128-byte-swizzled tiles (swz);
 //  - with 64 rows every warp owns a slab; with <= 32 rows (decode items: one query = gqa
 //    rows) the warps of a slab split each tile's tokens and merge their states at the end;
 //  - the partial O (fp32, normalised) and its LSE (base 2) go to the workspace, at the slot
@@ -50,6 +54,7 @@ constexpr int kStages = 2;           // K/V tiles resident (kStages - 1 in fligh
 constexpr int kSegBatch = kThreads;  // segments resolved per pass
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kTileRows == 16 * kWarps, "one 16-row MMA slab per warp");
+static_assert(kTileRows == 64 && kKvTile == 64, "swizzled tiles (swz) have 64 rows");
 
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers.
@@ -124,11 +129,118 @@ struct Dtype<__nv_bfloat16> {
   }
 };
 
-// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][D] tile: chunk
-// c of row r lives at c ^ (r % 8), so the 8 rows one ldmatrix reads hit 8 different banks.
+// ---------------------------------------------------------------------------------------------
+// wgmma (sm_90a): one warpgroup (the block's 4 warps) multiplies a 64-row tile at once, with
+// operands read from shared memory by the tensor cores (no ldmatrix issue). The accumulator
+// layout per warp is mma.sync m16n8's (warp w owns rows 16w..16w+15; per 8-column block j a
+// thread holds d[j][0..1] at row lane/4 and d[j][2..3] at row lane/4 + 8, columns
+// 8j + 2 (lane % 4) + {0, 1}), and a register A operand is mma.sync m16n8k16's A fragment, so
+// the softmax between the two products is the same code as the mma.sync path.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TS_WGMMA 1
+#else
+#define TS_WGMMA 0
+#endif
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading-dimension byte
+// offset (K-major: unused; MN-major: distance between 64-element column groups), stride byte
+// offset (distance between 8-row groups: 1024 bytes for 128-byte rows).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Shared memory written through the generic proxy (cp.async) made visible to wgmma's reads.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving accesses of accumulator registers across wgmma issue/wait.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    asm volatile("" : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])::"memory");
+  }
+}
+
+// S (64 x 64) [+]= A (64 x 16, shared, K-major) * B (16 x 64, shared, K-major), and
+// O (64 x N) += A (64 x 16, registers) * B (16 x N, shared, MN-major: V rows as stored).
+template <typename T>
+struct Wgmma {
+  __device__ static void ss_n64(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate);
+  __device__ static void rs_n64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b);
+  __device__ static void rs_n128(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b);
+};
+#if TS_WGMMA
+// clang-format off
+// Accumulator operands of the wgmma forms below: 32 registers for N = 64, 64 for N = 128.
+#define TS_WGMMA_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define TS_WGMMA_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define TS_WGMMA_D8 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define TS_WGMMA_D16 TS_WGMMA_D8, \
+    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+// The three products for one dtype (TY: its PTX type name).
+#define TS_WGMMA_DEFINE(T, TY) \
+  template <> \
+  __device__ __forceinline__ void Wgmma<T>::ss_n64(float (&d)[8][4], uint64_t a, uint64_t b, \
+                                                   int accumulate) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " TS_WGMMA_REGS32 \
+                 ", %32, %33, p, 1, 1, 0, 0;\n}\n" \
+                 : TS_WGMMA_D8 : "l"(a), "l"(b), "r"(accumulate)); \
+  } \
+  template <> \
+  __device__ __forceinline__ void Wgmma<T>::rs_n64(float (&d)[8][4], const uint32_t (&a)[4], \
+                                                   uint64_t b) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " TS_WGMMA_REGS32 \
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n" \
+                 : TS_WGMMA_D8 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)); \
+  } \
+  template <> \
+  __device__ __forceinline__ void Wgmma<T>::rs_n128(float (&d)[16][4], const uint32_t (&a)[4], \
+                                                    uint64_t b) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " TS_WGMMA_REGS64 \
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n" \
+                 : TS_WGMMA_D16 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)); \
+  }
+TS_WGMMA_DEFINE(__half, "f16")
+TS_WGMMA_DEFINE(__nv_bfloat16, "bf16")
+#undef TS_WGMMA_DEFINE
+// clang-format on
+#endif  // TS_WGMMA
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled 64-row tile of D
+// columns. The tile is stored as D / 64 column halves of [64 rows][64 elements] (128-byte
+// rows), and chunk c of a row sits at position c ^ (row % 8) of its half: the 8 rows one
+// ldmatrix reads hit 8 different banks, and each 8-row x 128-byte block is exactly the
+// 128-byte-swizzle atom that wgmma's shared-memory descriptors address (tile bases are
+// 1024-byte aligned).
+constexpr int kSwzRows = 64;                   // rows of every swizzled tile (Q, K, V)
+constexpr int kSwzHalfBytes = kSwzRows * 128;  // one 64-column half of a tile
 template <int D>
 __device__ __forceinline__ int swz(int row, int chunk) {
-  return row * D + ((chunk ^ (row & 7)) << 3);
+  return (chunk >> 3) * (kSwzRows * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
 }
 
 // The plan header (counts and array offsets), by value or read from the device buffer.
@@ -163,9 +275,9 @@ struct Stage1Params {
 
 template <int D>
 constexpr int stage1_smem_bytes_fixed() {
-  // Q tile, kStages K and V tiles, segment scratch (start, first slot, page, warp sums x2);
-  // the token table (4 bytes a token) comes on top.
-  return (kTileRows + 2 * kStages * kKvTile) * D * 2 + (3 * kSegBatch + 2 * kWarps) * 4;
+  // Q tile, kStages K and V tiles, segment scratch (start, first slot, page, warp sums x2),
+  // 1 KB to align the tiles; the token table (4 bytes a token) comes on top.
+  return (kTileRows + 2 * kStages * kKvTile) * D * 2 + (3 * kSegBatch + 2 * kWarps) * 4 + 1024;
 }
 
 // Calls emit(t, physical page, slot in page) for every token t of segments
@@ -274,22 +386,41 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
 
+  // Whole 64-row tiles (one slab per warp) multiply with wgmma where the build targets sm_90a:
+  // the block's 4 warps are one warpgroup, and all of them take part (pad rows are zero).
+  constexpr bool kWgmma = TS_WGMMA != 0 && kSplit == 1;
   for (int tile = 0; tile < it.num_tiles; ++tile) {
     // Refill the stage consumed in the previous iteration (freed by its trailing barrier).
     const int ahead = tile + kStages - 1;
     if (ahead < it.num_tiles) load_tile(ahead, ahead % kStages);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
+    if constexpr (kWgmma) fence_proxy_async_smem();  // cp.async data -> wgmma's reads
     __syncthreads();
-    if (warp_active) {
+    if (kWgmma || warp_active) {
       const T* k_tile = s_k + (tile % kStages) * kKvTile * D;
       const T* v_tile = s_v + (tile % kStages) * kKvTile * D;
       // S = Q K^T over this warp's kTok tokens: 16 rows x kTok, kN n-tiles of 8 tokens.
       float s[kN][4];
 #pragma unroll
       for (int j = 0; j < kN; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+      if constexpr (kWgmma) {
+        // 64 x 64 scores of the warpgroup: D / 16 k-steps of 16 head dims (32 bytes inside
+        // a 128-byte swizzled row; steps 4-7 in the second column half).
+        static_assert(kN == 8, "wgmma scores one 64-token tile");
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const uint32_t off = (kk >> 2) * kSwzHalfBytes + (kk & 3) * 32;
+          Wgmma<T>::ss_n64(s, sw128_desc(smem_u32(s_q) + off, 16, 1024),
+                           sw128_desc(smem_u32(k_tile) + off, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_regs(s);
+      }
+#pragma unroll
+      for (int kk = 0; kk < (kWgmma ? 0 : D / 16); ++kk) {
         // Q fragments are re-read from shared memory per k-step rather than held for the
         // whole item: 32 registers less (no spills at 2 blocks per SM) for 8 ldmatrix a tile.
         uint32_t qa[4];
@@ -367,8 +498,35 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
         }
       }
       // O += P V: P's accumulator layout is the A-fragment layout of the next MMA.
+      if constexpr (kWgmma) {
+        // k-steps of 16 tokens (2048 bytes of V rows); V is MN-major (head dims contiguous),
+        // its two 64-column halves kSwzHalfBytes apart.
+        // P is packed before the fence: registers written between wgmmas would make ptxas
+        // serialise them (warpgroup.arrive).
+        uint32_t pa[kTok / 16][4];
 #pragma unroll
-      for (int kk = 0; kk < kTok / 16; ++kk) {
+        for (int kk = 0; kk < kTok / 16; ++kk) {
+          pa[kk][0] = Dtype<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+          pa[kk][1] = Dtype<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+          pa[kk][2] = Dtype<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+          pa[kk][3] = Dtype<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kTok / 16; ++kk) {
+          const uint64_t b = sw128_desc(smem_u32(v_tile) + kk * 16 * 128, kSwzHalfBytes, 1024);
+          if constexpr (D == 128) {
+            Wgmma<T>::rs_n128(o_acc, pa[kk], b);
+          } else {
+            Wgmma<T>::rs_n64(o_acc, pa[kk], b);
+          }
+        }
+        wgmma_commit();
+        wgmma_wait_all();  // V's stage is refilled after the barrier below
+        fence_regs(o_acc);
+      }
+#pragma unroll
+      for (int kk = 0; kk < (kWgmma ? 0 : kTok / 16); ++kk) {
         uint32_t a[4];
         a[0] = Dtype<T>::pack(s[2 * kk][0], s[2 * kk][1]);
         a[1] = Dtype<T>::pack(s[2 * kk][2], s[2 * kk][3]);
@@ -498,7 +656,10 @@ __global__ void __launch_bounds__(kThreads, 2) tree_attention_stage1(Stage1Param
   const int32_t* item_query_rows = plan + h.w[kItemQueryRows];
   const uint32_t* mask_words = reinterpret_cast<const uint32_t*>(plan + h.w[kMaskWords]);
 
-  extern __shared__ __align__(128) unsigned char smem[];
+  // Tiles start on 1024-byte boundaries (the 128-byte swizzle atoms of swz()); the launch
+  // adds 1 KB of slack for the round-up.
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   T* s_q = reinterpret_cast<T*>(smem);
   T* s_k = s_q + kTileRows * D;  // [kStages][kKvTile][D]
   T* s_v = s_k + kStages * kKvTile * D;

@@ -9,11 +9,14 @@
 //
 // usage: bench_tree_attention [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush]
 //                             [--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X]
-//                             [--order plan|longest|interleaved]   (launch order of the items)
+//                             [--order kv|plan|longest|interleaved]   (launch order of the items)
 //                             [--no-token-table]   (stage 1 resolves tokens per block; A/B)
+//                             [--few-shot P,B,S]...  (only these cases: a P-token prompt with
+//                                                     B branches of S tokens; repeatable)
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -55,8 +58,9 @@ struct Options {
   int chunk = 0;  // 0: tree_attention_plan_config's default
   int min_split = 0;
   double items_per_sm = 0;
-  AttentionPlanConfig::ItemOrder item_order = AttentionPlanConfig::ItemOrder::kPlan;
-  bool token_table = true;  // false: stage 1 resolves its tokens itself (A/B)
+  AttentionPlanConfig::ItemOrder item_order = AttentionPlanConfig::ItemOrder::kKvMajor;
+  bool token_table = true;                       // false: stage 1 resolves its tokens itself (A/B)
+  std::vector<std::array<int32_t, 3>> few_shot;  // --few-shot P,B,S: custom cases only
 };
 
 struct Case {
@@ -352,23 +356,35 @@ int main_impl(int argc, char** argv) {
       opt.items_per_sm = std::atof(next().c_str());
     } else if (a == "--no-token-table") {
       opt.token_table = false;
+    } else if (a == "--few-shot") {
+      const std::string v = next();
+      std::array<int32_t, 3> f{};
+      if (std::sscanf(v.c_str(), "%d,%d,%d", &f[0], &f[1], &f[2]) != 3 || f[0] < 1 || f[1] < 1 ||
+          f[2] < 1) {
+        std::fprintf(stderr, "--few-shot: P,B,S (positive token / branch counts), not %s\n",
+                     v.c_str());
+        return 2;
+      }
+      opt.few_shot.push_back(f);
     } else if (a == "--order") {
       const std::string o = next();
-      if (o == "plan") {
+      if (o == "kv") {
+        opt.item_order = AttentionPlanConfig::ItemOrder::kKvMajor;
+      } else if (o == "plan") {
         opt.item_order = AttentionPlanConfig::ItemOrder::kPlan;
       } else if (o == "longest") {
         opt.item_order = AttentionPlanConfig::ItemOrder::kLongestFirst;
       } else if (o == "interleaved") {
         opt.item_order = AttentionPlanConfig::ItemOrder::kInterleaved;
       } else {
-        std::fprintf(stderr, "--order: plan, longest or interleaved, not %s\n", o.c_str());
+        std::fprintf(stderr, "--order: kv, plan, longest or interleaved, not %s\n", o.c_str());
         return 2;
       }
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush] "
                    "[--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X] "
-                   "[--order plan|longest|interleaved] [--no-token-table]\n",
+                   "[--order kv|plan|longest|interleaved] [--no-token-table] [--few-shot P,B,S]\n",
                    argv[0]);
       return 2;
     }
@@ -384,28 +400,37 @@ int main_impl(int argc, char** argv) {
               prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_bw / 1e12);
   std::printf("fp16, head_dim 128, one layer, page 16, L2 %s before each rep, median of %d\n\n",
               opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps);
-  std::printf("%-34s %5s %5s %6s %8s %7s %8s %8s %6s %5s %9s %7s %9s %9s\n", "case", "heads", "q",
-              "items", "uniqMB", "plan_us", "us", "bound", "TB/s", "%cp", "base_us", "speedup",
-              "max_err", "base_err");
+  std::printf("%-34s %5s %5s %6s %8s %8s %7s %8s %8s %6s %5s %9s %7s %9s %9s\n", "case", "heads",
+              "q", "items", "uniqMB", "planMB", "plan_us", "us", "bound", "TB/s", "%cp", "base_us",
+              "speedup", "max_err", "base_err");
   Timer timer(opt.flush_l2);
   std::vector<Result> results;
-  for (const Case& c : make_cases()) {
+  std::vector<Case> cases;
+  for (const auto& [prompt, branches, tokens] : opt.few_shot) {
+    cases.push_back({"few-shot P=" + std::to_string(prompt) + " + " + std::to_string(branches) +
+                         "x" + std::to_string(tokens),
+                     "custom", testing::few_shot_case(prompt, branches, tokens, 16, 4)});
+  }
+  if (cases.empty()) cases = make_cases();
+  for (const Case& c : cases) {
     if (!opt.filter.empty() && c.name.find(opt.filter) == std::string::npos) continue;
     for (const auto& [q_heads, kv_heads] : {std::pair{32, 8}, std::pair{32, 32}}) {
       const Result r =
           run_case(c, q_heads, kv_heads, prop.multiProcessorCount, copy_bw, opt, &timer);
       std::printf(
-          "%-34s %2d/%-2d %5d %6d %8.2f %7.1f %8.2f %8.2f %6.2f %5.0f %9.2f %7.2f %9.2e %9.2e%s\n",
+          "%-34s %2d/%-2d %5d %6d %8.2f %8.2f %7.1f %8.2f %8.2f %6.2f %5.0f %9.2f %7.2f %9.2e "
+          "%9.2e%s\n",
           r.name.c_str(), r.num_q_heads, r.num_kv_heads, r.queries, r.items, r.unique_mb,
-          r.plan_build_us, r.median_us, r.bound_us, r.tbps, 100 * r.copy_fraction, r.baseline_us,
-          r.speedup, r.max_err, r.baseline_err, r.sampled ? " (s)" : "");
+          r.plan_kv_mb, r.plan_build_us, r.median_us, r.bound_us, r.tbps, 100 * r.copy_fraction,
+          r.baseline_us, r.speedup, r.max_err, r.baseline_err, r.sampled ? " (s)" : "");
       std::fflush(stdout);
       results.push_back(r);
     }
   }
   std::printf(
       "\n(s): error vs the naive fp64 reference on 9 sampled queries; else vs the CPU "
-      "plan executor (fp32) on all queries. bound = unique KV bytes / copy bandwidth.\n");
+      "plan executor (fp32) on all queries. bound = unique KV bytes / copy bandwidth;\n"
+      "planMB = KV bytes the plan's items read (shared runs read once per query tile).\n");
   if (!opt.json_path.empty()) write_json(opt.json_path, prop.name, copy_bw, results);
   return 0;
 }

@@ -166,6 +166,35 @@ TEST(PlanStructure, InterleavedOrderAlternatesLongAndShortItems) {
   EXPECT_EQ(sorted.item_queries, mixed.item_queries);
 }
 
+TEST(PlanStructure, KvMajorOrderPutsTheQueryTilesOfAChunkSideBySide) {
+  // 64 one-token branches x GQA 4 over a 16000-token prompt: 4 query tiles, each its own
+  // group, so as built each tile's 32 chunks come in a run; kv-major launches the 4 tiles of
+  // each chunk side by side.
+  const TreeCase c = testing::few_shot_case(16000, 64, 1, 16, 5);
+  AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);  // the kernel's
+  config.item_order = AttentionPlanConfig::ItemOrder::kPlan;
+  AttentionPlan plain, kv;
+  ASSERT_TRUE(build_attention_plan(c.view, config, &plain).ok());
+  config.item_order = AttentionPlanConfig::ItemOrder::kKvMajor;
+  ASSERT_TRUE(build_attention_plan(c.view, config, &kv).ok());
+  testing::expect_plan_covers_view(kv, c.view, config);
+  ASSERT_EQ(plain.num_items(), kv.num_items());
+  ASSERT_EQ(kv.num_items(), 128);  // 4 tiles x 32 chunks
+  auto key = [](const AttentionPlan& p, int32_t i) {
+    const int32_t g = p.item_segment_begin[i];
+    return std::pair{p.seg_node[g], p.seg_token_begin[g]};
+  };
+  auto adjacent_repeats = [&](const AttentionPlan& p) {
+    int32_t n = 0;
+    for (int32_t i = 1; i < p.num_items(); ++i) n += key(p, i) == key(p, i - 1);
+    return n;
+  };
+  for (int32_t i = 1; i < kv.num_items(); ++i) EXPECT_LE(key(kv, i - 1), key(kv, i)) << i;
+  EXPECT_EQ(adjacent_repeats(kv), 32 * 3);  // each chunk's 4 tiles together
+  EXPECT_EQ(adjacent_repeats(plain), 0) << "the built order already groups the tiles";
+  EXPECT_EQ(plain.item_queries, kv.item_queries);  // same partial slots, only the order moves
+}
+
 // Tokens of run `node` read by the plan, over all items.
 int64_t tokens_read(const AttentionPlan& plan, int32_t node) {
   int64_t total = 0;
