@@ -11,13 +11,13 @@
 //    pool offsets in shared memory, then kKvTile-token K and V tiles stream in with cp.async,
 //    kStages deep, into XOR-swizzled shared memory (ldmatrix without bank conflicts);
 //  - S = Q K^T and O += P V on tensor cores (fp16/bf16 in, fp32 accumulate), online softmax
-//    in base 2, mask words applied per (row, token) where the item has them. Items of more
-//    than 32 rows (one 16-row slab per warp) use wgmma on sm_90a builds: the 4 warps are one
-//    warpgroup, Q and K are read from shared memory by the tensor cores (m64n64k16) and P V
-//    takes P from registers (m64nDk16); other items, and other architectures, use mma.sync
-//    m16n8k16 with ldmatrix. Both read the same 128-byte-swizzled tiles (swz);
-//  - with 64 rows every warp owns a slab; with <= 32 rows (decode items: one query = gqa
-//    rows) the warps of a slab split each tile's tokens and merge their states at the end;
+//    in base 2, mask words applied per (row, token) where the item has them;
+//  - items of more than 16 rows run whole 64-row tiles, one 16-row slab per warp: with wgmma
+//    on sm_90a builds (the 4 warps are one warpgroup; Q and K are read from shared memory by
+//    the tensor cores, m64n64k16, and P V takes P from registers, m64nDk16), with mma.sync
+//    m16n8k16 and ldmatrix elsewhere. Items of one slab (decode items: one query = gqa rows)
+//    split each tile's tokens over the 4 warps (mma.sync), which merge their states at the
+//    end. Both read the same 128-byte-swizzled tiles (swz);
 //  - the partial O (fp32, normalised) and its LSE (base 2) go to the workspace, at the slot
 //    the reduction map gives them (each query's partials contiguous).
 // Stage 2, one warp per (query, q head): log-sum-exp merge of the query's contiguous partials
@@ -49,8 +49,12 @@ constexpr int kTileRows = kTreeAttentionTileRows;  // 16 rows per warp
 // 227 registers (head_dim 128, no spills). Measured on H100 the same as 32-token tiles 4 deep
 // for the tree plans, and faster for decode-shaped items (4-way token split needs 64-token
 // tiles); 32-token tiles 3 deep at 3 blocks per SM (168 registers) were 5-20% slower.
-constexpr int kKvTile = 64;          // tokens per K/V tile (32 or 64)
-constexpr int kStages = 2;           // K/V tiles resident (kStages - 1 in flight)
+constexpr int kKvTile = 64;  // tokens per K/V tile (32 or 64)
+// Two stages at 2 blocks per SM beat 3, 4 and 6 stages at 1 block per SM on every bench case
+// (H100, with wgmma: e.g. few-shot b=50 GQA 4 46 vs 59 us): each block's per-tile chain (wait,
+// S, softmax, P V) is the limit, and two blocks interleave theirs.
+constexpr int kStages = 2;  // K/V tiles resident (kStages - 1 in flight)
+constexpr int kMinBlocksPerSm = 2;
 constexpr int kSegBatch = kThreads;  // segments resolved per pass
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kTileRows == 16 * kWarps, "one 16-row MMA slab per warp");
@@ -632,7 +636,7 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
 }
 
 template <int D, typename T>
-__global__ void __launch_bounds__(kThreads, 2) tree_attention_stage1(Stage1Params p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stage1(Stage1Params p) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const int32_t* plan = p.plan;
   const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
@@ -746,10 +750,13 @@ __global__ void __launch_bounds__(kThreads, 2) tree_attention_stage1(Stage1Param
   }
 
   constexpr int kMaxSplit = kKvTile / 16 < kWarps ? kKvTile / 16 : kWarps;
+  // Items of one slab (decode branches: gqa rows) split its tiles' tokens over the 4 warps;
+  // the rest run whole 64-row tiles (wgmma on sm_90a). Measured on H100: 17-32-row items
+  // are as fast or faster as whole tiles (fasttree N=1,2,4,8 GQA 4 15.6 -> 13.3 us) than
+  // split 2 ways, and decode items split 4 ways match whole wgmma tiles (both bound by
+  // latency, not the tensor cores).
   if (it.num_rows <= 16) {
     attend<D, T, kMaxSplit>(p, it, mask_words, s_q, s_k, s_v, load_tile);
-  } else if (it.num_rows <= 32) {
-    attend<D, T, 2>(p, it, mask_words, s_q, s_k, s_v, load_tile);
   } else {
     attend<D, T, 1>(p, it, mask_words, s_q, s_k, s_v, load_tile);
   }
