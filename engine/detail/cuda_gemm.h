@@ -34,7 +34,9 @@ namespace treeserve::detail {
 struct TunedGemm {
   int32_t device = 0;
   int64_t m_bucket = 0;  // the cache key's rows (gemm_rows_bucket)
-  int64_t m_tuned = 0;   // the rows it was timed with (the first call of the bucket)
+  // The rows it was timed with: the bucket's top (m_bucket), so that the chosen tile covers
+  // every m of the bucket; the first call's m when no scratch rows could be allocated.
+  int64_t m_tuned = 0;
   int64_t n = 0, k = 0;
   cudaDataType_t in = CUDA_R_16F, out = CUDA_R_16F;
   // The chosen cublasLt configuration (CUBLASLT_ALGO_CONFIG_*; tile is a cublasLtMatmulTile_t).
@@ -100,6 +102,9 @@ class LtGemm {
 
   Status make_plan(const PlanKey& key, const void* x, const void* w, void* y, cudaStream_t stream,
                    std::span<const void* const> same_shape, Plan* plan);
+  Status make_descriptors(const PlanKey& key, Plan* plan) const;
+  Status tune_bucket(const Plan& plan, const PlanKey& key, int64_t bucket, const void* x, void* y,
+                     cudaStream_t stream, std::span<const void* const> weights, TunedGemm* chosen);
   Status heuristic(const Plan& plan, const PlanKey& key, int requested,
                    std::vector<cublasLtMatmulHeuristicResult_t>* out) const;
   Status use_first_candidate(const PlanKey& key, Plan* plan) const;
