@@ -141,17 +141,26 @@ TEST(PlanStructure, LongestFirstOrdersItemsByCostAndKeepsCoverage) {
   EXPECT_EQ(items, sorted.item_num_tokens.data());
 }
 
+// Plans of one view in two launch orders; both cover the view, with the same items.
+void build_in_two_orders(const TreeCase& c, AttentionPlanConfig config,
+                         AttentionPlanConfig::ItemOrder first,
+                         AttentionPlanConfig::ItemOrder second, AttentionPlan* a,
+                         AttentionPlan* b) {
+  config.item_order = first;
+  ASSERT_TRUE(build_attention_plan(c.view, config, a).ok());
+  config.item_order = second;
+  ASSERT_TRUE(build_attention_plan(c.view, config, b).ok());
+  testing::expect_plan_covers_view(*b, c.view, config);
+  ASSERT_EQ(a->num_items(), b->num_items());
+}
+
 TEST(PlanStructure, InterleavedOrderAlternatesLongAndShortItems) {
   const TreeCase c = testing::few_shot_case(4000, 50, 200, 16, 4);
-  AttentionPlanConfig config = small_config(4);
-  config.item_order = AttentionPlanConfig::ItemOrder::kLongestFirst;
+  const AttentionPlanConfig config = small_config(4);
   AttentionPlan sorted, mixed;
-  ASSERT_TRUE(build_attention_plan(c.view, config, &sorted).ok());
-  config.item_order = AttentionPlanConfig::ItemOrder::kInterleaved;
-  ASSERT_TRUE(build_attention_plan(c.view, config, &mixed).ok());
-  testing::expect_plan_covers_view(mixed, c.view, config);
+  build_in_two_orders(c, config, AttentionPlanConfig::ItemOrder::kLongestFirst,
+                      AttentionPlanConfig::ItemOrder::kInterleaved, &sorted, &mixed);
   const int32_t n = sorted.num_items();
-  ASSERT_EQ(mixed.num_items(), n);
   ASSERT_GE(n, 4);
   auto cost = [&](const AttentionPlan& p, int32_t i) {
     return int64_t(p.item_num_tokens[i]) *
@@ -171,14 +180,10 @@ TEST(PlanStructure, KvMajorOrderPutsTheQueryTilesOfAChunkSideBySide) {
   // group, so as built each tile's 32 chunks come in a run; kv-major launches the 4 tiles of
   // each chunk side by side.
   const TreeCase c = testing::few_shot_case(16000, 64, 1, 16, 5);
-  AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);  // the kernel's
-  config.item_order = AttentionPlanConfig::ItemOrder::kPlan;
   AttentionPlan plain, kv;
-  ASSERT_TRUE(build_attention_plan(c.view, config, &plain).ok());
-  config.item_order = AttentionPlanConfig::ItemOrder::kKvMajor;
-  ASSERT_TRUE(build_attention_plan(c.view, config, &kv).ok());
-  testing::expect_plan_covers_view(kv, c.view, config);
-  ASSERT_EQ(plain.num_items(), kv.num_items());
+  build_in_two_orders(c, tree_attention_plan_config(32, 8, 128, 132),  // the kernel's config
+                      AttentionPlanConfig::ItemOrder::kPlan,
+                      AttentionPlanConfig::ItemOrder::kKvMajor, &plain, &kv);
   ASSERT_EQ(kv.num_items(), 128);  // 4 tiles x 32 chunks
   auto key = [](const AttentionPlan& p, int32_t i) {
     const int32_t g = p.item_segment_begin[i];
