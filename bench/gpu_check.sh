@@ -8,7 +8,8 @@
 # e2e:   the tree-API, tree-search and random-weights e2e suites against
 #        `treeserve --backend cuda` on the tiny model, with CUDA graphs off and on;
 # bench: bench_decode few-shot b=50 with CUDA graphs off and on (same binary, back to back),
-#        then every workload with graphs on (JSON), and bench_tree_attention (JSON);
+#        then every workload with graphs on (JSON), bench_tree_attention (JSON), and its
+#        few-shot cases split into the shared prompt alone and the branches alone;
 # ncu:   per-kernel GPU times of one few-shot b=50 step (graphs on), summed per kernel.
 # Needs BUILD_DIR's binaries (bin/, tests/gpu/, tests/e2e/, bench/tree_attention/), its tiny
 # model (tiny-llama/) and lib/libtreeserve_spm.so; put the non-CUDA shared libraries the
@@ -78,6 +79,13 @@ if [ "$stage" = bench ] || [ "$stage" = all ]; then
   timeout 300 "$B/bench/tree_attention/bench_tree_attention" --json "$OUT/tree_attention.json" \
     > "$OUT/tree_attention.txt" 2>&1
   note "bench_tree_attention: exit $?"
+  # Few-shot b=50 and P=16000 apart: the shared prompt alone (one-token branches) and the
+  # branches alone (a 16-token prompt).
+  timeout 200 "$B/bench/tree_attention/bench_tree_attention" --few-shot 4000,50,1 \
+    --few-shot 16,50,200 --few-shot 16000,64,1 --few-shot 16,64,200 \
+    > "$OUT/tree_attention_parts.txt" 2>&1
+  note "bench_tree_attention parts: exit $? $(grep -E '32/8' "$OUT/tree_attention_parts.txt" |
+    awk '{printf "%s %s %s us; ", $2, $4, $11}')"
 fi
 
 if [ "$stage" = ncu ] || [ "$stage" = all ]; then
