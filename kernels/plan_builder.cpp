@@ -389,28 +389,24 @@ void PlanBuilder::reorder_items() {
   AttentionPlan& p = *out_;
   const int32_t n = p.num_items();
   std::vector<int32_t>& order = s_.item_order;
-  std::vector<int64_t>& cost = s_.item_cost;
+  // Sort keys, ascending: kv-major, the (node, token offset) of the item's first segment;
+  // otherwise the negated cost (longest first).
+  std::vector<int64_t>& key = s_.item_cost;
   order.resize(size_t(n));
-  cost.resize(size_t(n));
-  const bool kv_major = c_.item_order == AttentionPlanConfig::ItemOrder::kKvMajor;
+  key.resize(size_t(n));
   for (int32_t i = 0; i < n; ++i) {
     order[size_t(i)] = i;
-    if (kv_major) {  // sort key: (node, token offset) of the item's first segment
+    if (c_.item_order == AttentionPlanConfig::ItemOrder::kKvMajor) {
       const int32_t g = p.item_segment_begin[size_t(i)];
-      cost[size_t(i)] = (int64_t(p.seg_node[size_t(g)]) << 32) | p.seg_token_begin[size_t(g)];
-      continue;
+      key[size_t(i)] = (int64_t(p.seg_node[size_t(g)]) << 32) | p.seg_token_begin[size_t(g)];
+    } else {
+      const int64_t rows =
+          int64_t(p.item_query_end[size_t(i)] - p.item_query_begin[size_t(i)]) * p.gqa_group_size;
+      key[size_t(i)] = -int64_t(p.item_num_tokens[size_t(i)]) * (c_.query_tile_rows + rows);
     }
-    const int64_t rows =
-        int64_t(p.item_query_end[size_t(i)] - p.item_query_begin[size_t(i)]) * p.gqa_group_size;
-    cost[size_t(i)] = int64_t(p.item_num_tokens[size_t(i)]) * (c_.query_tile_rows + rows);
   }
-  if (kv_major) {
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int32_t a, int32_t b) { return cost[size_t(a)] < cost[size_t(b)]; });
-  } else {
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int32_t a, int32_t b) { return cost[size_t(a)] > cost[size_t(b)]; });
-  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return key[size_t(a)] < key[size_t(b)]; });
   std::vector<int32_t>& tmp = s_.permuted;
   if (c_.item_order == AttentionPlanConfig::ItemOrder::kInterleaved) {
     tmp.resize(size_t(n));

@@ -45,11 +45,12 @@ using namespace detail;  // NOLINT: header field names
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileRows = kTreeAttentionTileRows;  // 16 rows per warp
-// 64-token tiles, double-buffered: 2 blocks (8 warps) per SM at ~85 KB of shared memory and
-// 227 registers (head_dim 128, no spills). Measured on H100 the same as 32-token tiles 4 deep
-// for the tree plans, and faster for decode-shaped items (4-way token split needs 64-token
-// tiles); 32-token tiles 3 deep at 3 blocks per SM (168 registers) were 5-20% slower.
-constexpr int kKvTile = 64;  // tokens per K/V tile (32 or 64)
+// 64-token tiles, double-buffered: 2 blocks (8 warps) per SM at ~86 KB of shared memory and
+// 177 registers (head_dim 128, no spills). Measured on H100 (mma.sync, before wgmma) the same
+// as 32-token tiles 4 deep for the tree plans, and faster for decode-shaped items (4-way token
+// split needs 64-token tiles); 32-token tiles 3 deep at 3 blocks per SM (168 registers) were
+// 5-20% slower. wgmma's scores tile (m64n64) and swz() assume 64.
+constexpr int kKvTile = 64;  // tokens per K/V tile
 // Two stages at 2 blocks per SM beat 3, 4 and 6 stages at 1 block per SM on every bench case
 // (H100, with wgmma: e.g. few-shot b=50 GQA 4 46 vs 59 us): each block's per-tile chain (wait,
 // S, softmax, P V) is the limit, and two blocks interleave theirs.
@@ -133,6 +134,16 @@ struct Dtype<__nv_bfloat16> {
   }
 };
 
+// P's A fragment for the 16-token k-step kk of O += P V: the score accumulators of n-tiles
+// 2 kk and 2 kk + 1 (m16n8 C layout) are m16n8k16's A layout, packed to the model dtype.
+template <typename T, int kN>
+__device__ __forceinline__ void pack_p(const float (&s)[kN][4], int kk, uint32_t (&a)[4]) {
+  a[0] = Dtype<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = Dtype<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = Dtype<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = Dtype<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // wgmma (sm_90a): one warpgroup (the block's 4 warps) multiplies a 64-row tile at once, with
 // operands read from shared memory by the tensor cores (no ldmatrix issue). The accumulator
@@ -202,6 +213,17 @@ struct Wgmma {
     "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
     "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
     "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+// O (N columns, G = N / 8 accumulator groups) += A (registers) * B: register A occupies the
+// operands after the accumulators (A_OPS names them, then B's descriptor).
+#define TS_WGMMA_RS(T, TY, N, G, REGS, D_OPS, A_OPS) \
+  template <> \
+  __device__ __forceinline__ void Wgmma<T>::rs_n##N(float (&d)[G][4], const uint32_t (&a)[4], \
+                                                    uint64_t b) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " REGS \
+                 ", " A_OPS ", p, 1, 1, 1;\n}\n" \
+                 : D_OPS : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)); \
+  }
 // The three products for one dtype (TY: its PTX type name).
 #define TS_WGMMA_DEFINE(T, TY) \
   template <> \
@@ -212,25 +234,12 @@ struct Wgmma {
                  ", %32, %33, p, 1, 1, 0, 0;\n}\n" \
                  : TS_WGMMA_D8 : "l"(a), "l"(b), "r"(accumulate)); \
   } \
-  template <> \
-  __device__ __forceinline__ void Wgmma<T>::rs_n64(float (&d)[8][4], const uint32_t (&a)[4], \
-                                                   uint64_t b) { \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n" \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " TS_WGMMA_REGS32 \
-                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n" \
-                 : TS_WGMMA_D8 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)); \
-  } \
-  template <> \
-  __device__ __forceinline__ void Wgmma<T>::rs_n128(float (&d)[16][4], const uint32_t (&a)[4], \
-                                                    uint64_t b) { \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n" \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " TS_WGMMA_REGS64 \
-                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n" \
-                 : TS_WGMMA_D16 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)); \
-  }
+  TS_WGMMA_RS(T, TY, 64, 8, TS_WGMMA_REGS32, TS_WGMMA_D8, "{%32, %33, %34, %35}, %36") \
+  TS_WGMMA_RS(T, TY, 128, 16, TS_WGMMA_REGS64, TS_WGMMA_D16, "{%64, %65, %66, %67}, %68")
 TS_WGMMA_DEFINE(__half, "f16")
 TS_WGMMA_DEFINE(__nv_bfloat16, "bf16")
 #undef TS_WGMMA_DEFINE
+#undef TS_WGMMA_RS
 // clang-format on
 #endif  // TS_WGMMA
 
@@ -422,23 +431,24 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
         wgmma_commit();
         wgmma_wait_all();
         fence_regs(s);
-      }
+      } else {
 #pragma unroll
-      for (int kk = 0; kk < (kWgmma ? 0 : D / 16); ++kk) {
-        // Q fragments are re-read from shared memory per k-step rather than held for the
-        // whole item: 32 registers less (no spills at 2 blocks per SM) for 8 ldmatrix a tile.
-        uint32_t qa[4];
-        {
-          const int r = slab * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-          ldmatrix_x4(qa, smem_u32(s_q + swz<D>(r, 2 * kk + (lane >> 4))));
-        }
+        for (int kk = 0; kk < D / 16; ++kk) {
+          // Q fragments are re-read from shared memory per k-step rather than held for the
+          // whole item: 32 registers less (no spills at 2 blocks per SM) for 8 ldmatrix a tile.
+          uint32_t qa[4];
+          {
+            const int r = slab * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+            ldmatrix_x4(qa, smem_u32(s_q + swz<D>(r, 2 * kk + (lane >> 4))));
+          }
 #pragma unroll
-        for (int jj = 0; jj < kN / 2; ++jj) {
-          uint32_t b[4];
-          const int r = tok0 + 16 * jj + (lane & 7) + ((lane >> 4) << 3);
-          ldmatrix_x4(b, smem_u32(k_tile + swz<D>(r, 2 * kk + ((lane >> 3) & 1))));
-          Dtype<T>::mma(s[2 * jj], qa, b[0], b[1]);
-          Dtype<T>::mma(s[2 * jj + 1], qa, b[2], b[3]);
+          for (int jj = 0; jj < kN / 2; ++jj) {
+            uint32_t b[4];
+            const int r = tok0 + 16 * jj + (lane & 7) + ((lane >> 4) << 3);
+            ldmatrix_x4(b, smem_u32(k_tile + swz<D>(r, 2 * kk + ((lane >> 3) & 1))));
+            Dtype<T>::mma(s[2 * jj], qa, b[0], b[1]);
+            Dtype<T>::mma(s[2 * jj + 1], qa, b[2], b[3]);
+          }
         }
       }
       // Scale to base 2, mask, online softmax.
@@ -509,12 +519,7 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
         // serialise them (warpgroup.arrive).
         uint32_t pa[kTok / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < kTok / 16; ++kk) {
-          pa[kk][0] = Dtype<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-          pa[kk][1] = Dtype<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-          pa[kk][2] = Dtype<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-          pa[kk][3] = Dtype<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        }
+        for (int kk = 0; kk < kTok / 16; ++kk) pack_p<T>(s, kk, pa[kk]);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kTok / 16; ++kk) {
@@ -528,21 +533,19 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
         wgmma_commit();
         wgmma_wait_all();  // V's stage is refilled after the barrier below
         fence_regs(o_acc);
-      }
+      } else {
 #pragma unroll
-      for (int kk = 0; kk < (kWgmma ? 0 : kTok / 16); ++kk) {
-        uint32_t a[4];
-        a[0] = Dtype<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = Dtype<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = Dtype<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = Dtype<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        for (int kk = 0; kk < kTok / 16; ++kk) {
+          uint32_t a[4];
+          pack_p<T>(s, kk, a);
 #pragma unroll
-        for (int jd = 0; jd < D / 16; ++jd) {
-          uint32_t b[4];
-          const int r = tok0 + 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3);
-          ldmatrix_x4_trans(b, smem_u32(v_tile + swz<D>(r, 2 * jd + (lane >> 4))));
-          Dtype<T>::mma(o_acc[2 * jd], a, b[0], b[1]);
-          Dtype<T>::mma(o_acc[2 * jd + 1], a, b[2], b[3]);
+          for (int jd = 0; jd < D / 16; ++jd) {
+            uint32_t b[4];
+            const int r = tok0 + 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3);
+            ldmatrix_x4_trans(b, smem_u32(v_tile + swz<D>(r, 2 * jd + (lane >> 4))));
+            Dtype<T>::mma(o_acc[2 * jd], a, b[0], b[1]);
+            Dtype<T>::mma(o_acc[2 * jd + 1], a, b[2], b[3]);
+          }
         }
       }
     }
@@ -751,10 +754,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
 
   constexpr int kMaxSplit = kKvTile / 16 < kWarps ? kKvTile / 16 : kWarps;
   // Items of one slab (decode branches: gqa rows) split its tiles' tokens over the 4 warps;
-  // the rest run whole 64-row tiles (wgmma on sm_90a). Measured on H100: 17-32-row items
-  // are as fast or faster as whole tiles (fasttree N=1,2,4,8 GQA 4 15.6 -> 13.3 us) than
-  // split 2 ways, and decode items split 4 ways match whole wgmma tiles (both bound by
-  // latency, not the tensor cores).
+  // the rest run whole 64-row tiles (wgmma on sm_90a). Measured on H100: 17-32-row items are
+  // at least as fast as whole tiles as split 2 ways (fasttree N=1,2,4,8 GQA 4 15.6 -> 13.3 us),
+  // and decode items split 4 ways match whole wgmma tiles (both bound by latency, not the
+  // tensor cores).
   if (it.num_rows <= 16) {
     attend<D, T, kMaxSplit>(p, it, mask_words, s_q, s_k, s_v, load_tile);
   } else {
