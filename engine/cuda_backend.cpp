@@ -3,7 +3,7 @@
 //   [RMSNorm, QKV GEMM, RoPE + K/V append into pages, tree attention, O GEMM, residual add +
 //   RMSNorm, gate/up GEMM, SwiGLU, down GEMM, residual add] -> final RMSNorm and LM head on
 //   the logit rows only -> logits to the host.
-// With options.cuda_graphs (one GPU) the part from the embedding to the LM head is replayed
+// With options.cuda_graphs the part from the embedding to the LM head is replayed
 // from a CUDA graph per step shape (rows, logit rows, attention grid bucket, buffers): the
 // metadata and plan uploads, slot moves and page copies stay ordinary stream work before it.
 // The residual stream is float32; activations and weights are in the model dtype; GEMMs
@@ -141,7 +141,10 @@ class CudaBackend final : public Backend, public detail::CudaRank {
                       "cublasSetWorkspace"));
     TS_RETURN_IF_ERROR(gemm_.init(device_, cublas_, cublas_workspace_,
                                   size_t(kCublasWorkspaceBytes), options_.gemm_autotune));
-    graphs_ = options_.cuda_graphs && world_ == 1 && !prof_.on();
+    // Tensor parallel too: NCCL collectives are captured like kernels (each rank's thread
+    // captures its own stream, thread-local mode), and every rank makes the same capture and
+    // replay decisions since they follow from the step's shape alone.
+    graphs_ = options_.cuda_graphs && !prof_.on();
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_);
     // This rank's slices (the whole model when world_ == 1).
@@ -193,7 +196,46 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     plan_config_ = tree_attention_plan_config(nh_, nkv_, int32_t(d_), sms);
     limits.apply_to(&plan_config_);
     plan_config_.num_pages = layout_.num_pages;
+    if (world_ > 1 && options_.p2p_all_reduce) {
+      // Two partial-sum buffers (alternate calls) and the barrier's flags and call numbers,
+      // zeroed before any peer can write them (the first step comes after init returns).
+      const int64_t bytes = int64_t(options_.p2p_max_rows) * h_ * 4;
+      for (float*& buf : p2p_partial_) {
+        void* p = nullptr;
+        TS_RETURN_IF_ERROR(alloc(&p, bytes));
+        buf = static_cast<float*>(p);
+      }
+      void* flags = nullptr;
+      const int64_t flag_words = int64_t(cuda::kP2PBlocks) * (cuda::kMaxP2PRanks + 1);
+      TS_RETURN_IF_ERROR(alloc(&flags, flag_words * 4));
+      TS_CUDA(cudaMemsetAsync(flags, 0, size_t(flag_words) * 4, stream_), "p2p flags");
+      TS_CUDA(cudaStreamSynchronize(stream_), "p2p flags");
+      p2p_flags_ = static_cast<uint32_t*>(flags);
+      p2p_counters_ = p2p_flags_ + cuda::kP2PBlocks * cuda::kMaxP2PRanks;
+    }
     return Status::Ok();
+  }
+
+  P2PEndpoint p2p_endpoint() const override {
+    P2PEndpoint e;
+    e.partials[0] = p2p_partial_[0];
+    e.partials[1] = p2p_partial_[1];
+    e.flags = p2p_flags_;
+    return e;
+  }
+
+  void set_p2p_peers(const std::vector<P2PEndpoint>& ranks) override {
+    for (int parity = 0; parity < 2; ++parity) {
+      cuda::P2PAllReduce& ar = p2p_[parity];
+      ar.rank = shard_.rank;
+      ar.world = world_;
+      ar.counters = p2p_counters_;
+      for (size_t r = 0; r < ranks.size(); ++r) {
+        ar.deltas[r] = ranks[r].partials[parity];
+        ar.flags[r] = ranks[r].flags;
+      }
+    }
+    p2p_on_ = true;
   }
 
   // Fills this rank's slices of the weights straight from the checkpoint's mapped tensors
@@ -545,7 +587,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   struct GraphKey {
     int64_t rows = 0, n_logits = 0;
     int32_t items = 0, queries = 0;
-    std::array<const void*, 11> buffers{};
+    std::array<const void*, 12> buffers{};
     bool operator==(const GraphKey&) const = default;
   };
   struct StepGraph {
@@ -564,8 +606,8 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     key.n_logits = int64_t(batch.logit_rows.size());
     key.items = tree_attention_grid_bucket(workspace_.num_items());
     key.queries = tree_attention_grid_bucket(workspace_.num_queries());
-    key.buffers = {residual_.ptr, x_.ptr,   tmp_.ptr,   qkv_.ptr,    q_.ptr,   attn_.ptr,
-                   gu_.ptr,       act_.ptr, final_.ptr, logits_.ptr, meta_.ptr};
+    key.buffers = {residual_.ptr, x_.ptr,   tmp_.ptr,   qkv_.ptr,    q_.ptr,    attn_.ptr,
+                   gu_.ptr,       act_.ptr, final_.ptr, logits_.ptr, meta_.ptr, partial_.ptr};
     const TreeAttentionGrid grid{key.items, key.queries};
     // step_graphs_ is kept least recently used first.
     auto found = std::find_if(step_graphs_.begin(), step_graphs_.end(),
@@ -630,6 +672,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     const int32_t nh = nh_, nkv = nkv_, d = int32_t(d_);
     const float eps = float(config_.rms_norm_eps);
     const int64_t layer_elems = layout_.layer_elems();
+    p2p_call_ = 0;
     if (world_ == 1) {
       cuda::embed(dtype_, d_ids_, rows, embed_, h, residual_.as<float>(), stream_);
     } else {
@@ -692,6 +735,17 @@ class CudaBackend final : public Backend, public detail::CudaRank {
       prof_.mark(name, stream_);
       cuda::add_rms_norm(dtype_, residual_.as<float>(), tmp_.ptr, norm, eps, rows, h_, out,
                          stream_);
+    } else if (p2p_on_ && rows <= options_.p2p_max_rows && !options_.skip_collectives) {
+      // Every rank takes this branch for the same steps (same rows) and alternates its two
+      // buffers the same way (p2p_call_ restarts every step; a step has an even number of
+      // calls, so eager and replayed steps agree).
+      const int parity = p2p_call_++ & 1;
+      TS_RETURN_IF_ERROR(gemm(x, w, p2p_partial_[parity], rows, h_, k, true, same_shape));
+      prof_.mark(name, stream_);
+      cuda::p2p_all_reduce_add_rms_norm(dtype_, residual_.as<float>(), p2p_[parity], norm, eps,
+                                        rows, h_, out, stream_);
+      prof_.mark("all-reduce+norm", stream_);
+      return Status::Ok();
     } else {
       float* partial = partial_.as<float>();
       TS_RETURN_IF_ERROR(gemm(x, w, partial, rows, h_, k, true, same_shape));
@@ -832,6 +886,15 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   DeviceBuffer argmax_, residual_, x_, tmp_, qkv_, q_, attn_, gu_, act_, final_, logits_, meta_;
   DeviceBuffer sample_params_, sample_out_;
   DeviceBuffer partial_;  // float [rows][hidden]: row-parallel GEMM partial sums (world_ > 1)
+  // Peer-to-peer all-reduce (options_.p2p_all_reduce): float [p2p_max_rows][hidden] x 2,
+  // uint32 flags [kP2PBlocks][kMaxP2PRanks] then call numbers [kP2PBlocks] (one allocation),
+  // the kernel's arguments per buffer parity, and the step's call count.
+  float* p2p_partial_[2] = {nullptr, nullptr};
+  uint32_t* p2p_flags_ = nullptr;
+  uint32_t* p2p_counters_ = nullptr;
+  cuda::P2PAllReduce p2p_[2];
+  bool p2p_on_ = false;
+  int p2p_call_ = 0;
   // Rank 0 of a tensor-parallel sampling step: the other ranks' shards as received, and the
   // whole rows (float [n][vocab]).
   DeviceBuffer gather_recv_, gathered_;

@@ -31,10 +31,17 @@ struct CudaBackendOptions {
   // Benchmarks only: ranks skip their all-reduces (the results are wrong), so the step time
   // without communication can be compared with the real one.
   bool skip_collectives = false;
+  // Tensor parallel: the O and down all-reduces of steps of at most p2p_max_rows rows run as
+  // one kernel per call that reads the peers' partial sums over NVLink (peer access) and
+  // fuses the residual add and RMSNorm (cuda_ops.h P2PAllReduce), when every pair of devices
+  // has peer access; NCCL otherwise, for larger steps, and for the embedding. false: NCCL only.
+  bool p2p_all_reduce = true;
+  int32_t p2p_max_rows = 512;
   // Replay each step shape's layer chain (embedding to LM head) as a CUDA graph: captured the
   // second time a shape (rows, logit rows, attention grid bucket) comes in a row, replayed
-  // while it lasts. One GPU only (tensor_parallel = 1); off under TREESERVE_PROFILE. Verified
-  // on an H100 (replays bit-identical to eager steps; the CUDA e2e suites pass either way).
+  // while it lasts (tensor parallel too: each rank's stream, NCCL collectives included); off
+  // under TREESERVE_PROFILE. Verified on an H100 (replays bit-identical to eager steps; the
+  // CUDA e2e suites pass either way).
   bool cuda_graphs = true;
   // GEMMs through cublasLt with the algorithm of each shape chosen by timing cublasLt's
   // candidates the first time the shape runs (engine/detail/cuda_gemm.h; the choice is shared

@@ -158,6 +158,101 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
+// Peer-to-peer all-reduce fused with the residual add and RMSNorm (cuda_ops.h). Block b first
+// meets block b of every peer: it writes its call number into each rank's flag slot for
+// (b, this rank), after a system fence, and waits until every rank's slot for (b, them) in its
+// own memory holds that number. The partial sums of this call were written by the kernel
+// before this one on each rank (stream order; pdl_wait covers a programmatic launch), so once
+// a peer's flag is seen, its buffer is complete. Then the block does rows b, b + kP2PBlocks, ..
+// as add_rms_norm_kernel does, the peers' rows loaded with ld.global.cg (never a stale L1 line
+// from an earlier call's read of the same buffer).
+__device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void load8_cg(const float* p, float (&v)[8]) {
+  const float4 a = __ldcg(reinterpret_cast<const float4*>(p));
+  const float4 b = __ldcg(reinterpret_cast<const float4*>(p) + 1);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(1024)
+    p2p_all_reduce_norm_kernel(float* __restrict__ residual, const P2PAllReduce ar,
+                               const T* __restrict__ weight, float eps, int64_t rows,
+                               int64_t hidden, T* __restrict__ out) {
+  __shared__ uint32_t call;
+  const int b = blockIdx.x;
+  pdl_wait();
+  if (threadIdx.x == 0) {
+    call = ar.counters[b] + 1;
+    ar.counters[b] = call;
+  }
+  __syncthreads();
+  if (threadIdx.x < ar.world) {
+    const int s = threadIdx.x;
+    __threadfence_system();
+    st_release_sys(ar.flags[s] + b * kMaxP2PRanks + ar.rank, call);
+    const uint32_t* seen = ar.flags[ar.rank] + b * kMaxP2PRanks + s;
+    const long long start = clock64();
+    while (int32_t(ld_acquire_sys(seen) - call) < 0) {
+      if (clock64() - start > 20'000'000'000LL) __trap();  // ~10 s: the peer is gone
+    }
+  }
+  __syncthreads();
+  for (int64_t r = b; r < rows; r += gridDim.x) {
+    float* x = residual + r * hidden;
+    float v[V][8], dv[V][8], wv[V][8];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
+      if (c < hidden) {
+        load8(x + c, v[k]);
+        load8_cg(ar.deltas[0] + r * hidden + c, dv[k]);
+        if (out) load8(weight + c, wv[k]);
+      }
+    }
+    for (int s = 1; s < ar.world; ++s) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
+        if (c >= hidden) continue;
+        float pv[8];
+        load8_cg(ar.deltas[s] + r * hidden + c, pv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dv[k][i] += pv[i];
+      }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
+      if (c >= hidden) continue;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        v[k][i] += to_f(from_f<T>(dv[k][i]));
+        ss += v[k][i] * v[k][i];
+      }
+      store8(x + c, v[k]);
+    }
+    if (!out) continue;
+    const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
+      if (c >= hidden) continue;
+      float o[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] = to_f(from_f<T>(v[k][i] * inv)) * wv[k][i];
+      store8(out + r * hidden + c, o);
+    }
+  }
+}
+
 __global__ void gather_rows_kernel(const float* src, const int32_t* rows, int64_t hidden,
                                    float* out) {
   const int64_t i = blockIdx.x;
@@ -532,6 +627,24 @@ void add_rms_norm_f32_delta(Dtype dt, float* residual, const float* delta, const
   if (rows == 0) return;
   TS_DISPATCH(
       dt, launch_add_rms_norm<T, float>(residual, delta, weight, eps, rows, hidden, out, stream));
+}
+
+void p2p_all_reduce_add_rms_norm(Dtype dt, float* residual, const P2PAllReduce& ar,
+                                 const void* weight, float eps, int64_t rows, int64_t hidden,
+                                 void* out, cudaStream_t stream) {
+  // Launched even with rows == 0: every call of every rank must pass the barrier.
+  const int64_t chunks = hidden / 8;
+  TS_DISPATCH(dt, {
+    if (chunks <= 1024) {
+      launch_pdl(dim3(kP2PBlocks), dim3(round_up_warps(chunks)), stream,
+                 p2p_all_reduce_norm_kernel<T, 1>, residual, ar, static_cast<const T*>(weight), eps,
+                 rows, hidden, static_cast<T*>(out));
+    } else {
+      launch_pdl(dim3(kP2PBlocks), dim3(round_up_warps((chunks + 1) / 2)), stream,
+                 p2p_all_reduce_norm_kernel<T, 2>, residual, ar, static_cast<const T*>(weight), eps,
+                 rows, hidden, static_cast<T*>(out));
+    }
+  });
 }
 
 void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t hidden, float* out,

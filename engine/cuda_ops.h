@@ -33,6 +33,36 @@ void add_rms_norm_f32_delta(Dtype dt, float* residual, const float* delta, const
                             float eps, int64_t rows, int64_t hidden, void* out,
                             cudaStream_t stream);
 
+// Tensor parallel, peer to peer: one rank's view of the fused all-reduce below. In one process
+// that owns every GPU with peer access enabled, a rank reads its peers' partial sums straight
+// from their memory over NVLink, so a decode step's small all-reduces (rows x hidden floats)
+// take one kernel instead of an NCCL collective plus the norm kernel.
+inline constexpr int kMaxP2PRanks = 8;
+// The kernel's fixed grid: block b of every rank meets block b of the others at a barrier of
+// per-block flags, so every rank must launch the same number of blocks on every call.
+inline constexpr int kP2PBlocks = 64;
+struct P2PAllReduce {
+  int32_t rank = 0;
+  int32_t world = 1;
+  // Every rank's float [rows][hidden] partial sums for this call (peer pointers). A rank must
+  // not overwrite its buffer before every peer has read it: callers alternate two buffers,
+  // and a rank starts call i + 1 only after every peer has started call i + 1 (the barrier),
+  // so call i's reads are over before call i + 2 writes the same buffer.
+  const float* deltas[kMaxP2PRanks] = {};
+  // Rank s's barrier flags, uint32 [kP2PBlocks][kMaxP2PRanks] in its memory (zeroed once):
+  // block b of rank r writes its call number to flags_s[b][r].
+  uint32_t* flags[kMaxP2PRanks] = {};
+  uint32_t* counters = nullptr;  // this rank's uint32 [kP2PBlocks] call numbers (zeroed once)
+};
+
+// All-reduce + add_rms_norm_f32_delta: residual += round_T(sum over ranks s = 0 .. world - 1,
+// in that order, of deltas[s]), then out = rmsnorm(residual) * weight (out may be null).
+// Every rank computes the same sum in the same order, so the residual streams stay identical.
+// A peer that never arrives (its rank failed) traps the kernel after ~10 s instead of hanging.
+void p2p_all_reduce_add_rms_norm(Dtype dt, float* residual, const P2PAllReduce& ar,
+                                 const void* weight, float eps, int64_t rows, int64_t hidden,
+                                 void* out, cudaStream_t stream);
+
 // out (float [n][hidden]) = src[rows[i]] (float [*][hidden]).
 void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t hidden, float* out,
                  cudaStream_t stream);

@@ -8,12 +8,14 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "engine/cuda_ops.h"
 #include "engine/detail/cuda_buffers.h"
 #include "engine/detail/cuda_rank.h"
 #include "engine/detail/rank_workers.h"
@@ -65,7 +67,48 @@ class TensorParallelBackend final : public Backend {
     for (int32_t r = 0; r < world_; ++r) {
       shards_.push_back(make_cuda_rank(config_, options_, r, world_, comms_[size_t(r)]));
     }
-    return workers_.run([&](int32_t r) { return shards_[size_t(r)]->init(); });
+    TS_RETURN_IF_ERROR(workers_.run([&](int32_t r) { return shards_[size_t(r)]->init(); }));
+    if (options_.p2p_all_reduce) enable_p2p(devices);
+    return Status::Ok();
+  }
+
+  // The peer-to-peer all-reduce needs every device to map every other's memory; without
+  // that (or if enabling it fails) the ranks keep NCCL for every all-reduce.
+  void enable_p2p(const std::vector<int>& devices) {
+    if (world_ > cuda::kMaxP2PRanks) return;
+    int previous_device = 0;
+    cudaGetDevice(&previous_device);
+    bool ok = true;
+    for (int a : devices) {
+      for (int b : devices) {
+        if (a == b) continue;
+        int can = 0;
+        if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || !can) ok = false;
+        if (!ok) break;
+        cudaSetDevice(a);
+        const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) {
+          cudaGetLastError();
+        } else if (e != cudaSuccess) {
+          cudaGetLastError();
+          ok = false;
+        }
+      }
+      if (!ok) break;
+    }
+    cudaSetDevice(previous_device);
+    std::vector<CudaRank::P2PEndpoint> ends;
+    for (const auto& shard : shards_) {
+      ends.push_back(shard->p2p_endpoint());
+      if (ends.back().flags == nullptr) ok = false;
+    }
+    if (!ok) {
+      std::fprintf(stderr,
+                   "treeserve: tensor parallel: no peer access between all devices; all-reduces "
+                   "go through NCCL\n");
+      return;
+    }
+    for (const auto& shard : shards_) shard->set_p2p_peers(ends);
   }
 
   // Every rank loads its slices in parallel, from the same mapped checkpoint.

@@ -6,7 +6,9 @@
 // With --tensor-parallel N (N GPUs, NCCL) it also runs every workload with the ranks'
 // all-reduces skipped (CudaBackendOptions::skip_collectives: wrong results, same kernels) and
 // reports the all-reduce share of the step as 1 - (step without communication / step); the
-// roofline then divides the streamed bytes over the N GPUs.
+// roofline then divides the streamed bytes over the N GPUs. Its O and down all-reduces are
+// peer-to-peer kernels fused with the norm (CudaBackendOptions::p2p_all_reduce) where the
+// GPUs reach each other's memory; --nccl-all-reduce sends them all through NCCL instead.
 // GEMMs are autotuned (CudaBackendOptions::gemm_autotune): after the table it prints each
 // tuned shape (algorithm, tile, split-K, time, weight bytes / time), and the few-shot steps
 // run once more with tuning off (cublasGemmEx) for the A/B; --no-gemm-tune: off throughout.
@@ -14,7 +16,7 @@
 //   bench_decode [--config configs/models/llama-3-8b.json] [--steps 16] [--json FILE]
 //                [--workloads fewshot,sampled,spec,tot] [--kv-gib 6] [--tensor-parallel N]
 //                [--fewshot-branches 20,30,50] [--profile-last-step] [--graphs|--no-graphs]
-//                [--no-gemm-tune]
+//                [--no-gemm-tune] [--nccl-all-reduce]
 // --profile-last-step wraps each workload's last step in cudaProfilerStart/Stop, for
 // `ncu --profile-from-start off` (per-kernel times of one step).
 #include <cuda_profiler_api.h>
@@ -50,6 +52,7 @@ struct Args {
   bool profile_last_step = false;  // cudaProfilerStart/Stop around each workload's last step
   bool cuda_graphs = true;
   bool gemm_tune = true;
+  bool nccl_only = false;  // tensor parallel: every all-reduce through NCCL (no peer-to-peer)
 };
 
 double copy_bandwidth_bytes_per_s() {
@@ -335,10 +338,13 @@ int run(const Args& args) {
   cudaGetDeviceProperties(&prop, 0);
   const double bw = copy_bandwidth_bytes_per_s();
   std::printf(
-      "device: %s, copy bandwidth %.2f TB/s, tensor parallel %d, CUDA graphs %s, GEMM "
+      "device: %s, copy bandwidth %.2f TB/s, tensor parallel %d%s, CUDA graphs %s, GEMM "
       "autotune %s\n",
       prop.name, bw / 1e12, args.tensor_parallel,
-      args.cuda_graphs && args.tensor_parallel == 1 ? "on" : "off", args.gemm_tune ? "on" : "off");
+      args.tensor_parallel == 1 ? ""
+      : args.nccl_only          ? " (all-reduce: NCCL)"
+                       : " (all-reduce: peer-to-peer fused with the norm, NCCL for the embedding)",
+      args.cuda_graphs ? "on" : "off", args.gemm_tune ? "on" : "off");
   if (cuda_device_count() < args.tensor_parallel) {
     std::fprintf(stderr, "bench_decode: --tensor-parallel %d needs %d devices, found %d\n",
                  args.tensor_parallel, args.tensor_parallel, cuda_device_count());
@@ -372,6 +378,7 @@ int run(const Args& args) {
     opt.tensor_parallel = args.tensor_parallel;
     opt.skip_collectives = pass == 2;
     opt.cuda_graphs = args.cuda_graphs;
+    opt.p2p_all_reduce = !args.nccl_only;
     opt.gemm_autotune = args.gemm_tune && pass != 3;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
@@ -558,12 +565,14 @@ int main(int argc, char** argv) {
       args.cuda_graphs = false;
     else if (a == "--no-gemm-tune")
       args.gemm_tune = false;
+    else if (a == "--nccl-all-reduce")
+      args.nccl_only = true;
     else {
       std::fprintf(stderr,
                    "usage: bench_decode [--config F] [--steps N] [--json F] "
                    "[--workloads fewshot,sampled,spec,tot] [--kv-gib G] [--tensor-parallel N] "
                    "[--fewshot-branches 20,30,50] [--profile-last-step] [--graphs|--no-graphs] "
-                   "[--no-gemm-tune]\n");
+                   "[--no-gemm-tune] [--nccl-all-reduce]\n");
       return 2;
     }
   }

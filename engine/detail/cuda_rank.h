@@ -79,6 +79,17 @@ class CudaRank {
   // The step on this rank (its all-reduces included), its logits shard into `out`, waited for.
   virtual Status forward_shard(const StepBatch& batch, const AttentionPlan& plan,
                                const ShardOutput& out) = 0;
+
+  // Peer-to-peer all-reduce (cuda_ops.h P2PAllReduce), set up after every rank's init() when
+  // all devices reach each other's memory: this rank's two partial-sum buffers and its barrier
+  // flags (allocated by init() when options.p2p_all_reduce and world > 1; nulls otherwise),
+  // then every rank's endpoint in rank order, which turns the path on.
+  struct P2PEndpoint {
+    float* partials[2] = {nullptr, nullptr};
+    uint32_t* flags = nullptr;
+  };
+  virtual P2PEndpoint p2p_endpoint() const = 0;
+  virtual void set_p2p_peers(const std::vector<P2PEndpoint>& ranks) = 0;
 };
 
 // Rank `rank` of `world` on device options.device + rank, all-reducing over `comm`.
