@@ -145,6 +145,17 @@ Status GpuAttentionProblem::reference_plan(const AttentionPlan& plan,
                                     v_.data(), num_q_heads_, sm_scale_, out->data(), &ws);
 }
 
+Status GpuAttentionProblem::reference_plan_state(const AttentionPlan& plan, std::vector<float>* o,
+                                                 std::vector<float>* lse) const {
+  const size_t pairs = tree_->view.queries.size() * size_t(num_q_heads_);
+  o->resize(pairs * layout_.head_dim);
+  lse->resize(pairs);
+  AttentionCpuWorkspace ws;
+  return execute_attention_plan_cpu_state(plan, tree_->view, layout_, q_.data(), num_rows_,
+                                          k_.data(), v_.data(), num_q_heads_, sm_scale_, o->data(),
+                                          lse->data(), &ws);
+}
+
 Status GpuAttentionProblem::reference_naive(const std::vector<int32_t>& queries,
                                             std::vector<float>* out) const {
   out->assign(size_t(num_rows_) * num_q_heads_ * layout_.head_dim, kSentinel);

@@ -55,6 +55,10 @@ class GpuAttentionProblem {
   // CPU plan executor (float32) over the same (rounded) inputs; rows no query names keep the
   // sentinel.
   Status reference_plan(const AttentionPlan& plan, std::vector<float>* out) const;
+  // The CPU plan executor's merged states (execute_attention_plan_cpu_state): o
+  // [num_queries][num_q_heads][head_dim], lse [num_queries][num_q_heads] (natural log).
+  Status reference_plan_state(const AttentionPlan& plan, std::vector<float>* o,
+                              std::vector<float>* lse) const;
   // Naive per-query reference (double) for the given view queries only.
   Status reference_naive(const std::vector<int32_t>& queries, std::vector<float>* out) const;
 

@@ -9,7 +9,8 @@
 // Every rank's K/V pool is a copy in which each page its shard does not read
 // (plan_read_pages) is NaN, so a rank that read a page of another rank's share would put NaN
 // in the output; the unsplit plan run over such a pool must produce NaN (the poisoning bites).
-// Each case skips with a message when the machine has fewer devices than it needs.
+// Also launch_tree_attention_state alone against the CPU executor's states (one GPU). Each
+// case skips with a message when the machine has fewer devices than it needs.
 #include "kernels/sequence_parallel.h"
 
 #include <cuda_runtime.h>
@@ -326,6 +327,80 @@ TEST(SequenceParallelGpu, RankWithoutItems) {
   ASSERT_OK(split_plan_for_sequence_parallel(plan, 2, &shards));
   ASSERT_EQ(shards[1].num_items(), 0);
   expect_sequence_parallel_matches(tree, Shape{}, 2, 9);
+}
+
+// launch_tree_attention_state against the CPU executor's states, on whole plans and on shards
+// (queries without partials: O = 0, LSE = -inf exactly), head_dim 128 (float4 stores) and 64.
+TEST(SequenceParallelGpu, StateMergeMatchesCpuExecutor) {
+  SKIP_WITHOUT_DEVICES(1);
+  ASSERT_CUDA(cudaSetDevice(0));
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    testing::RandomTreeOptions o;
+    o.depth = 3;
+    o.max_width = 6;
+    o.max_runs = 40;
+    o.root_tokens = 3000;
+    o.max_run_tokens = 200;
+    o.page_size = 16;
+    o.prefill_prob = 0.2;
+    o.speculative_prob = 0.3;
+    const TreeCase tree = testing::random_tree_case(seed * 31, o);
+    const int32_t kv_heads = seed % 2 ? 8 : 4, gqa = seed % 2 ? 4 : 1,
+                  head_dim = seed % 3 ? 128 : 64;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    GpuAttentionProblem problem;
+    ASSERT_OK(problem.init(tree, kv_heads * gqa, kv_heads, head_dim, TreeAttentionDtype::kFloat16,
+                           seed, 2.f));
+    AttentionPlan plan;
+    ASSERT_OK(build_attention_plan(
+        tree.view, tree_attention_plan_config(kv_heads * gqa, kv_heads, head_dim), &plan));
+    std::vector<AttentionPlan> plans;
+    ASSERT_OK(split_plan_for_sequence_parallel(plan, 3, &plans));
+    plans.insert(plans.begin(), plan);  // the whole plan, then its 3 shards
+    const size_t pairs = tree.view.queries.size() * size_t(kv_heads * gqa);
+    float *d_o = nullptr, *d_lse = nullptr;
+    ASSERT_CUDA(cudaMalloc(&d_o, pairs * head_dim * 4));
+    ASSERT_CUDA(cudaMalloc(&d_lse, pairs * 4));
+    TreeAttentionWorkspace ws;
+    TreeAttentionLimits limits = limits_for(plans, kv_heads * gqa);
+    limits.max_head_dim = head_dim;
+    ASSERT_OK(ws.init(limits));
+    int shard_empty = 0;
+    for (size_t i = 0; i < plans.size(); ++i) {
+      ASSERT_OK(ws.upload(plans[i], nullptr));
+      ASSERT_OK(launch_tree_attention_state(
+          problem.device_q(), problem.device_k(), problem.device_v(), d_o, d_lse,
+          TreeAttentionDtype::kFloat16, kv_heads * gqa, kv_heads, head_dim, tree.view.page_size,
+          problem.sm_scale(), ws, nullptr));
+      std::vector<float> o(pairs * head_dim), lse(pairs), want_o, want_lse;
+      ASSERT_CUDA(cudaMemcpy(o.data(), d_o, o.size() * 4, cudaMemcpyDeviceToHost));
+      ASSERT_CUDA(cudaMemcpy(lse.data(), d_lse, lse.size() * 4, cudaMemcpyDeviceToHost));
+      ASSERT_OK(problem.reference_plan_state(plans[i], &want_o, &want_lse));
+      float worst_o = 0.f, worst_lse = 0.f;
+      for (size_t e = 0; e < o.size(); ++e) {
+        const float d = std::fabs(o[e] - want_o[e]);
+        worst_o = std::isnan(d) ? INFINITY : std::max(worst_o, d);
+      }
+      int empty = 0;
+      for (size_t pr = 0; pr < pairs; ++pr) {
+        if (want_lse[pr] == -INFINITY) {  // no partial: exactly the empty state
+          ++empty;
+          EXPECT_EQ(lse[pr], -INFINITY) << "plan " << i << " pair " << pr;
+          EXPECT_EQ(o[pr * head_dim], 0.f) << "plan " << i << " pair " << pr;
+          continue;
+        }
+        const float d = std::fabs(lse[pr] - want_lse[pr] * 1.4426950408889634f);  // base 2
+        worst_lse = std::isnan(d) ? INFINITY : std::max(worst_lse, d);
+      }
+      EXPECT_LE(worst_o, kFp16Tolerance) << "plan " << i;
+      EXPECT_LE(worst_lse, 1e-3f) << "plan " << i;
+      if (i > 0) shard_empty += empty;
+    }
+    EXPECT_GT(shard_empty, 0) << "no shard left a query without partials";
+    ws.release();
+    cudaFree(d_o);
+    cudaFree(d_lse);
+  }
 }
 
 TEST(SequenceParallelGpu, RejectsBadArguments) {
