@@ -23,11 +23,12 @@ namespace treeserve {
 
 // Splits plan over world ranks; (*shards)[r] is rank r's plan (the vector is resized to world,
 // and its plans' vectors are reused). How:
-//  - Items are ordered by the KV position they start at (their first segment's node, then token
-//    offset) and cut into world contiguous ranges, so each rank reads one contiguous token range
-//    of each long run (and of the whole view, in preorder). Items starting at the same position
-//    (the query tiles of one chunk) stay together, so a shared chunk is read on one rank only.
-//  - The cuts balance sequence_parallel_item_cost: each is placed at the item boundary nearest
+//  - Items are ordered by the KV position they start at (their first segment's node in
+//    preorder, then token offset) and cut into world contiguous ranges, so a long run, which the
+//    plan cuts into consecutive chunks, is read as one contiguous token range per rank, the ranks
+//    in order. Items starting at the same position (the query tiles of one chunk) stay together,
+//    so a shared chunk is read on one rank only.
+//  - The cuts balance sequence_parallel_item_cost: each is placed at the start position nearest
 //    to r / world of the total, so a rank's cost exceeds total / world by at most the largest
 //    group of items sharing a start position.
 //  - Each shard is a valid plan on its own (validate_attention_plan): its own segments, mask
@@ -38,8 +39,8 @@ namespace treeserve {
 //
 // Build the plan with the item target of all GPUs together (AttentionPlanConfig::num_sms
 // multiplied by world), so that long runs are cut finely enough for every shard to fill its GPU.
-// Returns INVALID_ARGUMENT for world < 1, a null shards, or a plan that fails
-// validate_attention_plan.
+// plan must not be one of *shards. Returns INVALID_ARGUMENT for world < 1, a null shards, or a
+// plan that fails validate_attention_plan.
 Status split_plan_for_sequence_parallel(const AttentionPlan& plan, int32_t world,
                                         std::vector<AttentionPlan>* shards);
 

@@ -219,7 +219,8 @@ void expect_sequence_parallel_matches(const TreeCase& tree, const Shape& shape, 
   SequenceParallelAttention sp;
   ASSERT_OK(sp.init(devices, limits_for(shards, shape.num_q_heads)));
   ASSERT_OK(sp.upload(shards));
-  // Twice: the second step reuses every buffer (stale state must not leak into it).
+  // Twice: the second step reuses the state buffers the first all-reduced in place (nothing may
+  // accumulate across steps).
   for (int step = 0; step < 2; ++step) {
     ASSERT_OK(sp.launch(tensors, shape.dtype, shape.num_q_heads, shape.num_kv_heads, kHeadDim,
                         tree.view.page_size, problem.sm_scale()));
