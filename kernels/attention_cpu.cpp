@@ -117,6 +117,59 @@ void run_item(const ItemContext& c, int32_t item, std::vector<float>* scores,
   }
 }
 
+// Checks the inputs and runs phase 1 (every work item's partials into workspace).
+Status run_plan_items(const AttentionPlan& plan, const AttentionView& view, const KvLayout& layout,
+                      const float* q, int32_t num_rows, const float* k_layer, const float* v_layer,
+                      int32_t num_q_heads, float scale, AttentionCpuWorkspace* workspace,
+                      int32_t num_threads) {
+  TS_RETURN_IF_ERROR(check_shapes(view, layout, num_rows, num_q_heads));
+  if (plan.num_queries() != int32_t(view.queries.size()) ||
+      plan.page_table.size() != view.pages.size()) {
+    return InvalidArgument("plan was not built for this view (query or page counts differ)");
+  }
+  if (plan.gqa_group_size != num_q_heads / layout.num_kv_heads) {
+    return InvalidArgument("plan.gqa_group_size = " + std::to_string(plan.gqa_group_size) +
+                           " differs from num_q_heads / num_kv_heads");
+  }
+  const int32_t d = layout.head_dim;
+  workspace->partial_o.resize(size_t(plan.num_partials()) * num_q_heads * d);
+  workspace->partial_lse.resize(size_t(plan.num_partials()) * num_q_heads);
+  const ItemContext ctx{plan, layout, q, k_layer, v_layer, num_q_heads, scale, workspace};
+
+  // Work items are independent (like thread blocks): strided over the threads.
+  const int32_t items = plan.num_items();
+  int32_t threads =
+      num_threads > 0 ? num_threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
+  threads = std::max(1, std::min(threads, items));
+  auto worker = [&](int32_t first) {
+    std::vector<float> scores;
+    std::vector<int64_t> offsets;
+    for (int32_t i = first; i < items; i += threads) run_item(ctx, i, &scores, &offsets);
+  };
+  if (threads == 1) {
+    worker(0);
+  } else {
+    std::vector<std::thread> pool;
+    for (int32_t t = 1; t < threads; ++t) pool.emplace_back(worker, t);
+    worker(0);
+    for (auto& th : pool) th.join();
+  }
+  return Status::Ok();
+}
+
+// Phase 2 for one (query, q head): its partials folded in reduction-map order (deterministic)
+// into o (head_dim floats) and *lse, starting from the empty state (O = 0, LSE = -inf).
+void merge_query(const AttentionPlan& plan, const AttentionCpuWorkspace& ws, int32_t query,
+                 int32_t head, int32_t num_q_heads, int32_t head_dim, float* o, float* lse) {
+  std::fill(o, o + head_dim, 0.f);
+  *lse = kNegInf;
+  for (int32_t m = plan.query_merge_begin[query]; m < plan.query_merge_begin[query + 1]; ++m) {
+    const int64_t at = int64_t(plan.merge_partials[m]) * num_q_heads + head;
+    merge_attention_state(o, lse, ws.partial_o.data() + at * head_dim, ws.partial_lse[at],
+                          head_dim);
+  }
+}
+
 }  // namespace
 
 void merge_attention_state(float* o_a, float* lse_a, const float* o_b, float lse_b,
@@ -135,55 +188,32 @@ Status execute_attention_plan_cpu(const AttentionPlan& plan, const AttentionView
                                   const float* k_layer, const float* v_layer, int32_t num_q_heads,
                                   float scale, float* out, AttentionCpuWorkspace* workspace,
                                   int32_t num_threads) {
-  TS_RETURN_IF_ERROR(check_shapes(view, layout, num_rows, num_q_heads));
-  if (plan.num_queries() != int32_t(view.queries.size()) ||
-      plan.page_table.size() != view.pages.size()) {
-    return InvalidArgument("plan was not built for this view (query or page counts differ)");
-  }
-  if (plan.gqa_group_size != num_q_heads / layout.num_kv_heads) {
-    return InvalidArgument("plan.gqa_group_size = " + std::to_string(plan.gqa_group_size) +
-                           " differs from num_q_heads / num_kv_heads");
-  }
+  TS_RETURN_IF_ERROR(run_plan_items(plan, view, layout, q, num_rows, k_layer, v_layer, num_q_heads,
+                                    scale, workspace, num_threads));
   const int32_t d = layout.head_dim;
-  workspace->partial_o.resize(size_t(plan.num_partials()) * num_q_heads * d);
-  workspace->partial_lse.resize(size_t(plan.num_partials()) * num_q_heads);
-  const ItemContext ctx{plan, layout, q, k_layer, v_layer, num_q_heads, scale, workspace};
-
-  // Phase 1: work items (independent, like thread blocks), strided over the threads.
-  const int32_t items = plan.num_items();
-  int32_t threads =
-      num_threads > 0 ? num_threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
-  threads = std::max(1, std::min(threads, items));
-  auto worker = [&](int32_t first) {
-    std::vector<float> scores;
-    std::vector<int64_t> offsets;
-    for (int32_t i = first; i < items; i += threads) run_item(ctx, i, &scores, &offsets);
-  };
-  if (threads == 1) {
-    worker(0);
-  } else {
-    std::vector<std::thread> pool;
-    for (int32_t t = 1; t < threads; ++t) pool.emplace_back(worker, t);
-    worker(0);
-    for (auto& th : pool) th.join();
-  }
-
-  // Phase 2: reduction map, partials merged in plan order (deterministic).
   for (int32_t query = 0; query < plan.num_queries(); ++query) {
-    const int32_t begin = plan.query_merge_begin[query];
-    const int32_t end = plan.query_merge_begin[query + 1];
     for (int32_t h = 0; h < num_q_heads; ++h) {
-      float* o = out + (int64_t(plan.query_rows[query]) * num_q_heads + h) * d;
-      const int32_t first = plan.merge_partials[begin];
-      const float* o0 = workspace->partial_o.data() + (int64_t(first) * num_q_heads + h) * d;
-      std::copy(o0, o0 + d, o);
-      float lse = workspace->partial_lse[int64_t(first) * num_q_heads + h];
-      for (int32_t m = begin + 1; m < end; ++m) {
-        const int32_t p = plan.merge_partials[m];
-        merge_attention_state(o, &lse,
-                              workspace->partial_o.data() + (int64_t(p) * num_q_heads + h) * d,
-                              workspace->partial_lse[int64_t(p) * num_q_heads + h], d);
-      }
+      float lse;
+      merge_query(plan, *workspace, query, h, num_q_heads, d,
+                  out + (int64_t(plan.query_rows[query]) * num_q_heads + h) * d, &lse);
+    }
+  }
+  return Status::Ok();
+}
+
+Status execute_attention_plan_cpu_state(const AttentionPlan& plan, const AttentionView& view,
+                                        const KvLayout& layout, const float* q, int32_t num_rows,
+                                        const float* k_layer, const float* v_layer,
+                                        int32_t num_q_heads, float scale, float* state_o,
+                                        float* state_lse, AttentionCpuWorkspace* workspace,
+                                        int32_t num_threads) {
+  TS_RETURN_IF_ERROR(run_plan_items(plan, view, layout, q, num_rows, k_layer, v_layer, num_q_heads,
+                                    scale, workspace, num_threads));
+  const int32_t d = layout.head_dim;
+  for (int32_t query = 0; query < plan.num_queries(); ++query) {
+    for (int32_t h = 0; h < num_q_heads; ++h) {
+      const int64_t at = int64_t(query) * num_q_heads + h;
+      merge_query(plan, *workspace, query, h, num_q_heads, d, state_o + at * d, state_lse + at);
     }
   }
   return Status::Ok();

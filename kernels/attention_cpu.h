@@ -2,6 +2,9 @@
 //  - execute_attention_plan_cpu runs an AttentionPlan literally (per work item a partial
 //    (O, LSE) under the item's mask, then the per-query log-sum-exp merge of the reduction
 //    map), so it is the reference the CUDA kernel is compared with;
+//  - execute_attention_plan_cpu_state runs it the same way but returns each query's merged
+//    attention state (O, LSE) instead of output rows, for merging with states computed
+//    elsewhere (a sequence-parallel shard's, kernels/sequence_parallel.h);
 //  - naive_tree_attention_cpu gathers each query's visible tokens and does plain softmax
 //    attention in double: the reference the plan executor is compared with.
 // GQA: q head h reads kv head h / (num_q_heads / num_kv_heads).
@@ -27,11 +30,24 @@ struct AttentionCpuWorkspace {
 // k_layer, v_layer: one layer's K / V buffer  [num_pages][num_kv_heads][page_size][head_dim]
 // out: [num_rows][num_q_heads][head_dim]      only the queries' rows are written
 // num_threads: 0 = hardware concurrency (bounded by the item count), 1 = this thread only.
+// A query without partials in the plan (possible in a sequence-parallel shard) gets zeros.
 Status execute_attention_plan_cpu(const AttentionPlan& plan, const AttentionView& view,
                                   const KvLayout& layout, const float* q, int32_t num_rows,
                                   const float* k_layer, const float* v_layer, int32_t num_q_heads,
                                   float scale, float* out, AttentionCpuWorkspace* workspace,
                                   int32_t num_threads = 0);
+
+// Same inputs; writes each view query's merged state instead of output rows:
+// state_o:   [num_queries][num_q_heads][head_dim]  normalised O
+// state_lse: [num_queries][num_q_heads]            natural log
+// A query without partials in the plan gets O = 0, LSE = -inf (neutral in
+// merge_attention_state).
+Status execute_attention_plan_cpu_state(const AttentionPlan& plan, const AttentionView& view,
+                                        const KvLayout& layout, const float* q, int32_t num_rows,
+                                        const float* k_layer, const float* v_layer,
+                                        int32_t num_q_heads, float scale, float* state_o,
+                                        float* state_lse, AttentionCpuWorkspace* workspace,
+                                        int32_t num_threads = 0);
 
 // Same shapes as above; out rows of view queries are overwritten.
 Status naive_tree_attention_cpu(const AttentionView& view, const KvLayout& layout, const float* q,

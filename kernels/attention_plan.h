@@ -160,4 +160,13 @@ Status validate_attention_view(const AttentionView& view, int64_t num_pages,
 Status build_attention_plan(const AttentionView& view, const AttentionPlanConfig& config,
                             AttentionPlan* out);
 
+// Checks a plan's internal consistency, as the executors rely on it: array sizes, every item's
+// segments, partial range and mask words in bounds, segments' pages inside page_table (and page
+// ids inside a pool of num_pages when > 0), each partial owned by exactly one item, and the
+// reduction map a permutation of the partials that sends each to its own query. A query may
+// have no partials (a sequence-parallel shard's, kernels/sequence_parallel.h); coverage of the
+// view is not checked here (tests expand plans for that). Returns INVALID_ARGUMENT naming the
+// first offending field.
+Status validate_attention_plan(const AttentionPlan& plan, int64_t num_pages = 0);
+
 }  // namespace treeserve

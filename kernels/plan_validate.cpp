@@ -1,7 +1,11 @@
 // Validation of an AttentionView against its contract (kernels/attention_view.h): runs in
 // DFS preorder with parents first, consistent page spans, query ranges that match the
 // queries' leaves. The plan builder relies on all of it; errors name the offending field.
+// Also validate_attention_plan: the structural checks of a plan that did not come straight
+// from the builder (a sequence-parallel shard), which the executors rely on.
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "kernels/attention_plan.h"
 
@@ -10,6 +14,10 @@ namespace {
 
 std::string node_field(size_t i, const char* field) {
   return "nodes[" + std::to_string(i) + "]." + field;
+}
+
+std::string plan_field(const char* array, int64_t i) {
+  return std::string("plan.") + array + "[" + std::to_string(i) + "]";
 }
 
 }  // namespace
@@ -132,6 +140,130 @@ Status validate_attention_view(const AttentionView& view, int64_t num_pages,
                              std::to_string(n.query_begin) + ", " + std::to_string(n.query_end) +
                              "): query ranges inconsistent with the queries' leaves, expected [" +
                              std::to_string(want_begin) + ", " + std::to_string(want_end) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+Status validate_attention_plan(const AttentionPlan& plan, int64_t num_pages) {
+  if (plan.gqa_group_size < 1 || plan.queries_per_tile < 1 || plan.page_size < 1) {
+    return InvalidArgument("plan.gqa_group_size / queries_per_tile / page_size must be >= 1");
+  }
+  const int64_t num_items = plan.num_items();
+  for (const std::vector<int32_t>* v :
+       {&plan.item_segment_begin, &plan.item_segment_end, &plan.item_query_begin,
+        &plan.item_query_end, &plan.item_mask_offset}) {
+    if (int64_t(v->size()) != num_items) {
+      return InvalidArgument("plan: per-item arrays differ in size (item_num_tokens has " +
+                             std::to_string(num_items) + ")");
+    }
+  }
+  const int64_t num_segments = plan.num_segments();
+  for (const std::vector<int32_t>* v :
+       {&plan.seg_page_begin, &plan.seg_first_slot, &plan.seg_node, &plan.seg_token_begin}) {
+    if (int64_t(v->size()) != num_segments) {
+      return InvalidArgument("plan: per-segment arrays differ in size (seg_num_tokens has " +
+                             std::to_string(num_segments) + ")");
+    }
+  }
+  const int64_t num_view_pages = int64_t(plan.page_table.size());
+  for (int64_t p = 0; p < num_view_pages; ++p) {
+    const int32_t id = plan.page_table[p];
+    if (id < 0 || (num_pages > 0 && id >= num_pages)) {
+      return InvalidArgument(plan_field("page_table", p) + " = " + std::to_string(id) +
+                             " is outside the pool");
+    }
+  }
+  for (int64_t g = 0; g < num_segments; ++g) {
+    const int32_t slot = plan.seg_first_slot[g];
+    const int32_t tokens = plan.seg_num_tokens[g];
+    if (tokens < 1 || slot < 0 || slot >= plan.page_size || plan.seg_page_begin[g] < 0 ||
+        plan.seg_page_begin[g] + (int64_t(slot) + tokens + plan.page_size - 1) / plan.page_size >
+            num_view_pages) {
+      return InvalidArgument(plan_field("seg_num_tokens", g) +
+                             ": empty segment, first slot outside the page, or pages outside "
+                             "page_table");
+    }
+  }
+  const int64_t num_partials = plan.num_partials();
+  const int64_t num_queries = plan.num_queries();
+  std::vector<int32_t> owner(size_t(num_partials), -1);  // item of each partial
+  int32_t longest = 0;
+  for (int64_t i = 0; i < num_items; ++i) {
+    const int32_t seg_begin = plan.item_segment_begin[i], seg_end = plan.item_segment_end[i];
+    if (seg_begin < 0 || seg_begin >= seg_end || seg_end > num_segments) {
+      return InvalidArgument(plan_field("item_segment_begin", i) + ": segment range [" +
+                             std::to_string(seg_begin) + ", " + std::to_string(seg_end) +
+                             ") is empty or outside the segments");
+    }
+    int64_t tokens = 0;
+    for (int32_t g = seg_begin; g < seg_end; ++g) tokens += plan.seg_num_tokens[g];
+    if (tokens != plan.item_num_tokens[i]) {
+      return InvalidArgument(plan_field("item_num_tokens", i) + " = " +
+                             std::to_string(plan.item_num_tokens[i]) + ", its segments hold " +
+                             std::to_string(tokens));
+    }
+    longest = std::max(longest, plan.item_num_tokens[i]);
+    const int32_t q_begin = plan.item_query_begin[i], q_end = plan.item_query_end[i];
+    if (q_begin < 0 || q_begin >= q_end || q_end > num_partials ||
+        q_end - q_begin > plan.queries_per_tile) {
+      return InvalidArgument(plan_field("item_query_begin", i) + ": partial range [" +
+                             std::to_string(q_begin) + ", " + std::to_string(q_end) +
+                             ") is empty, outside the partials or over queries_per_tile");
+    }
+    for (int32_t p = q_begin; p < q_end; ++p) {
+      if (owner[size_t(p)] >= 0) {
+        return InvalidArgument("plan: partial " + std::to_string(p) + " belongs to items " +
+                               std::to_string(owner[size_t(p)]) + " and " + std::to_string(i));
+      }
+      owner[size_t(p)] = int32_t(i);
+    }
+    const int32_t mask = plan.item_mask_offset[i];
+    const int64_t mask_words =
+        int64_t(q_end - q_begin) * AttentionPlan::mask_words_per_row(plan.item_num_tokens[i]);
+    if (mask < -1 || (mask >= 0 && mask + mask_words > int64_t(plan.mask_words.size()))) {
+      return InvalidArgument(plan_field("item_mask_offset", i) + " = " + std::to_string(mask) +
+                             ": mask outside mask_words");
+    }
+  }
+  if (longest > plan.max_item_tokens) {
+    return InvalidArgument("plan.max_item_tokens = " + std::to_string(plan.max_item_tokens) +
+                           " is below the longest item's " + std::to_string(longest));
+  }
+  for (int64_t p = 0; p < num_partials; ++p) {
+    if (owner[size_t(p)] < 0) {
+      return InvalidArgument("plan: partial " + std::to_string(p) + " belongs to no item");
+    }
+    if (plan.item_queries[p] < 0 || plan.item_queries[p] >= num_queries) {
+      return InvalidArgument(plan_field("item_queries", p) + " = " +
+                             std::to_string(plan.item_queries[p]) + " is not a query");
+    }
+  }
+  if (int64_t(plan.query_merge_begin.size()) != num_queries + 1 ||
+      plan.query_merge_begin.front() != 0 || plan.query_merge_begin.back() != num_partials ||
+      int64_t(plan.merge_partials.size()) != num_partials) {
+    return InvalidArgument(
+        "plan: query_merge_begin must have num_queries + 1 entries from 0 to num_partials, "
+        "merge_partials num_partials");
+  }
+  std::vector<uint8_t> merged(size_t(num_partials), 0);
+  for (int64_t q = 0; q < num_queries; ++q) {
+    if (plan.query_rows[q] < 0) {
+      return InvalidArgument(plan_field("query_rows", q) + " = " +
+                             std::to_string(plan.query_rows[q]) + " must be >= 0");
+    }
+    const int32_t begin = plan.query_merge_begin[q], end = plan.query_merge_begin[q + 1];
+    if (begin > end) {
+      return InvalidArgument(plan_field("query_merge_begin", q) + ": decreasing offsets");
+    }
+    for (int32_t m = begin; m < end; ++m) {
+      const int32_t p = plan.merge_partials[m];
+      if (p < 0 || p >= num_partials || merged[size_t(p)] || plan.item_queries[p] != q) {
+        return InvalidArgument(plan_field("merge_partials", m) + " = " + std::to_string(p) +
+                               ": not a partial of query " + std::to_string(q) +
+                               ", or merged twice");
+      }
+      merged[size_t(p)] = 1;
     }
   }
   return Status::Ok();

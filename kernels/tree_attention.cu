@@ -21,8 +21,9 @@
 //  - the partial O (fp32, normalised) and its LSE (base 2) go to the workspace, at the slot
 //    the reduction map gives them (each query's partials contiguous).
 // Stage 2, one warp per (query, q head): log-sum-exp merge of the query's contiguous partials
-// in reduction-map order, written to out in the model dtype. It is launched as a programmatic
-// dependent grid: it reads its plan entries while stage 1 drains, then waits for it.
+// in reduction-map order, written to out in the model dtype (or, launch_tree_attention_state,
+// as the query's float32 (O, LSE) state). It is launched as a programmatic dependent grid: it
+// reads its plan entries while stage 1 drains, then waits for it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -780,28 +781,24 @@ __global__ void __launch_bounds__(kThreads)
                  [&](int t, int32_t page, int slot) { out[t] = (page << 8) | slot; });
 }
 
-// One warp per (query, q head): out[row][head] = sum_i w_i o_i / sum_i w_i, w_i = 2^(lse_i - max),
-// over the query's partials, which stage 1 stored in the contiguous slots [begin, end). Up to
-// kBatch partials' loads are in flight at once; the plan reads happen before the wait for
-// stage 1 (programmatic dependent launch).
-template <int D, typename T>
-__global__ void __launch_bounds__(kThreads)
-    tree_attention_merge(PlanHeaderArg header, int32_t header_on_device, const int32_t* plan,
-                         const float* partial_o, const float* partial_lse, T* out,
-                         int num_q_heads) {
+// One (query, q head)'s partials, which stage 1 stored in the contiguous slots [begin, end),
+// merged by one warp: this lane's D / 32 columns of sum_i w_i o_i in acc, with
+// w_i = 2^(lse_i - max) and the partials' running max and sum_i w_i. Up to kBatch partials'
+// loads are in flight at once. Waits for stage 1 (programmatic dependent launch) first, so the
+// caller reads its plan entries before calling.
+template <int D>
+__device__ __forceinline__ void merge_partials(const float* partial_o, const float* partial_lse,
+                                               int begin, int end, int head, int num_q_heads,
+                                               float (&acc)[D / 32], float& run_max,
+                                               float& run_sum) {
   constexpr int kPerLane = D / 32;
   constexpr int kBatch = 8;
-  const PlanHeaderArg h = load_header(header, plan, header_on_device);
   const int lane = threadIdx.x & 31;
-  const int pair = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  const int query = pair / num_q_heads, head = pair % num_q_heads;
-  if (query >= h.w[kNumQueries]) return;
-  const int begin = plan[h.w[kQueryMergeBegin] + query];
-  const int end = plan[h.w[kQueryMergeBegin] + query + 1];
-  const int row = plan[h.w[kQueryRows] + query];
   pdl_wait();  // stage 1's partials are complete
-  float acc[kPerLane] = {};
-  float run_max = -INFINITY, run_sum = 0.f;
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) acc[e] = 0.f;
+  run_max = -INFINITY;
+  run_sum = 0.f;
   for (int base = begin; base < end; base += kBatch) {
     float lse[kBatch];
     float x[kBatch][kPerLane];
@@ -837,10 +834,61 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < kPerLane; ++e) acc[e] += w * x[j][e];
     }
   }
+}
+
+// One warp per (query, q head): out[row][head] = sum_i w_i o_i / sum_i w_i over the query's
+// partials (merge_partials), in the model dtype; zeros for a query without partials. The plan
+// reads happen before the wait for stage 1.
+template <int D, typename T>
+__global__ void __launch_bounds__(kThreads)
+    tree_attention_merge(PlanHeaderArg header, int32_t header_on_device, const int32_t* plan,
+                         const float* partial_o, const float* partial_lse, T* out,
+                         int num_q_heads) {
+  constexpr int kPerLane = D / 32;
+  const PlanHeaderArg h = load_header(header, plan, header_on_device);
+  const int lane = threadIdx.x & 31;
+  const int pair = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int query = pair / num_q_heads, head = pair % num_q_heads;
+  if (query >= h.w[kNumQueries]) return;
+  const int begin = plan[h.w[kQueryMergeBegin] + query];
+  const int end = plan[h.w[kQueryMergeBegin] + query + 1];
+  const int row = plan[h.w[kQueryRows] + query];
+  float acc[kPerLane], run_max, run_sum;
+  merge_partials<D>(partial_o, partial_lse, begin, end, head, num_q_heads, acc, run_max, run_sum);
   const float inv = run_sum > 0.f ? 1.f / run_sum : 0.f;
   T* dst = out + (int64_t(row) * num_q_heads + head) * D + lane * kPerLane;
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) dst[e] = Dtype<T>::from_float(acc[e] * inv);
+}
+
+// The same merge, writing each query's state in float32 instead (launch_tree_attention_state):
+// state_o [queries][num_q_heads][D] normalised O, state_lse [queries][num_q_heads] base-2 LSE;
+// O = 0, LSE = -inf for a query without partials. Templated on D only (the partials are fp32).
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    tree_attention_merge_state(PlanHeaderArg header, int32_t header_on_device, const int32_t* plan,
+                               const float* partial_o, const float* partial_lse, float* state_o,
+                               float* state_lse, int num_q_heads) {
+  constexpr int kPerLane = D / 32;
+  const PlanHeaderArg h = load_header(header, plan, header_on_device);
+  const int lane = threadIdx.x & 31;
+  const int pair = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int query = pair / num_q_heads, head = pair % num_q_heads;
+  if (query >= h.w[kNumQueries]) return;
+  const int begin = plan[h.w[kQueryMergeBegin] + query];
+  const int end = plan[h.w[kQueryMergeBegin] + query + 1];
+  float acc[kPerLane], run_max, run_sum;
+  merge_partials<D>(partial_o, partial_lse, begin, end, head, num_q_heads, acc, run_max, run_sum);
+  const float inv = run_sum > 0.f ? 1.f / run_sum : 0.f;
+  const int64_t at = int64_t(query) * num_q_heads + head;
+  float* dst = state_o + at * D + lane * kPerLane;
+  if constexpr (kPerLane == 4) {
+    *reinterpret_cast<float4*>(dst) =
+        make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+  } else {
+    *reinterpret_cast<float2*>(dst) = make_float2(acc[0] * inv, acc[1] * inv);
+  }
+  if (lane == 0) state_lse[at] = run_sum > 0.f ? run_max + log2f(run_sum) : -INFINITY;
 }
 
 Status cuda_status(const char* what) {
@@ -868,9 +916,16 @@ cudaError_t allow_large_smem() {
   return e;
 }
 
+// Where stage 2 writes: out (model dtype rows), or, when out is null, the float32 states.
+struct MergeTarget {
+  void* out = nullptr;
+  float* state_o = nullptr;
+  float* state_lse = nullptr;
+};
+
 template <int D, typename T>
-Status launch(const Stage1Params& params, void* out, const TreeAttentionWorkspace& ws,
-              cudaStream_t stream, TreeAttentionGrid grid) {
+Status launch(const Stage1Params& params, const MergeTarget& target,
+              const TreeAttentionWorkspace& ws, cudaStream_t stream, TreeAttentionGrid grid) {
   const TreeAttentionLimits& limits = ws.limits();
   const int smem = stage1_smem_bytes_fixed<D>() + limits.max_item_tokens * 4;
   const cudaError_t attr = allow_large_smem<D, T>();
@@ -879,25 +934,96 @@ Status launch(const Stage1Params& params, void* out, const TreeAttentionWorkspac
   }
   const int items = grid.items > 0 ? grid.items : ws.num_items();
   const int queries = grid.items > 0 ? grid.queries : ws.num_queries();
-  if (items == 0 || queries == 0) return Status::Ok();
+  if (queries == 0) return Status::Ok();
   if (int64_t(items) * params.num_kv_heads > INT32_MAX) {
     return InvalidArgument("work items x kv heads exceed one grid");
   }
-  const dim3 grid1(items * params.num_kv_heads);
-  tree_attention_stage1<D, T><<<grid1, kThreads, smem, stream>>>(params);
-  TS_RETURN_IF_ERROR(cuda_status("tree_attention_stage1 launch"));
+  // A plan without items (a sequence-parallel shard's) still has its queries written.
+  if (items > 0) {
+    const dim3 grid1(items * params.num_kv_heads);
+    tree_attention_stage1<D, T><<<grid1, kThreads, smem, stream>>>(params);
+    TS_RETURN_IF_ERROR(cuda_status("tree_attention_stage1 launch"));
+  }
   const int64_t pairs = int64_t(queries) * params.num_q_heads;
   const int blocks = int((pairs + kWarps - 1) / kWarps);
+  const float* partial_o = params.partial_o;
+  const float* partial_lse = params.partial_lse;
   // Programmatic dependent launch: the merge grid starts while stage 1 drains and waits on
   // griddepcontrol.wait, which hides its launch latency (also inside a CUDA graph).
-  const cudaError_t e = launch_pdl(
-      dim3(blocks), dim3(kThreads), 0, stream, tree_attention_merge<D, T>, params.header,
-      params.header_on_device, params.plan, static_cast<const float*>(params.partial_o),
-      static_cast<const float*>(params.partial_lse), static_cast<T*>(out), int(params.num_q_heads));
+  const cudaError_t e =
+      target.out != nullptr
+          ? launch_pdl(dim3(blocks), dim3(kThreads), 0, stream, tree_attention_merge<D, T>,
+                       params.header, params.header_on_device, params.plan, partial_o, partial_lse,
+                       static_cast<T*>(target.out), int(params.num_q_heads))
+          : launch_pdl(dim3(blocks), dim3(kThreads), 0, stream, tree_attention_merge_state<D>,
+                       params.header, params.header_on_device, params.plan, partial_o, partial_lse,
+                       target.state_o, target.state_lse, int(params.num_q_heads));
   if (e != cudaSuccess) {
     return Internal(std::string("tree_attention_merge launch: ") + cudaGetErrorString(e));
   }
   return Status::Ok();
+}
+
+// Checks shared by both launchers and the stage 1 parameters they launch with.
+Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int32_t num_q_heads,
+                      int32_t num_kv_heads, int32_t head_dim, int32_t page_size, float sm_scale,
+                      const TreeAttentionWorkspace& workspace, TreeAttentionGrid grid,
+                      Stage1Params* params) {
+  if (!workspace.initialized())
+    return FailedPrecondition("tree attention workspace not initialized");
+  if (head_dim != 64 && head_dim != 128) {
+    return InvalidArgument("head_dim = " + std::to_string(head_dim) + " (supported: 64, 128)");
+  }
+  if (head_dim > workspace.limits().max_head_dim ||
+      num_q_heads > workspace.limits().max_num_q_heads) {
+    return InvalidArgument("num_q_heads = " + std::to_string(num_q_heads) + " / head_dim = " +
+                           std::to_string(head_dim) + " exceed the workspace's partial buffers");
+  }
+  if (num_kv_heads < 1 || num_q_heads != num_kv_heads * workspace.gqa_group_size()) {
+    return InvalidArgument(
+        "num_q_heads = " + std::to_string(num_q_heads) +
+        " != num_kv_heads * plan.gqa_group_size = " + std::to_string(num_kv_heads) + " * " +
+        std::to_string(workspace.gqa_group_size()));
+  }
+  if (page_size != workspace.page_size()) {
+    return InvalidArgument("page_size = " + std::to_string(page_size) +
+                           " differs from the plan's " + std::to_string(workspace.page_size()));
+  }
+  if (q == nullptr || k_pool == nullptr || v_pool == nullptr) {
+    return InvalidArgument("launch_tree_attention: null tensor pointer");
+  }
+  if (grid.items > 0 &&
+      (grid.items < workspace.num_items() || grid.queries < workspace.num_queries())) {
+    return InvalidArgument("launch grid of " + std::to_string(grid.items) + " items / " +
+                           std::to_string(grid.queries) + " queries is smaller than the plan's " +
+                           std::to_string(workspace.num_items()) + " / " +
+                           std::to_string(workspace.num_queries()));
+  }
+  params->header_on_device = grid.items > 0 ? 1 : 0;
+  for (int i = 0; i < kHeaderWords; ++i) params->header.w[i] = workspace.plan_header()[i];
+  params->plan = static_cast<const int32_t*>(workspace.device_plan());
+  params->q = q;
+  params->k = k_pool;
+  params->v = v_pool;
+  params->token_table = static_cast<const int32_t*>(workspace.token_table());
+  params->partial_o = static_cast<float*>(workspace.partial_o());
+  params->partial_lse = static_cast<float*>(workspace.partial_lse());
+  params->num_q_heads = num_q_heads;
+  params->num_kv_heads = num_kv_heads;
+  params->scale_log2 = sm_scale * kLog2e;
+  return Status::Ok();
+}
+
+Status dispatch(const Stage1Params& params, const MergeTarget& target, TreeAttentionDtype dtype,
+                int32_t head_dim, const TreeAttentionWorkspace& workspace, cudaStream_t stream,
+                TreeAttentionGrid grid) {
+  const bool bf16 = dtype == TreeAttentionDtype::kBFloat16;
+  if (head_dim == 128) {
+    return bf16 ? launch<128, __nv_bfloat16>(params, target, workspace, stream, grid)
+                : launch<128, __half>(params, target, workspace, stream, grid);
+  }
+  return bf16 ? launch<64, __nv_bfloat16>(params, target, workspace, stream, grid)
+              : launch<64, __half>(params, target, workspace, stream, grid);
 }
 
 }  // namespace
@@ -921,56 +1047,31 @@ Status launch_tree_attention(const void* q, const void* k_pool, const void* v_po
                              int32_t head_dim, int32_t page_size, float sm_scale,
                              const TreeAttentionWorkspace& workspace, cudaStream_t stream,
                              TreeAttentionGrid grid) {
-  if (!workspace.initialized())
-    return FailedPrecondition("tree attention workspace not initialized");
-  if (head_dim != 64 && head_dim != 128) {
-    return InvalidArgument("head_dim = " + std::to_string(head_dim) + " (supported: 64, 128)");
-  }
-  if (head_dim > workspace.limits().max_head_dim ||
-      num_q_heads > workspace.limits().max_num_q_heads) {
-    return InvalidArgument("num_q_heads = " + std::to_string(num_q_heads) + " / head_dim = " +
-                           std::to_string(head_dim) + " exceed the workspace's partial buffers");
-  }
-  if (num_kv_heads < 1 || num_q_heads != num_kv_heads * workspace.gqa_group_size()) {
-    return InvalidArgument(
-        "num_q_heads = " + std::to_string(num_q_heads) +
-        " != num_kv_heads * plan.gqa_group_size = " + std::to_string(num_kv_heads) + " * " +
-        std::to_string(workspace.gqa_group_size()));
-  }
-  if (page_size != workspace.page_size()) {
-    return InvalidArgument("page_size = " + std::to_string(page_size) +
-                           " differs from the plan's " + std::to_string(workspace.page_size()));
-  }
-  if (q == nullptr || k_pool == nullptr || v_pool == nullptr || out == nullptr) {
-    return InvalidArgument("launch_tree_attention: null tensor pointer");
-  }
-  if (grid.items > 0 &&
-      (grid.items < workspace.num_items() || grid.queries < workspace.num_queries())) {
-    return InvalidArgument("launch grid of " + std::to_string(grid.items) + " items / " +
-                           std::to_string(grid.queries) + " queries is smaller than the plan's " +
-                           std::to_string(workspace.num_items()) + " / " +
-                           std::to_string(workspace.num_queries()));
-  }
   Stage1Params params;
-  params.header_on_device = grid.items > 0 ? 1 : 0;
-  for (int i = 0; i < kHeaderWords; ++i) params.header.w[i] = workspace.plan_header()[i];
-  params.plan = static_cast<const int32_t*>(workspace.device_plan());
-  params.q = q;
-  params.k = k_pool;
-  params.v = v_pool;
-  params.token_table = static_cast<const int32_t*>(workspace.token_table());
-  params.partial_o = static_cast<float*>(workspace.partial_o());
-  params.partial_lse = static_cast<float*>(workspace.partial_lse());
-  params.num_q_heads = num_q_heads;
-  params.num_kv_heads = num_kv_heads;
-  params.scale_log2 = sm_scale * kLog2e;
-  const bool bf16 = dtype == TreeAttentionDtype::kBFloat16;
-  if (head_dim == 128) {
-    return bf16 ? launch<128, __nv_bfloat16>(params, out, workspace, stream, grid)
-                : launch<128, __half>(params, out, workspace, stream, grid);
+  TS_RETURN_IF_ERROR(prepare_launch(q, k_pool, v_pool, num_q_heads, num_kv_heads, head_dim,
+                                    page_size, sm_scale, workspace, grid, &params));
+  if (out == nullptr) return InvalidArgument("launch_tree_attention: null tensor pointer");
+  MergeTarget target;
+  target.out = out;
+  return dispatch(params, target, dtype, head_dim, workspace, stream, grid);
+}
+
+Status launch_tree_attention_state(const void* q, const void* k_pool, const void* v_pool,
+                                   float* state_o, float* state_lse, TreeAttentionDtype dtype,
+                                   int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                   int32_t page_size, float sm_scale,
+                                   const TreeAttentionWorkspace& workspace, cudaStream_t stream,
+                                   TreeAttentionGrid grid) {
+  Stage1Params params;
+  TS_RETURN_IF_ERROR(prepare_launch(q, k_pool, v_pool, num_q_heads, num_kv_heads, head_dim,
+                                    page_size, sm_scale, workspace, grid, &params));
+  if (state_o == nullptr || state_lse == nullptr) {
+    return InvalidArgument("launch_tree_attention_state: null state pointer");
   }
-  return bf16 ? launch<64, __nv_bfloat16>(params, out, workspace, stream, grid)
-              : launch<64, __half>(params, out, workspace, stream, grid);
+  MergeTarget target;
+  target.state_o = state_o;
+  target.state_lse = state_lse;
+  return dispatch(params, target, dtype, head_dim, workspace, stream, grid);
 }
 
 }  // namespace treeserve

@@ -8,6 +8,9 @@
 //    tile, GQA heads packed as rows, against its KV chunk with tensor-core MMA, writing a
 //    partial (O, LSE) per item query and q head) and stage 2 (per query and q head, the
 //    log-sum-exp merge of its partials by the reduction map, written in the model dtype).
+//  - launch_tree_attention_state runs the same stage 1 and writes each query's merged state
+//    (float32 O and LSE) instead of output rows, for merging with states computed elsewhere
+//    (other GPUs' shares of the KV: kernels/sequence_parallel_attention.h).
 //  - build_baseline_plan builds the prefix-unaware schedule of a sequence server (per-query
 //    paged flash-decoding over the query's whole root-to-leaf path, split-KV) as an ordinary
 //    AttentionPlan, so the same kernels (and the CPU executor) run it.
@@ -126,13 +129,28 @@ inline int32_t tree_attention_grid_bucket(int32_t n) {
 // out:    [num_rows][num_q_heads][head_dim]   only the plan's query rows are written
 // All in dtype; head_dim 64 or 128; num_q_heads / num_kv_heads must equal the plan's
 // gqa_group_size and page_size the plan's. sm_scale multiplies q.k (usually 1/sqrt(head_dim)).
-// Enqueues two kernels on stream; returns INVALID_ARGUMENT for unsupported shapes or a grid
-// smaller than the uploaded plan, INTERNAL with CUDA's message if a launch fails.
+// Enqueues two kernels on stream (only the merge for a plan without items: its queries get
+// zeros); returns INVALID_ARGUMENT for unsupported shapes or a grid smaller than the uploaded
+// plan, INTERNAL with CUDA's message if a launch fails.
 Status launch_tree_attention(const void* q, const void* k_pool, const void* v_pool, void* out,
                              TreeAttentionDtype dtype, int32_t num_q_heads, int32_t num_kv_heads,
                              int32_t head_dim, int32_t page_size, float sm_scale,
                              const TreeAttentionWorkspace& workspace, cudaStream_t stream,
                              TreeAttentionGrid grid = {});
+
+// launch_tree_attention with stage 2 writing each plan query's merged attention state instead
+// of output rows (same inputs and checks; q, k_pool, v_pool as above):
+// state_o:   float [num_queries][num_q_heads][head_dim]  normalised O
+// state_lse: float [num_queries][num_q_heads]            log2 of the softmax denominator
+//                                                        (base 2, as the kernel's partials)
+// indexed by the plan's query index (not the batch row). A query without partials (a
+// sequence-parallel shard's) gets O = 0, LSE = -inf.
+Status launch_tree_attention_state(const void* q, const void* k_pool, const void* v_pool,
+                                   float* state_o, float* state_lse, TreeAttentionDtype dtype,
+                                   int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                   int32_t page_size, float sm_scale,
+                                   const TreeAttentionWorkspace& workspace, cudaStream_t stream,
+                                   TreeAttentionGrid grid = {});
 
 // Plan config for this kernel on a GPU with num_sms multiprocessors: the kernel's tile shape
 // (64 query rows, 64-token KV tiles), and num_sms as the *item* target of long-context

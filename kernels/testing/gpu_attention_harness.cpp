@@ -55,9 +55,25 @@ Status to_device(const std::vector<uint16_t>& bits, void** dst) {
 
 }  // namespace
 
-bool cuda_device_available() {
+bool cuda_device_available() { return cuda_device_count() > 0; }
+
+int32_t cuda_device_count() {
   int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
+
+Status download_as_float(const void* data, size_t n, TreeAttentionDtype dtype,
+                         std::vector<float>* out) {
+  std::vector<uint16_t> bits(n);
+  TS_RETURN_IF_ERROR(
+      cuda_check(cudaMemcpy(bits.data(), data, n * 2, cudaMemcpyDefault), "cudaMemcpy D2H"));
+  out->resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    (*out)[i] = dtype == TreeAttentionDtype::kFloat16
+                    ? __half2float(__ushort_as_half(bits[i]))
+                    : __bfloat162float(__ushort_as_bfloat16(bits[i]));
+  }
+  return Status::Ok();
 }
 
 GpuAttentionProblem::~GpuAttentionProblem() {
@@ -117,18 +133,8 @@ Status GpuAttentionProblem::launch_uploaded(const TreeAttentionWorkspace& ws, cu
 }
 
 Status GpuAttentionProblem::download_out(std::vector<float>* out) const {
-  const size_t n = size_t(num_rows_) * num_q_heads_ * layout_.head_dim;
-  std::vector<uint16_t> bits(n);
   TS_RETURN_IF_ERROR(cuda_check(cudaDeviceSynchronize(), "kernel execution"));
-  TS_RETURN_IF_ERROR(
-      cuda_check(cudaMemcpy(bits.data(), d_out_, n * 2, cudaMemcpyDeviceToHost), "cudaMemcpy D2H"));
-  out->resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    (*out)[i] = dtype_ == TreeAttentionDtype::kFloat16
-                    ? __half2float(__ushort_as_half(bits[i]))
-                    : __bfloat162float(__ushort_as_bfloat16(bits[i]));
-  }
-  return Status::Ok();
+  return download_as_float(d_out_, out_elems(), dtype_, out);
 }
 
 Status GpuAttentionProblem::reference_plan(const AttentionPlan& plan,
@@ -137,6 +143,17 @@ Status GpuAttentionProblem::reference_plan(const AttentionPlan& plan,
   AttentionCpuWorkspace ws;
   return execute_attention_plan_cpu(plan, tree_->view, layout_, q_.data(), num_rows_, k_.data(),
                                     v_.data(), num_q_heads_, sm_scale_, out->data(), &ws);
+}
+
+Status GpuAttentionProblem::reference_plan_state(const AttentionPlan& plan, std::vector<float>* o,
+                                                 std::vector<float>* lse) const {
+  const size_t pairs = tree_->view.queries.size() * size_t(num_q_heads_);
+  o->resize(pairs * layout_.head_dim);
+  lse->resize(pairs);
+  AttentionCpuWorkspace ws;
+  return execute_attention_plan_cpu_state(plan, tree_->view, layout_, q_.data(), num_rows_,
+                                          k_.data(), v_.data(), num_q_heads_, sm_scale_, o->data(),
+                                          lse->data(), &ws);
 }
 
 Status GpuAttentionProblem::reference_naive(const std::vector<int32_t>& queries,

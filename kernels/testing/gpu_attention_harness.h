@@ -17,6 +17,13 @@ namespace treeserve::testing {
 
 // True when cudaGetDeviceCount succeeds with at least one device.
 bool cuda_device_available();
+// CUDA devices present (0 when cudaGetDeviceCount fails).
+int32_t cuda_device_count();
+
+// n dtype elements of device memory (on any device; the caller has synchronised its writers)
+// as floats.
+Status download_as_float(const void* data, size_t n, TreeAttentionDtype dtype,
+                         std::vector<float>* out);
 
 // Enqueues a kernel that reads bytes of buffer (device memory, larger than L2) so the next
 // kernel starts with a cold L2 and no dirty lines; sink: 4 bytes of device memory.
@@ -48,6 +55,10 @@ class GpuAttentionProblem {
   // CPU plan executor (float32) over the same (rounded) inputs; rows no query names keep the
   // sentinel.
   Status reference_plan(const AttentionPlan& plan, std::vector<float>* out) const;
+  // The CPU plan executor's merged states (execute_attention_plan_cpu_state): o
+  // [num_queries][num_q_heads][head_dim], lse [num_queries][num_q_heads] (natural log).
+  Status reference_plan_state(const AttentionPlan& plan, std::vector<float>* o,
+                              std::vector<float>* lse) const;
   // Naive per-query reference (double) for the given view queries only.
   Status reference_naive(const std::vector<int32_t>& queries, std::vector<float>* out) const;
 
@@ -56,6 +67,14 @@ class GpuAttentionProblem {
                      const std::vector<int32_t>& queries = {}) const;
   // True when every row no query names still holds the sentinel in out.
   bool untouched_rows_kept(const std::vector<float>& out) const;
+
+  // Device tensors (on the device that was current at init) and the output's element count.
+  const void* device_q() const { return d_q_; }
+  const void* device_k() const { return d_k_; }
+  const void* device_v() const { return d_v_; }
+  void* device_out() const { return d_out_; }
+  size_t out_elems() const { return size_t(num_rows_) * num_q_heads_ * layout_.head_dim; }
+  TreeAttentionDtype dtype() const { return dtype_; }
 
   const TreeCase& tree() const { return *tree_; }
   const KvLayout& layout() const { return layout_; }

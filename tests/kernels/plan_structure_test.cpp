@@ -1,6 +1,7 @@
 // Structure of attention plans: the coverage invariant on random trees and workload shapes,
 // determinism, no steady-state allocation, the cost model's choices, long-context splitting,
-// masks only where needed, and rejection of invalid views and configs.
+// masks only where needed, rejection of invalid views and configs, and validate_attention_plan
+// on built and corrupted plans.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -376,6 +377,45 @@ TEST(PlanStructure, RejectsInvalidViews) {
   config.gqa_group_size = 8;
   const Status s = build_attention_plan(good, config, &plan);
   EXPECT_NE(s.message().find("query_tile_rows"), std::string::npos) << s.ToString();
+}
+
+TEST(ValidateAttentionPlan, BuiltPlansPassCorruptedPlansFail) {
+  const TreeCase c = testing::speculative_case(500, testing::medusa_like_paths(15), 16, 3);
+  AttentionPlan plan;
+  ASSERT_TRUE(build_attention_plan(c.view, AttentionPlanConfig{}, &plan).ok());
+  ASSERT_TRUE(validate_attention_plan(plan, c.num_pages).ok());
+  ASSERT_GE(plan.num_items(), 2);
+  struct Corruption {
+    const char* field;  // expected in the message
+    void (*apply)(AttentionPlan*);
+  };
+  const Corruption corruptions[] = {
+      {"item_num_tokens", [](AttentionPlan* p) { p->item_num_tokens[0] += 1; }},
+      {"item_segment_begin",
+       [](AttentionPlan* p) { p->item_segment_end[0] = p->item_segment_begin[0]; }},
+      {"item_query_begin", [](AttentionPlan* p) { p->item_query_end[0] = p->num_partials() + 1; }},
+      {"belongs to items",
+       [](AttentionPlan* p) {
+         p->item_query_begin[1] = p->item_query_begin[0];
+         p->item_query_end[1] = p->item_query_end[0];
+       }},
+      {"page_table", [](AttentionPlan* p) { p->page_table[0] = -3; }},
+      {"seg_num_tokens", [](AttentionPlan* p) { p->seg_first_slot[0] = p->page_size; }},
+      {"item_mask_offset",
+       [](AttentionPlan* p) { p->item_mask_offset[0] = int32_t(p->mask_words.size()); }},
+      {"query_merge_begin", [](AttentionPlan* p) { p->query_merge_begin.pop_back(); }},
+      {"merge_partials", [](AttentionPlan* p) { p->merge_partials[0] = p->merge_partials[1]; }},
+      {"max_item_tokens", [](AttentionPlan* p) { p->max_item_tokens = 0; }},
+      {"query_rows", [](AttentionPlan* p) { p->query_rows[0] = -1; }},
+  };
+  for (const Corruption& k : corruptions) {
+    AttentionPlan broken = plan;
+    k.apply(&broken);
+    const Status s = validate_attention_plan(broken);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << k.field;
+    EXPECT_NE(s.message().find(k.field), std::string::npos) << k.field << ": " << s.ToString();
+  }
+  EXPECT_FALSE(validate_attention_plan(plan, 1).ok()) << "page ids past a 1-page pool";
 }
 
 }  // namespace

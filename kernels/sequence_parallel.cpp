@@ -1,0 +1,177 @@
+// split_plan_for_sequence_parallel and plan_read_pages (sequence_parallel.h): dealing an
+// AttentionPlan's work items out to ranks by KV position, and rebuilding each rank's share as a
+// plan of its own (segments, masks, partial slots renumbered; reduction map over all queries).
+#include "kernels/sequence_parallel.h"
+
+#include <algorithm>
+#include <string>
+
+namespace treeserve {
+namespace {
+
+// Where an item starts in the view: its first segment's (node, token offset), as one key.
+int64_t start_key(const AttentionPlan& plan, int32_t item) {
+  const int32_t g = plan.item_segment_begin[item];
+  return (int64_t(plan.seg_node[g]) << 32) | uint32_t(plan.seg_token_begin[g]);
+}
+
+void clear_items(AttentionPlan* p) {
+  for (std::vector<int32_t>* v :
+       {&p->item_segment_begin, &p->item_segment_end, &p->item_query_begin, &p->item_query_end,
+        &p->item_num_tokens, &p->item_mask_offset, &p->seg_page_begin, &p->seg_first_slot,
+        &p->seg_num_tokens, &p->seg_node, &p->seg_token_begin, &p->item_queries, &p->merge_partials,
+        &p->query_merge_begin}) {
+    v->clear();
+  }
+  p->mask_words.clear();
+}
+
+// Appends item i of plan to shard: its segments, partials (renumbered; new_slot[p] records the
+// shard slot of plan partial p) and mask words.
+void append_item(const AttentionPlan& plan, int32_t i, AttentionPlan* shard,
+                 std::vector<int32_t>* new_slot) {
+  shard->item_segment_begin.push_back(shard->num_segments());
+  for (int32_t g = plan.item_segment_begin[i]; g < plan.item_segment_end[i]; ++g) {
+    shard->seg_page_begin.push_back(plan.seg_page_begin[g]);
+    shard->seg_first_slot.push_back(plan.seg_first_slot[g]);
+    shard->seg_num_tokens.push_back(plan.seg_num_tokens[g]);
+    shard->seg_node.push_back(plan.seg_node[g]);
+    shard->seg_token_begin.push_back(plan.seg_token_begin[g]);
+  }
+  shard->item_segment_end.push_back(shard->num_segments());
+  shard->item_query_begin.push_back(shard->num_partials());
+  for (int32_t p = plan.item_query_begin[i]; p < plan.item_query_end[i]; ++p) {
+    (*new_slot)[p] = shard->num_partials();
+    shard->item_queries.push_back(plan.item_queries[p]);
+  }
+  shard->item_query_end.push_back(shard->num_partials());
+  shard->item_num_tokens.push_back(plan.item_num_tokens[i]);
+  shard->max_item_tokens = std::max(shard->max_item_tokens, plan.item_num_tokens[i]);
+  const int32_t mask = plan.item_mask_offset[i];
+  if (mask < 0) {
+    shard->item_mask_offset.push_back(-1);
+    return;
+  }
+  shard->item_mask_offset.push_back(int32_t(shard->mask_words.size()));
+  const int64_t words = int64_t(plan.item_query_end[i] - plan.item_query_begin[i]) *
+                        AttentionPlan::mask_words_per_row(plan.item_num_tokens[i]);
+  shard->mask_words.insert(shard->mask_words.end(), plan.mask_words.begin() + mask,
+                           plan.mask_words.begin() + mask + words);
+}
+
+}  // namespace
+
+int64_t sequence_parallel_item_cost(const AttentionPlan& plan, int32_t i) {
+  const int64_t rows =
+      int64_t(plan.item_query_end[i] - plan.item_query_begin[i]) * plan.gqa_group_size;
+  const int64_t tile_rows = int64_t(plan.queries_per_tile) * plan.gqa_group_size;
+  return int64_t(plan.item_num_tokens[i]) * (tile_rows + rows);
+}
+
+Status split_plan_for_sequence_parallel(const AttentionPlan& plan, int32_t world,
+                                        std::vector<AttentionPlan>* shards) {
+  if (world < 1) {
+    return InvalidArgument("split_plan_for_sequence_parallel: world = " + std::to_string(world) +
+                           " must be >= 1");
+  }
+  if (shards == nullptr) return InvalidArgument("split_plan_for_sequence_parallel: shards is null");
+  TS_RETURN_IF_ERROR(validate_attention_plan(plan));
+  const int32_t num_items = plan.num_items();
+
+  // Items in KV order (stable: a chunk's query tiles keep their plan order).
+  std::vector<int32_t> order(num_items);
+  std::vector<int64_t> key(num_items);
+  for (int32_t i = 0; i < num_items; ++i) {
+    order[i] = i;
+    key[i] = start_key(plan, i);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return key[a] < key[b]; });
+
+  // Cut candidates: positions in order where the start key changes, with the cost before them.
+  std::vector<int32_t> cut_at{0};
+  std::vector<int64_t> cost_before{0};
+  int64_t total = 0;
+  for (int32_t k = 0; k < num_items; ++k) {
+    if (k > 0 && key[order[k]] != key[order[k - 1]]) {
+      cut_at.push_back(k);
+      cost_before.push_back(total);
+    }
+    total += sequence_parallel_item_cost(plan, order[k]);
+  }
+  cut_at.push_back(num_items);
+  cost_before.push_back(total);
+
+  // Rank r takes order[begin, end): end is the cut candidate nearest (r + 1) / world of the total
+  // cost (ties to the earlier one). The targets increase, so the cuts never go backwards.
+  std::vector<int32_t> rank_of(num_items);
+  int32_t begin = 0;
+  for (int32_t r = 0; r < world; ++r) {
+    int32_t end = num_items;
+    if (r + 1 < world) {
+      const double target = double(total) * double(r + 1) / double(world);
+      const size_t c = size_t(std::lower_bound(cost_before.begin(), cost_before.end(), target) -
+                              cost_before.begin());
+      size_t best = std::min(c, cost_before.size() - 1);
+      if (c > 0 && target - double(cost_before[c - 1]) <= double(cost_before[best]) - target) {
+        best = c - 1;
+      }
+      end = std::max(begin, cut_at[best]);
+    }
+    for (int32_t k = begin; k < end; ++k) rank_of[order[k]] = r;
+    begin = end;
+  }
+
+  // Each shard: its items in plan order, then the reduction map over every query.
+  shards->resize(size_t(world));
+  std::vector<int32_t> new_slot(plan.num_partials());
+  for (int32_t r = 0; r < world; ++r) {
+    AttentionPlan& s = (*shards)[r];
+    clear_items(&s);
+    s.gqa_group_size = plan.gqa_group_size;
+    s.queries_per_tile = plan.queries_per_tile;
+    s.page_size = plan.page_size;
+    s.heads_first = plan.heads_first;
+    s.max_item_tokens = 0;
+    s.page_table.assign(plan.page_table.begin(), plan.page_table.end());
+    s.query_rows.assign(plan.query_rows.begin(), plan.query_rows.end());
+    // Statistics describe the build the shard was cut from.
+    s.num_groups = plan.num_groups;
+    s.num_folded_edges = plan.num_folded_edges;
+    s.num_packs = plan.num_packs;
+    s.split_chunk_tokens = plan.split_chunk_tokens;
+    s.query_merge_begin.push_back(0);
+  }
+  std::vector<int32_t> partial_rank(plan.num_partials());
+  for (int32_t i = 0; i < num_items; ++i) {
+    const int32_t r = rank_of[i];
+    append_item(plan, i, &(*shards)[r], &new_slot);
+    for (int32_t p = plan.item_query_begin[i]; p < plan.item_query_end[i]; ++p) {
+      partial_rank[p] = r;
+    }
+  }
+  for (int32_t q = 0; q < plan.num_queries(); ++q) {
+    for (int32_t m = plan.query_merge_begin[q]; m < plan.query_merge_begin[q + 1]; ++m) {
+      const int32_t p = plan.merge_partials[m];
+      (*shards)[partial_rank[p]].merge_partials.push_back(new_slot[p]);
+    }
+    for (AttentionPlan& s : *shards)
+      s.query_merge_begin.push_back(int32_t(s.merge_partials.size()));
+  }
+  return Status::Ok();
+}
+
+void plan_read_pages(const AttentionPlan& plan, std::vector<int32_t>* pages) {
+  pages->clear();
+  for (int32_t g = 0; g < plan.num_segments(); ++g) {
+    const int32_t first = plan.seg_first_slot[g];
+    const int32_t count = (first + plan.seg_num_tokens[g] + plan.page_size - 1) / plan.page_size;
+    for (int32_t k = 0; k < count; ++k) {
+      pages->push_back(plan.page_table[plan.seg_page_begin[g] + k]);
+    }
+  }
+  std::sort(pages->begin(), pages->end());
+  pages->erase(std::unique(pages->begin(), pages->end()), pages->end());
+}
+
+}  // namespace treeserve

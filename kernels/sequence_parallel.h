@@ -1,0 +1,58 @@
+// Sequence parallelism for tree attention, the CPU part: splitting one step's AttentionPlan
+// over `world` GPUs along the KV (sequence) axis, as in Tree Attention
+// (papers/tree-attention-multigpu.txt). Each GPU runs only its shard's work items, over only
+// the pages its shard reads, and produces a partial attention state (O, LSE) per query; the
+// states are merged across GPUs by log-sum-exp with all-reduces
+// (kernels/sequence_parallel_attention.h), which is exact because the merge is associative.
+//
+// Why split the plan rather than the view: the plan already cuts long runs into even KV chunks
+// and groups each chunk with the queries that share it, so dealing out whole items keeps every
+// shared chunk read once (on one GPU) and needs no second planning pass per GPU.
+//
+// Plain C++ (no CUDA): the split and its invariants are tested on the CPU with the CPU
+// executor (tests/kernels/sequence_parallel_test.cpp).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/attention_plan.h"
+
+namespace treeserve {
+
+// Splits plan over world ranks; (*shards)[r] is rank r's plan (the vector is resized to world,
+// and its plans' vectors are reused). How:
+//  - Items are ordered by the KV position they start at (their first segment's node in
+//    preorder, then token offset) and cut into world contiguous ranges, so a long run, which the
+//    plan cuts into consecutive chunks, is read as one contiguous token range per rank, the ranks
+//    in order. Items starting at the same position (the query tiles of one chunk) stay together,
+//    so a shared chunk is read on one rank only.
+//  - The cuts balance sequence_parallel_item_cost: each is placed at the start position nearest
+//    to r / world of the total, so a rank's cost exceeds total / world by at most the largest
+//    group of items sharing a start position.
+//  - Each shard is a valid plan on its own (validate_attention_plan): its own segments, mask
+//    words and partial slots, renumbered; its items in the plan's launch order. Its reduction
+//    map covers ALL queries of the view, in the plan's merge order; a query none of the rank's
+//    items serves has an empty merge range. page_table and query_rows are the plan's.
+// Ranks may get no items when the plan has fewer start positions than ranks.
+//
+// Build the plan with the item target of all GPUs together (AttentionPlanConfig::num_sms
+// multiplied by world), so that long runs are cut finely enough for every shard to fill its GPU.
+// plan must not be one of *shards. Returns INVALID_ARGUMENT for world < 1, a null shards, or a
+// plan that fails validate_attention_plan.
+Status split_plan_for_sequence_parallel(const AttentionPlan& plan, int32_t world,
+                                        std::vector<AttentionPlan>* shards);
+
+// The split's estimate of an item's time: KV tokens x (query rows + a tile of rows), the plan
+// builder's launch-order cost (AttentionPlanConfig::item_order): time grows with tokens x rows,
+// and a decode item of a few rows still pays about a tile's worth of per-token work (measured:
+// stage 1 is bound by each block's per-tile chain more than by DRAM).
+int64_t sequence_parallel_item_cost(const AttentionPlan& plan, int32_t item);
+
+// The physical page ids (plan.page_table values) holding at least one token some item of plan
+// reads, sorted and unique: the pages a GPU must hold to run this plan (a shard's, after the
+// split). plan must pass validate_attention_plan.
+void plan_read_pages(const AttentionPlan& plan, std::vector<int32_t>* pages);
+
+}  // namespace treeserve
