@@ -4,8 +4,10 @@
 # tests: the TP GPU tests (TP=2, and TP=4 when 4 devices exist, against TP=1) and the
 #        single-GPU backend tests (the weight loader changed for N=1 too);
 # bench: bench_decode at TP=1, 2 and 4 (as many as there are devices), then the TP=2/TP=1
-#        step ratio per workload (issue 8's bar: <= 0.65 for fewshot b=50), and one
-#        TREESERVE_PROFILE=1 run at TP=2 (per-phase GPU time, the all-reduces included);
+#        step ratio per workload (issue 8's bar: <= 0.65 for fewshot b=50), the few-shot
+#        steps at TP=2 with NCCL all-reduces only (--nccl-all-reduce, the A/B of the default
+#        peer-to-peer all-reduce), and one TREESERVE_PROFILE=1 run at TP=2 (per-phase GPU
+#        time, the all-reduces included);
 # e2e:   the tree-API e2e suite against `treeserve --backend cuda --tensor-parallel 2` on the
 #        tiny model (needs the treeserve binary and its gRPC libraries; not part of all).
 # Needs only the binaries and the tiny model of BUILD_DIR (carry those). Everything goes to
@@ -59,6 +61,12 @@ if [ "$stage" = bench ] || [ "$stage" = all ]; then
       ${BENCH_ARGS:-} > "$OUT/bench_tp$tp.log" 2>&1 || status=$?
     cat "$OUT/bench_tp$tp.log"
   done
+  if [ "$gpus" -ge 2 ]; then
+    # A/B: the same few-shot steps with every all-reduce through NCCL.
+    "$B/bin/bench_decode" --tensor-parallel 2 --workloads fewshot --nccl-all-reduce \
+      > "$OUT/bench_tp2_nccl.log" 2>&1 || status=$?
+    grep -E '^fewshot' "$OUT/bench_tp2_nccl.log" | sed 's/^/NCCL all-reduces: /' | tee -a "$OUT/summary.txt"
+  fi
   if [ "$gpus" -ge 2 ] && [ -z "${NO_PROFILE:-}" ]; then
     TREESERVE_PROFILE=1 "$B/bin/bench_decode" --tensor-parallel 2 --workloads fewshot \
       --steps 8 > "$OUT/profile_tp2.log" 2>&1 || status=$?
