@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "engine/cuda_ops.h"
+#include "kernels/detail/p2p_barrier.cuh"
 #include "kernels/detail/pdl_launch.cuh"
 
 namespace treeserve::cuda {
@@ -159,21 +160,13 @@ __global__ void __launch_bounds__(1024)
 }
 
 // Peer-to-peer all-reduce fused with the residual add and RMSNorm (cuda_ops.h). Block b first
-// meets block b of every peer: it writes its call number into each rank's flag slot for
-// (b, this rank), after a system fence, and waits until every rank's slot for (b, them) in its
-// own memory holds that number. The partial sums of this call were written by the kernel
-// before this one on each rank (stream order; pdl_wait covers a programmatic launch), so once
-// a peer's flag is seen, its buffer is complete. Then the block does rows b, b + kP2PBlocks, ..
-// as add_rms_norm_kernel does, the peers' rows loaded with ld.global.cg (never a stale L1 line
-// from an earlier call's read of the same buffer).
-__device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
+// meets block b of every peer (detail::p2p_block_barrier). The partial sums of this call were
+// written by the kernel before this one on each rank (stream order; pdl_wait covers a
+// programmatic launch), so once a peer has arrived, its buffer is complete. Then the block does
+// rows b, b + kP2PBlocks, .. as add_rms_norm_kernel does, the peers' rows loaded with
+// ld.global.cg (never a stale L1 line from an earlier call's read of the same buffer).
+static_assert(kMaxP2PRanks == detail::kMaxP2PRanks);
+
 __device__ __forceinline__ void load8_cg(const float* p, float (&v)[8]) {
   const float4 a = __ldcg(reinterpret_cast<const float4*>(p));
   const float4 b = __ldcg(reinterpret_cast<const float4*>(p) + 1);
@@ -185,26 +178,9 @@ __global__ void __launch_bounds__(1024)
     p2p_all_reduce_norm_kernel(float* __restrict__ residual, const P2PAllReduce ar,
                                const T* __restrict__ weight, float eps, int64_t rows,
                                int64_t hidden, T* __restrict__ out) {
-  __shared__ uint32_t call;
-  const int b = blockIdx.x;
   pdl_wait();
-  if (threadIdx.x == 0) {
-    call = ar.counters[b] + 1;
-    ar.counters[b] = call;
-  }
-  __syncthreads();
-  if (threadIdx.x < ar.world) {
-    const int s = threadIdx.x;
-    __threadfence_system();
-    st_release_sys(ar.flags[s] + b * kMaxP2PRanks + ar.rank, call);
-    const uint32_t* seen = ar.flags[ar.rank] + b * kMaxP2PRanks + s;
-    const long long start = clock64();
-    while (int32_t(ld_acquire_sys(seen) - call) < 0) {
-      if (clock64() - start > 20'000'000'000LL) __trap();  // ~10 s: the peer is gone
-    }
-  }
-  __syncthreads();
-  for (int64_t r = b; r < rows; r += gridDim.x) {
+  detail::p2p_block_barrier(ar.flags, ar.counters, ar.rank, ar.world);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     float* x = residual + r * hidden;
     float v[V][8], dv[V][8], wv[V][8];
 #pragma unroll

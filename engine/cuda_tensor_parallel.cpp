@@ -20,6 +20,7 @@
 #include "engine/detail/cuda_rank.h"
 #include "engine/detail/rank_workers.h"
 #include "engine/tensor_parallel.h"
+#include "kernels/detail/peer_access.h"
 
 namespace treeserve::detail {
 namespace {
@@ -85,11 +86,7 @@ class TensorParallelBackend final : public Backend {
         int can = 0;
         if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || !can) ok = false;
         if (!ok) break;
-        cudaSetDevice(a);
-        const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
-        if (e == cudaErrorPeerAccessAlreadyEnabled) {
-          cudaGetLastError();
-        } else if (e != cudaSuccess) {
+        if (detail::enable_peer_access(a, b) != cudaSuccess) {
           cudaGetLastError();
           ok = false;
         }

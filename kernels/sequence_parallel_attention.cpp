@@ -1,6 +1,7 @@
 // SequenceParallelAttention (sequence_parallel_attention.h): per-rank resources, the local half
-// of a step (launch_tree_attention_state on every rank) and the combine (two NCCL all-reduces
-// around the kernels of detail/sequence_parallel_combine.h).
+// of a step (launch_tree_attention_state on every rank) and the combine: one peer-to-peer
+// kernel per rank where all devices have peer access, else two NCCL all-reduces around the
+// kernels of detail/sequence_parallel_combine.h.
 //
 // One thread drives every rank: each collective is issued for all communicators inside one
 // ncclGroupStart/End (NCCL's single-thread, multi-device pattern), which is also where the only
@@ -18,6 +19,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "kernels/detail/peer_access.h"
 #include "kernels/detail/sequence_parallel_combine.h"
 #include "kernels/detail/tree_attention_layout.h"
 
@@ -31,6 +33,11 @@ struct SequenceParallelAttention::Rank {
   float* state = nullptr;
   float* lse = nullptr;
   float* lse_max = nullptr;
+  // Peer-to-peer combine: two (O, LSE) state sets, alternating per step, and the barrier's
+  // flags [kSpP2PBlocks][kSpMaxRanks] then counters [kSpP2PBlocks] (one allocation).
+  float* p2p_o[2] = {nullptr, nullptr};
+  float* p2p_lse[2] = {nullptr, nullptr};
+  uint32_t* p2p_flags = nullptr;
 };
 
 namespace {
@@ -73,7 +80,10 @@ void SequenceParallelAttention::release() {
     cudaSetDevice(r->device);
     if (r->stream != nullptr) cudaStreamSynchronize(r->stream);
     r->workspace.release();
-    for (float* p : {r->state, r->lse, r->lse_max}) {
+    for (void* p : {static_cast<void*>(r->state), static_cast<void*>(r->lse),
+                    static_cast<void*>(r->lse_max), static_cast<void*>(r->p2p_o[0]),
+                    static_cast<void*>(r->p2p_o[1]), static_cast<void*>(r->p2p_lse[0]),
+                    static_cast<void*>(r->p2p_lse[1]), static_cast<void*>(r->p2p_flags)}) {
       if (p != nullptr) cudaFree(p);
     }
     if (r->stream != nullptr) cudaStreamDestroy(r->stream);
@@ -81,6 +91,8 @@ void SequenceParallelAttention::release() {
   }
   ranks_.clear();
   aborted_ = false;
+  p2p_ = false;
+  step_ = 0;
 }
 
 void SequenceParallelAttention::abort_communicators() {
@@ -136,6 +148,41 @@ Status SequenceParallelAttention::init(const std::vector<int32_t>& devices,
     TS_CUDA_RETURN("cudaMalloc(lse)" + where, cudaMalloc(&r->lse, pairs * 4));
     TS_CUDA_RETURN("cudaMalloc(lse_max)" + where, cudaMalloc(&r->lse_max, pairs * 4));
   }
+  return init_peer_to_peer(pairs);
+}
+
+// The peer-to-peer combine when every device reaches every other's memory (else NCCL's).
+Status SequenceParallelAttention::init_peer_to_peer(size_t pairs) {
+  if (world() > detail::kSpMaxRanks) return Status::Ok();
+  for (const std::unique_ptr<Rank>& a : ranks_) {
+    for (const std::unique_ptr<Rank>& b : ranks_) {
+      if (a == b) continue;
+      int can = 0;
+      if (cudaDeviceCanAccessPeer(&can, a->device, b->device) != cudaSuccess || !can) {
+        cudaGetLastError();
+        return Status::Ok();
+      }
+    }
+  }
+  for (const std::unique_ptr<Rank>& a : ranks_) {
+    for (const std::unique_ptr<Rank>& b : ranks_) {
+      if (a != b) {
+        TS_CUDA_RETURN("cudaDeviceEnablePeerAccess",
+                       detail::enable_peer_access(a->device, b->device));
+      }
+    }
+    TS_CUDA_RETURN("cudaSetDevice", cudaSetDevice(a->device));
+    for (int parity = 0; parity < 2; ++parity) {
+      TS_CUDA_RETURN("cudaMalloc(p2p o)",
+                     cudaMalloc(&a->p2p_o[parity], pairs * size_t(limits_.max_head_dim) * 4));
+      TS_CUDA_RETURN("cudaMalloc(p2p lse)", cudaMalloc(&a->p2p_lse[parity], pairs * 4));
+    }
+    const size_t words = size_t(detail::kSpP2PBlocks) * (detail::kSpMaxRanks + 1);
+    TS_CUDA_RETURN("cudaMalloc(p2p flags)", cudaMalloc(&a->p2p_flags, words * 4));
+    TS_CUDA_RETURN("cudaMemset(p2p flags)", cudaMemset(a->p2p_flags, 0, words * 4));
+    TS_CUDA_RETURN("cudaDeviceSynchronize", cudaDeviceSynchronize());
+  }
+  p2p_ = true;
   return Status::Ok();
 }
 
@@ -201,12 +248,15 @@ Status SequenceParallelAttention::launch_local(const std::vector<RankTensors>& t
                                                int32_t page_size, float sm_scale) {
   TS_RETURN_IF_ERROR(check_tensors(tensors, num_q_heads, head_dim));
   DeviceGuard guard;
+  const bool p2p = peer_to_peer();
+  if (p2p) parity_ = int(step_++ & 1);  // the state set this step writes (see combine)
   for (int32_t r = 0; r < world(); ++r) {
     Rank& rank = *ranks_[r];
     const RankTensors& t = tensors[r];
     TS_CUDA_RETURN("cudaSetDevice", cudaSetDevice(rank.device));
     TS_RETURN_IF_ERROR(launch_tree_attention_state(
-        t.q, t.k_pool, t.v_pool, rank.state, rank.lse, dtype, num_q_heads, num_kv_heads, head_dim,
+        t.q, t.k_pool, t.v_pool, p2p ? rank.p2p_o[parity_] : rank.state,
+        p2p ? rank.p2p_lse[parity_] : rank.lse, dtype, num_q_heads, num_kv_heads, head_dim,
         page_size, sm_scale, rank.workspace, rank.stream));
   }
   return Status::Ok();
@@ -245,6 +295,27 @@ Status SequenceParallelAttention::combine(const std::vector<RankTensors>& tensor
     return s;
   };
   DeviceGuard guard;
+  if (peer_to_peer()) {
+    // One kernel per rank reads every rank's state of this step over NVLink.
+    detail::SpP2PCombine args;
+    args.world = world();
+    for (int32_t s = 0; s < world(); ++s) {
+      args.o[s] = ranks_[s]->p2p_o[parity_];
+      args.lse[s] = ranks_[s]->p2p_lse[parity_];
+      args.flags[s] = ranks_[s]->p2p_flags;
+    }
+    for (int32_t i = 0; i < world(); ++i) {
+      Rank& r = *ranks_[i];
+      TS_CUDA_RETURN("cudaSetDevice", cudaSetDevice(r.device));
+      args.rank = i;
+      args.counters = r.p2p_flags + detail::kSpP2PBlocks * detail::kSpMaxRanks;
+      const int32_t* query_rows = static_cast<const int32_t*>(r.workspace.device_plan()) +
+                                  r.workspace.plan_header()[detail::kQueryRows];
+      TS_RETURN_IF_ERROR(detail::enqueue_p2p_combine(args, query_rows, tensors[i].out, dtype,
+                                                     num_queries, num_q_heads, head_dim, r.stream));
+    }
+    return Status::Ok();
+  }
 
   // M = max over ranks of each pair's LSE.
   ncclResult_t e = ncclGroupStart();

@@ -9,8 +9,12 @@
 //
 // SequenceParallelAttention owns, per rank, a stream, a TreeAttentionWorkspace, the state
 // buffers, and an NCCL communicator (ncclCommInitAll: one process drives every device, its
-// collectives issued from the calling thread in NCCL groups). NVLink multicast (NVLS) is kept
-// off unless the operator set NCCL_NVLS_ENABLE. Kernel level only: not wired into the engine.
+// collectives issued from the calling thread in NCCL groups). Where every device has peer
+// access to every other, the combine is instead one kernel per rank that meets the peers at a
+// flag barrier and reads their states over NVLink (detail/sequence_parallel_combine.h): the
+// same sums, one launch instead of two all-reduces and two kernels. NVLink multicast (NVLS) is
+// kept off unless the operator set NCCL_NVLS_ENABLE. Kernel level only: not wired into the
+// engine.
 //
 // Plain C++: no CUDA or NCCL types (streams are cudaStream_t, forward declared in
 // tree_attention.h).
@@ -67,6 +71,12 @@ class SequenceParallelAttention {
                 int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_size,
                 float sm_scale);
 
+  // The combine in use: peer to peer (one kernel per rank reading the peers' states over
+  // NVLink; chosen by init when every device has peer access to every other) or NCCL.
+  // use_nccl_combine(true) forces NCCL (benchmark A/B; call it between steps only).
+  bool peer_to_peer() const { return p2p_ && !force_nccl_; }
+  void use_nccl_combine(bool force) { force_nccl_ = force; }
+
   // The two halves of launch (so a benchmark can time them apart). launch_local: per rank, stage
   // 1 over its shard and the merge into its state buffers. combine: the all-reduces and kernels
   // that turn the ranks' states into out on every rank (tensors' out only).
@@ -81,10 +91,15 @@ class SequenceParallelAttention {
   Status check_tensors(const std::vector<RankTensors>& tensors, int32_t num_q_heads,
                        int32_t head_dim) const;
   void abort_communicators();
+  Status init_peer_to_peer(size_t pairs);
 
   std::vector<std::unique_ptr<Rank>> ranks_;
   TreeAttentionLimits limits_;
   bool aborted_ = false;  // a collective failed: the communicators were aborted
+  bool p2p_ = false;      // peer-to-peer combine set up
+  bool force_nccl_ = false;
+  uint64_t step_ = 0;  // peer-to-peer steps so far: their parity picks the state set
+  int parity_ = 0;     // the state set of the current step
 };
 
 }  // namespace treeserve

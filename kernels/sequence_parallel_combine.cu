@@ -10,6 +10,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/detail/p2p_barrier.cuh"
 #include "kernels/detail/sequence_parallel_combine.h"
 
 namespace treeserve::detail {
@@ -62,6 +63,41 @@ __global__ void __launch_bounds__(kThreads)
   store4(out + ((row * num_q_heads + head) * vec_per_pair + v) * 4, x);
 }
 
+static_assert(kSpMaxRanks == kMaxP2PRanks);
+
+// One warp per (query, q head) pair, lane l owning float4 l of the head (head_dim / 4 <= 32).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    p2p_combine(const SpP2PCombine a, const int32_t* query_rows, T* out, int64_t n, int num_q_heads,
+                int vec_per_pair) {
+  p2p_block_barrier(a.flags, a.counters, a.rank, a.world);
+  constexpr int kWarps = kThreads / 32;
+  const int lane = threadIdx.x % 32;
+  for (int64_t pair = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; pair < n;
+       pair += int64_t(gridDim.x) * kWarps) {
+    float m = -INFINITY;
+    for (int s = 0; s < a.world; ++s) m = fmaxf(m, __ldcg(a.lse[s] + pair));
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float w_sum = 0.f;
+    for (int s = 0; s < a.world; ++s) {
+      const float lse = __ldcg(a.lse[s] + pair);
+      const float w = m == -INFINITY ? 0.f : exp2f(lse - m);  // lse = -inf -> 0
+      w_sum += w;
+      if (lane < vec_per_pair) {
+        const float4 x =
+            __ldcg(reinterpret_cast<const float4*>(a.o[s]) + pair * vec_per_pair + lane);
+        acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+      }
+    }
+    if (lane >= vec_per_pair) continue;
+    const float inv = w_sum > 0.f ? 1.f / w_sum : 0.f;
+    acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
+    const int64_t row = query_rows[pair / num_q_heads];
+    const int head = int(pair % num_q_heads);
+    store4(out + ((row * num_q_heads + head) * vec_per_pair + lane) * 4, acc);
+  }
+}
+
 Status launch_status(const char* what) {
   const cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) return Status::Ok();
@@ -98,6 +134,25 @@ Status enqueue_write_combined(const float* o_sum, const float* w_sum, const int3
         o4, w_sum, query_rows, static_cast<__half*>(out), n, num_q_heads, vec);
   }
   return launch_status("sequence-parallel write_combined launch");
+}
+
+Status enqueue_p2p_combine(const SpP2PCombine& args, const int32_t* query_rows, void* out,
+                           TreeAttentionDtype dtype, int32_t num_queries, int32_t num_q_heads,
+                           int32_t head_dim, cudaStream_t stream) {
+  if (head_dim % 4 != 0 || head_dim > 128) {
+    return InvalidArgument("head_dim must be a multiple of 4, at most 128");
+  }
+  // Launched even without pairs: every call of every rank must pass the barrier.
+  const int64_t n = int64_t(num_queries) * num_q_heads;
+  const int vec = head_dim / 4;
+  if (dtype == TreeAttentionDtype::kBFloat16) {
+    p2p_combine<<<kSpP2PBlocks, kThreads, 0, stream>>>(
+        args, query_rows, static_cast<__nv_bfloat16*>(out), n, num_q_heads, vec);
+  } else {
+    p2p_combine<<<kSpP2PBlocks, kThreads, 0, stream>>>(args, query_rows, static_cast<__half*>(out),
+                                                       n, num_q_heads, vec);
+  }
+  return launch_status("sequence-parallel p2p_combine launch");
 }
 
 }  // namespace treeserve::detail

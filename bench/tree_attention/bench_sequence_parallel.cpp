@@ -1,8 +1,10 @@
 // bench_sequence_parallel: tree attention over long shared prompts, one GPU (launch_tree_attention)
 // against sequence parallelism over `world` GPUs (SequenceParallelAttention: the whole step, each
-// rank's stage 1 and state merge over its shard of the plan, then the NCCL combine). Few-shot
-// shapes: a 32k or 128k-token prompt with 8 or 64 decode branches of 200 tokens; one layer,
-// Llama-3-8B attention (32 q / 8 kv heads, head_dim 128), fp16, page 16.
+// rank's stage 1 and state merge over its shard of the plan, then the combine: one peer-to-peer
+// kernel per rank where the GPUs have peer access, NCCL's all-reduces with --nccl-combine or
+// without peer access). Few-shot shapes: a 32k or 128k-token prompt with 8 or 64 decode
+// branches of 200 tokens; one layer, Llama-3-8B attention (32 q / 8 kv heads, head_dim 128),
+// fp16, page 16.
 //
 // Per case: unique KV MB, median times over reps with CUDA events (L2 flushed on every GPU
 // before each rep, as bench_tree_attention does), achieved TB/s (unique KV bytes / time), the IO
@@ -18,7 +20,7 @@
 // (the rank that finished its local work last), local = step - combine.
 //
 // usage: bench_sequence_parallel [--world N] [--reps N] [--filter SUBSTR] [--no-flush]
-//                                [--json PATH]
+//                                [--json PATH] [--nccl-combine]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -65,6 +67,7 @@ struct Options {
   bool flush_l2 = true;
   std::string filter;
   std::string json_path;
+  bool nccl_combine = false;  // force the NCCL combine (A/B of the peer-to-peer one)
 };
 
 struct Case {
@@ -271,6 +274,7 @@ Result run_case(const Case& c, int32_t num_sms, double copy_bw, const Options& o
   }
   SequenceParallelAttention sp;
   CHECK_OK(sp.init(devices, limits_for(shards)));
+  sp.use_nccl_combine(opt.nccl_combine);
   CHECK_OK(sp.upload(shards));
   CHECK_OK(sp.launch(tensors, TreeAttentionDtype::kFloat16, kQHeads, kKvHeads, kHeadDim, page_size,
                      scale));
@@ -394,10 +398,12 @@ int main_impl(int argc, char** argv) {
       opt.flush_l2 = false;
     } else if (a == "--json") {
       opt.json_path = next();
+    } else if (a == "--nccl-combine") {
+      opt.nccl_combine = true;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--world N] [--reps N] [--filter SUBSTR] [--no-flush] "
-                   "[--json PATH]\n",
+                   "[--json PATH] [--nccl-combine]\n",
                    argv[0]);
       return 2;
     }
@@ -419,8 +425,9 @@ int main_impl(int argc, char** argv) {
               copy_bw / 1e12);
   std::printf(
       "fp16, 32 q / 8 kv heads, head_dim 128, one layer, page 16, L2 %s before each "
-      "rep, median of %d\n\n",
-      opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps);
+      "rep, median of %d; combine: %s\n\n",
+      opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps,
+      opt.nccl_combine ? "NCCL all-reduces (forced)" : "peer to peer where the GPUs allow it");
   std::printf("%-22s %5s %6s %9s %8s %9s %6s %8s %9s %6s %7s %8s %8s %6s %15s %9s\n", "case", "q",
               "items", "uniqMB", "1gpu_us", "bound", "TB/s", "sp_us", "sp_bound", "TB/s", "speedup",
               "local", "combine", "%comb", "rank_local_us", "max_diff");
