@@ -105,6 +105,25 @@ __device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
 
 using detail::pdl_wait;
 
+// The block's row (chunks of 8 values per thread, as loaded by the row kernels below; ss: this
+// thread's sum of squares) normalised, cast to the dtype, times the weight: out_row. All the
+// block's threads call it (block reduction).
+template <typename T, int V>
+__device__ __forceinline__ void write_rms_normed(const float (&v)[V][8], const float (&wv)[V][8],
+                                                 float ss, float eps, int64_t hidden,
+                                                 T* __restrict__ out_row) {
+  const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
+    if (c >= hidden) continue;
+    float o[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = to_f(from_f<T>(v[k][i] * inv)) * wv[k][i];
+    store8(out_row + c, o);
+  }
+}
+
 // HF LlamaRMSNorm: float statistics, normalised value cast to the dtype, times the weight.
 // A thread owns V chunks of 8 consecutive values (hidden % 8 == 0, hidden <= 8192 V), and
 // every load of the row — residual, delta, weight — is issued before the first use: the
@@ -147,16 +166,7 @@ __global__ void __launch_bounds__(1024)
     for (int i = 0; i < 8; ++i) ss += v[k][i] * v[k][i];
   }
   if (!out) return;
-  const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
-#pragma unroll
-  for (int k = 0; k < V; ++k) {
-    const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
-    if (c >= hidden) continue;
-    float o[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = to_f(from_f<T>(v[k][i] * inv)) * wv[k][i];
-    store8(out + r * hidden + c, o);
-  }
+  write_rms_normed<T, V>(v, wv, ss, eps, hidden, out + r * hidden);
 }
 
 // Peer-to-peer all-reduce fused with the residual add and RMSNorm (cuda_ops.h). Block b first
@@ -216,16 +226,7 @@ __global__ void __launch_bounds__(1024)
       store8(x + c, v[k]);
     }
     if (!out) continue;
-    const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
-      if (c >= hidden) continue;
-      float o[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) o[i] = to_f(from_f<T>(v[k][i] * inv)) * wv[k][i];
-      store8(out + r * hidden + c, o);
-    }
+    write_rms_normed<T, V>(v, wv, ss, eps, hidden, out + r * hidden);
   }
 }
 

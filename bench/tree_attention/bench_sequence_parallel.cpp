@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/tree_attention/bench_util.h"
 #include "kernels/attention_plan.h"
 #include "kernels/sequence_parallel.h"
 #include "kernels/sequence_parallel_attention.h"
@@ -40,23 +41,8 @@
 namespace treeserve {
 namespace {
 
-#define CHECK_CUDA(expr)                                                                         \
-  do {                                                                                           \
-    const cudaError_t _e = (expr);                                                               \
-    if (_e != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(_e)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
-
-#define CHECK_OK(expr)                                                                          \
-  do {                                                                                          \
-    const Status _s = (expr);                                                                   \
-    if (!_s.ok()) {                                                                             \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, _s.ToString().c_str()); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
+using bench::copy_bandwidth;
+using bench::median;
 
 constexpr int32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
 constexpr size_t kFlushBytes = size_t(256) << 20;  // > L2 (50 MB H100, 60 MB H200)
@@ -85,57 +71,6 @@ struct Result {
   std::vector<double> rank_local_us;
   float max_diff = 0;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// Device-to-device copy bandwidth of the current device, bytes read + written per second.
-double copy_bandwidth() {
-  const size_t bytes = size_t(1) << 30;
-  void *a, *b;
-  CHECK_CUDA(cudaMalloc(&a, bytes));
-  CHECK_CUDA(cudaMalloc(&b, bytes));
-  CHECK_CUDA(cudaMemset(a, 1, bytes));
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  std::vector<double> times;
-  for (int i = 0; i < 12; ++i) {
-    CHECK_CUDA(cudaEventRecord(start));
-    CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-    CHECK_CUDA(cudaEventRecord(stop));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 2) times.push_back(ms * 1e-3);
-  }
-  CHECK_CUDA(cudaFree(a));
-  CHECK_CUDA(cudaFree(b));
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
-  return 2.0 * double(bytes) / median(times);
-}
-
-TreeAttentionLimits limits_for(const std::vector<AttentionPlan>& plans) {
-  TreeAttentionLimits l;
-  l.max_num_q_heads = kQHeads;
-  l.max_head_dim = kHeadDim;
-  for (const AttentionPlan& p : plans) {
-    int64_t tokens = 0;
-    for (int32_t n : p.item_num_tokens) tokens += n;
-    l.max_work_items = std::max(l.max_work_items, p.num_items());
-    l.max_partials = std::max(l.max_partials, p.num_partials());
-    l.max_segments = std::max(l.max_segments, p.num_segments());
-    l.max_mask_words = std::max(l.max_mask_words, int32_t(p.mask_words.size()));
-    l.max_queries = std::max(l.max_queries, p.num_queries());
-    l.max_view_pages = std::max(l.max_view_pages, int32_t(p.page_table.size()));
-    l.max_item_tokens = std::max(l.max_item_tokens, p.max_item_tokens);
-    l.max_table_tokens = std::max<int32_t>(l.max_table_tokens, int32_t(tokens));
-  }
-  return l;
-}
 
 // Per device: events for one rep and an L2 flush buffer.
 struct DeviceTiming {
@@ -237,7 +172,7 @@ Result run_case(const Case& c, int32_t num_sms, double copy_bw, const Options& o
       c.tree.view, tree_attention_plan_config(kQHeads, kKvHeads, kHeadDim, num_sms), &plan));
   r.items = plan.num_items();
   TreeAttentionWorkspace ws;
-  CHECK_OK(ws.init(limits_for({plan})));
+  CHECK_OK(ws.init(testing::workspace_limits_for({plan}, kQHeads, kHeadDim)));
   CHECK_OK(ws.upload(plan, nullptr));
   CHECK_OK(problem.launch_uploaded(ws, nullptr));
   std::vector<float> single_out;
@@ -273,7 +208,7 @@ Result run_case(const Case& c, int32_t num_sms, double copy_bw, const Options& o
     devices.push_back(rank);
   }
   SequenceParallelAttention sp;
-  CHECK_OK(sp.init(devices, limits_for(shards)));
+  CHECK_OK(sp.init(devices, testing::workspace_limits_for(shards, kQHeads, kHeadDim)));
   sp.use_nccl_combine(opt.nccl_combine);
   CHECK_OK(sp.upload(shards));
   CHECK_OK(sp.launch(tensors, TreeAttentionDtype::kFloat16, kQHeads, kKvHeads, kHeadDim, page_size,

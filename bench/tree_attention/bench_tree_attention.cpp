@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/tree_attention/bench_util.h"
 #include "kernels/attention_plan.h"
 #include "kernels/testing/gpu_attention_harness.h"
 #include "kernels/testing/random_tree.h"
@@ -32,23 +33,8 @@
 namespace treeserve {
 namespace {
 
-#define CHECK_CUDA(expr)                                                                         \
-  do {                                                                                           \
-    const cudaError_t _e = (expr);                                                               \
-    if (_e != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(_e)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
-
-#define CHECK_OK(expr)                                                                          \
-  do {                                                                                          \
-    const Status _s = (expr);                                                                   \
-    if (!_s.ok()) {                                                                             \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, _s.ToString().c_str()); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
+using bench::copy_bandwidth;
+using bench::median;
 
 struct Options {
   std::string json_path;
@@ -78,38 +64,6 @@ struct Result {
   float max_err = 0, baseline_err = 0;
   bool sampled = false;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// Device-to-device copy bandwidth, bytes read + written per second (as the issue quotes it).
-double copy_bandwidth(int reps) {
-  const size_t bytes = size_t(1) << 30;
-  void *a, *b;
-  CHECK_CUDA(cudaMalloc(&a, bytes));
-  CHECK_CUDA(cudaMalloc(&b, bytes));
-  CHECK_CUDA(cudaMemset(a, 1, bytes));
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  std::vector<double> times;
-  for (int i = 0; i < reps + 2; ++i) {
-    CHECK_CUDA(cudaEventRecord(start));
-    CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-    CHECK_CUDA(cudaEventRecord(stop));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 2) times.push_back(ms * 1e-3);
-  }
-  CHECK_CUDA(cudaFree(a));
-  CHECK_CUDA(cudaFree(b));
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
-  return 2.0 * double(bytes) / median(times);
-}
 
 // Tree-of-thought BFS tree: a prompt, then `depth` levels; each of `keep` surviving thoughts
 // of a level branches `width` ways (thoughts of thought_tokens), the rest are pruned; every

@@ -62,6 +62,26 @@ int32_t cuda_device_count() {
   return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
 }
 
+TreeAttentionLimits workspace_limits_for(const std::vector<AttentionPlan>& plans,
+                                         int32_t num_q_heads, int32_t head_dim) {
+  TreeAttentionLimits l;
+  l.max_num_q_heads = num_q_heads;
+  l.max_head_dim = head_dim;
+  for (const AttentionPlan& p : plans) {
+    int64_t tokens = 0;
+    for (int32_t n : p.item_num_tokens) tokens += n;
+    l.max_work_items = std::max(l.max_work_items, p.num_items());
+    l.max_partials = std::max(l.max_partials, p.num_partials());
+    l.max_segments = std::max(l.max_segments, p.num_segments());
+    l.max_mask_words = std::max(l.max_mask_words, int32_t(p.mask_words.size()));
+    l.max_queries = std::max(l.max_queries, p.num_queries());
+    l.max_view_pages = std::max(l.max_view_pages, int32_t(p.page_table.size()));
+    l.max_item_tokens = std::max(l.max_item_tokens, p.max_item_tokens);
+    l.max_table_tokens = std::max<int32_t>(l.max_table_tokens, int32_t(tokens));
+  }
+  return l;
+}
+
 Status download_as_float(const void* data, size_t n, TreeAttentionDtype dtype,
                          std::vector<float>* out) {
   std::vector<uint16_t> bits(n);

@@ -20,6 +20,11 @@ bool cuda_device_available();
 // CUDA devices present (0 when cudaGetDeviceCount fails).
 int32_t cuda_device_count();
 
+// Workspace limits that fit every plan of `plans` (items, partials, segments, masks, queries,
+// view pages, longest item, token-table entries) at num_q_heads x head_dim.
+TreeAttentionLimits workspace_limits_for(const std::vector<AttentionPlan>& plans,
+                                         int32_t num_q_heads, int32_t head_dim);
+
 // n dtype elements of device memory (on any device; the caller has synchronised its writers)
 // as floats.
 Status download_as_float(const void* data, size_t n, TreeAttentionDtype dtype,

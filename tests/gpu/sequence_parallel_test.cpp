@@ -94,25 +94,6 @@ TreeCase prompt_branches_and_token_tree(int32_t prompt_tokens, int32_t branches,
   return b.build(seed);
 }
 
-TreeAttentionLimits limits_for(const std::vector<AttentionPlan>& plans, int32_t num_q_heads) {
-  TreeAttentionLimits l;
-  l.max_num_q_heads = num_q_heads;
-  l.max_head_dim = kHeadDim;
-  for (const AttentionPlan& p : plans) {
-    int64_t tokens = 0;
-    for (int32_t n : p.item_num_tokens) tokens += n;
-    l.max_work_items = std::max(l.max_work_items, p.num_items());
-    l.max_partials = std::max(l.max_partials, p.num_partials());
-    l.max_segments = std::max(l.max_segments, p.num_segments());
-    l.max_mask_words = std::max(l.max_mask_words, int32_t(p.mask_words.size()));
-    l.max_queries = std::max(l.max_queries, p.num_queries());
-    l.max_view_pages = std::max(l.max_view_pages, int32_t(p.page_table.size()));
-    l.max_item_tokens = std::max(l.max_item_tokens, p.max_item_tokens);
-    l.max_table_tokens = std::max<int32_t>(l.max_table_tokens, int32_t(tokens));
-  }
-  return l;
-}
-
 // Device copies of the problem's tensors on one rank's device; K/V with NaN (all-ones bits:
 // NaN in fp16 and bf16) in every page outside `pages`.
 struct RankBuffers {
@@ -196,7 +177,7 @@ void expect_sequence_parallel_matches(const TreeCase& tree, const Shape& shape, 
   ASSERT_OK(split_plan_for_sequence_parallel(plan, world, &shards));
 
   TreeAttentionWorkspace single;
-  ASSERT_OK(single.init(limits_for({plan}, shape.num_q_heads)));
+  ASSERT_OK(single.init(testing::workspace_limits_for({plan}, shape.num_q_heads, kHeadDim)));
   ASSERT_OK(problem.launch(plan, &single, nullptr));
   std::vector<float> want;
   ASSERT_OK(problem.download_out(&want));
@@ -217,7 +198,7 @@ void expect_sequence_parallel_matches(const TreeCase& tree, const Shape& shape, 
     devices.push_back(r);
   }
   SequenceParallelAttention sp;
-  ASSERT_OK(sp.init(devices, limits_for(shards, shape.num_q_heads)));
+  ASSERT_OK(sp.init(devices, testing::workspace_limits_for(shards, shape.num_q_heads, kHeadDim)));
   ASSERT_OK(sp.upload(shards));
   const float tolerance =
       shape.dtype == TreeAttentionDtype::kFloat16 ? kFp16Tolerance : kBf16Tolerance;
@@ -254,7 +235,7 @@ void expect_sequence_parallel_matches(const TreeCase& tree, const Shape& shape, 
     const int32_t last = world - 1;
     ASSERT_CUDA(cudaSetDevice(last));
     TreeAttentionWorkspace ws;
-    ASSERT_OK(ws.init(limits_for({plan}, shape.num_q_heads)));
+    ASSERT_OK(ws.init(testing::workspace_limits_for({plan}, shape.num_q_heads, kHeadDim)));
     ASSERT_OK(ws.upload(plan, nullptr));
     ASSERT_OK(launch_tree_attention(tensors[last].q, tensors[last].k_pool, tensors[last].v_pool,
                                     buffers[last]->out, shape.dtype, shape.num_q_heads,
@@ -387,8 +368,8 @@ TEST(SequenceParallelGpu, StateMergeMatchesCpuExecutor) {
     ASSERT_CUDA(cudaMalloc(&d_o, pairs * head_dim * 4));
     ASSERT_CUDA(cudaMalloc(&d_lse, pairs * 4));
     TreeAttentionWorkspace ws;
-    TreeAttentionLimits limits = limits_for(plans, kv_heads * gqa);
-    limits.max_head_dim = head_dim;
+    const TreeAttentionLimits limits =
+        testing::workspace_limits_for(plans, kv_heads * gqa, head_dim);
     ASSERT_OK(ws.init(limits));
     for (size_t i = 0; i < plans.size(); ++i) {
       ASSERT_OK(ws.upload(plans[i], nullptr));
