@@ -40,7 +40,7 @@ struct CommandLine {
   std::optional<std::string> model, listen, backend, log_level, metrics_listen;
   std::optional<int64_t> kv_cache_bytes, random_weights;
   std::optional<int32_t> page_size, tensor_parallel;
-  std::optional<bool> cuda_graphs, gemm_autotune;
+  std::optional<bool> cuda_graphs, gemm_autotune, p2p_all_reduce;
   bool print_config = false;
 };
 
@@ -125,15 +125,19 @@ int run_treeserve(int argc, char** argv) {
                  "GPUs to split the model over (NCCL; cuda backend; default 1)");
   // Boolean switches with a negated form: CLI11 gives a std::optional<bool> flag a value even
   // when it is absent, so each flag writes a plain bool and counts tell whether it was given.
-  bool cuda_graphs_flag = false, gemm_autotune_flag = false;
+  bool cuda_graphs_flag = false, gemm_autotune_flag = false, p2p_flag = false;
   CLI::Option* cuda_graphs_opt =
       app.add_flag("--cuda-graphs,!--no-cuda-graphs", cuda_graphs_flag,
-                   "replay decode steps from CUDA graphs (engine.cuda_graphs; cuda backend, 1 "
-                   "GPU; default on)");
+                   "replay decode steps from CUDA graphs (engine.cuda_graphs; cuda backend; "
+                   "default on)");
   CLI::Option* gemm_autotune_opt =
       app.add_flag("--gemm-autotune,!--no-gemm-autotune", gemm_autotune_flag,
                    "time each GEMM shape's cublasLt candidates on first use "
                    "(engine.gemm_autotune; cuda backend; default on)");
+  CLI::Option* p2p_opt =
+      app.add_flag("--p2p-all-reduce,!--no-p2p-all-reduce", p2p_flag,
+                   "tensor parallel: small steps' all-reduces peer to peer over NVLink, fused "
+                   "with the norm (engine.p2p_all_reduce; default on; off: NCCL only)");
   app.add_flag("--print-config", cl.print_config, "print the effective config and exit");
   try {
     app.parse(argc, argv);
@@ -142,6 +146,7 @@ int run_treeserve(int argc, char** argv) {
   }
   if (cuda_graphs_opt->count() > 0) cl.cuda_graphs = cuda_graphs_flag;
   if (gemm_autotune_opt->count() > 0) cl.gemm_autotune = gemm_autotune_flag;
+  if (p2p_opt->count() > 0) cl.p2p_all_reduce = p2p_flag;
 
   TreeserveConfig config;
   auto fail = [](const Status& s) {
@@ -161,6 +166,7 @@ int run_treeserve(int argc, char** argv) {
   if (cl.tensor_parallel) config.engine.tensor_parallel = *cl.tensor_parallel;
   if (cl.cuda_graphs) config.engine.cuda_graphs = *cl.cuda_graphs;
   if (cl.gemm_autotune) config.engine.gemm_autotune = *cl.gemm_autotune;
+  if (cl.p2p_all_reduce) config.engine.p2p_all_reduce = *cl.p2p_all_reduce;
   if (cl.random_weights) config.model.random_weights_seed = *cl.random_weights;
   if (config.model.dir.empty()) config.model.dir = default_model_dir();
   if (Status s = validate_config(config); !s.ok()) return fail(s);
@@ -237,6 +243,7 @@ int run_treeserve(int argc, char** argv) {
     cuda.baseline_attention = config.engine.attention == "baseline";
     cuda.cuda_graphs = config.engine.cuda_graphs;
     cuda.gemm_autotune = config.engine.gemm_autotune;
+    cuda.p2p_all_reduce = config.engine.p2p_all_reduce;
 #endif
     if (random_weights) {
       const uint64_t seed = uint64_t(config.model.random_weights_seed);

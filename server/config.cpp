@@ -106,6 +106,7 @@ Status merge_config_json(const std::string& json_text, const std::string& source
     TS_RETURN_IF_ERROR(s.get("attention", &c->engine.attention));
     TS_RETURN_IF_ERROR(s.get("cuda_graphs", &c->engine.cuda_graphs));
     TS_RETURN_IF_ERROR(s.get("gemm_autotune", &c->engine.gemm_autotune));
+    TS_RETURN_IF_ERROR(s.get("p2p_all_reduce", &c->engine.p2p_all_reduce));
     TS_RETURN_IF_ERROR(s.check_unknown());
   }
   TS_RETURN_IF_ERROR(sub_object(root, "kv_cache", source, &obj));
@@ -242,7 +243,8 @@ std::string config_to_json(const TreeserveConfig& c) {
                         {"tensor_parallel", c.engine.tensor_parallel},
                         {"attention", c.engine.attention},
                         {"cuda_graphs", c.engine.cuda_graphs},
-                        {"gemm_autotune", c.engine.gemm_autotune}}},
+                        {"gemm_autotune", c.engine.gemm_autotune},
+                        {"p2p_all_reduce", c.engine.p2p_all_reduce}}},
                       {"kv_cache",
                        {{"page_size", c.kv_cache.page_size},
                         {"memory_bytes", c.kv_cache.memory_bytes},

@@ -34,11 +34,14 @@ struct EngineOptions {
   // prefix-unaware server does (for side-by-side measurements; see
   // configs/server/no-prefix-sharing.json).
   std::string attention = "tree";
-  // CUDA backend, one GPU: replay each decode shape's layer chain as a CUDA graph.
+  // CUDA backend: replay each decode shape's layer chain as a CUDA graph (per rank too).
   bool cuda_graphs = true;
   // CUDA backend: choose each GEMM shape's cublasLt algorithm by timing its candidates the
   // first time the shape runs (false: cuBLAS's default choice).
   bool gemm_autotune = true;
+  // Tensor parallel: the O/down all-reduces of small steps run peer to peer over NVLink, fused
+  // with the norm (when every pair of GPUs has peer access); false: NCCL for all of them.
+  bool p2p_all_reduce = true;
 };
 
 struct KvCacheOptions {

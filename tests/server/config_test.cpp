@@ -101,6 +101,11 @@ TEST(Config, AttentionScheduleAndTheNoSharingPreset) {
   EXPECT_FALSE(c.engine.cuda_graphs);  // merged, not reset
   EXPECT_NE(config_to_json(c).find("\"gemm_autotune\":false"), std::string::npos);
   EXPECT_FALSE(merge_config_json(R"({"engine": {"gemm_autotune": 1}})", "e.json", &c).ok());
+  EXPECT_TRUE(c.engine.p2p_all_reduce);
+  ASSERT_TRUE(merge_config_json(R"({"engine": {"p2p_all_reduce": false}})", "f.json", &c).ok());
+  EXPECT_FALSE(c.engine.p2p_all_reduce);
+  EXPECT_NE(config_to_json(c).find("\"p2p_all_reduce\":false"), std::string::npos);
+  EXPECT_FALSE(merge_config_json(R"({"engine": {"p2p_all_reduce": "no"}})", "g.json", &c).ok());
   // Prefix sharing off, for A/B measurements: no radix reuse and prefix-unaware attention.
   TreeserveConfig off;
   ASSERT_TRUE(
