@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Tensor-parallel GPU runs (issue 8), from the repo root of a GPU machine:
 #   bench/decode/run_tp.sh [tests|bench|e2e|all] [BUILD_DIR]     (default: all build-tp)
-# tests: the TP GPU tests (TP=2, and TP=4 when 4 devices exist, against TP=1) and the
-#        single-GPU backend tests (the weight loader changed for N=1 too);
+# tests: the TP GPU tests (TP=2, and TP=4 when 4 devices exist, against TP=1), the
+#        sequence-parallel attention tests (2 and 4 GPUs against one) and the single-GPU
+#        backend tests (the weight loader changed for N=1 too);
 # bench: bench_decode at TP=1, 2 and 4 (as many as there are devices), then the TP=2/TP=1
 #        step ratio per workload (issue 8's bar: <= 0.65 for fewshot b=50), the few-shot
 #        steps at TP=2 with NCCL all-reduces only (--nccl-all-reduce, the A/B of the default
-#        peer-to-peer all-reduce), and one TREESERVE_PROFILE=1 run at TP=2 (per-phase GPU
-#        time, the all-reduces included);
+#        peer-to-peer all-reduce), bench_sequence_parallel over 2 and 4 GPUs (both
+#        combines), and one TREESERVE_PROFILE=1 run at TP=2 (per-phase GPU time, the
+#        all-reduces included);
 # e2e:   the tree-API e2e suite against `treeserve --backend cuda --tensor-parallel 2` on the
 #        tiny model (needs the treeserve binary and its gRPC libraries; not part of all).
 # Needs only the binaries and the tiny model of BUILD_DIR (carry those). Everything goes to
@@ -36,7 +38,7 @@ echo "devices: $gpus" | tee -a "$OUT/summary.txt"
 
 status=0
 if [ "$stage" = tests ] || [ "$stage" = all ]; then
-  for t in tensor_parallel_gpu_tests cuda_backend_gpu_tests; do
+  for t in tensor_parallel_gpu_tests sequence_parallel_gpu_tests cuda_backend_gpu_tests; do
     "$B/tests/gpu/$t" --gtest_output="json:$OUT/$t.json" > "$OUT/$t.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && status=$rc
@@ -61,6 +63,17 @@ if [ "$stage" = bench ] || [ "$stage" = all ]; then
       ${BENCH_ARGS:-} > "$OUT/bench_tp$tp.log" 2>&1 || status=$?
     cat "$OUT/bench_tp$tp.log"
   done
+  if [ "$gpus" -ge 2 ] && [ -x "$B/bench/tree_attention/bench_sequence_parallel" ]; then
+    # Sequence-parallel attention over 2 GPUs (and 4 where present), both combines.
+    for w in 2 4; do
+      [ "$w" -gt "$gpus" ] && continue
+      "$B/bench/tree_attention/bench_sequence_parallel" --world $w --json "$OUT/sp_w$w.json" \
+        > "$OUT/sp_w$w.log" 2>&1 || status=$?
+      "$B/bench/tree_attention/bench_sequence_parallel" --world $w --nccl-combine \
+        > "$OUT/sp_w${w}_nccl.log" 2>&1 || status=$?
+      grep -E '^P=' "$OUT/sp_w$w.log" | sed "s/^/SP world $w: /" | tee -a "$OUT/summary.txt"
+    done
+  fi
   if [ "$gpus" -ge 2 ]; then
     # A/B: the same few-shot steps with every all-reduce through NCCL.
     "$B/bin/bench_decode" --tensor-parallel 2 --workloads fewshot --nccl-all-reduce \
