@@ -285,6 +285,16 @@ struct Stage1Params {
   int32_t num_q_heads;
   int32_t num_kv_heads;
   float scale_log2;  // sm_scale * log2(e)
+  // Known to the launcher, so no block waits for the header to learn them: the plan's GQA
+  // group (num_q_heads / num_kv_heads) and page size (checked against the upload's), its
+  // launch-order hint (a graph replays its capture's: any order covers every block), the
+  // records the plan buffer holds, and the fixed-stride table's stride and item capacity.
+  int32_t gqa;
+  int32_t page_size;
+  int32_t heads_first;
+  int32_t max_items;
+  int32_t table_stride;
+  int32_t table_items;
 };
 
 template <int D>
@@ -643,26 +653,43 @@ template <int D, typename T>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stage1(Stage1Params p) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const int32_t* plan = p.plan;
-  const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
+  const int tid = threadIdx.x;
   // One-dimensional grid of items x kv heads (TreeAttentionGrid launches: grid.items items),
   // in the order the plan asks for (AttentionPlan::heads_first).
   const int grid_items = gridDim.x / p.num_kv_heads;
-  const int item = h.w[kHeadsFirst] ? blockIdx.x / p.num_kv_heads : blockIdx.x % grid_items;
-  if (item >= h.w[kNumItems]) return;
-  const int tid = threadIdx.x;
+  const int item = p.heads_first ? blockIdx.x / p.num_kv_heads : blockIdx.x % grid_items;
+  if (item >= p.max_items) return;  // a bucketed grid past the workspace's records
   ItemTile it;
-  it.kv_head = h.w[kHeadsFirst] ? blockIdx.x % p.num_kv_heads : blockIdx.x / grid_items;
-  it.gqa = h.w[kGqaGroupSize];
-  const int page_size = h.w[kPageSize];
-  it.query_begin = plan[h.w[kItemQueryBegin] + item];
-  it.num_rows = (plan[h.w[kItemQueryEnd] + item] - it.query_begin) * it.gqa;
-  it.num_tokens = plan[h.w[kItemNumTokens] + item];
+  it.kv_head = p.heads_first ? blockIdx.x % p.num_kv_heads : blockIdx.x / grid_items;
+  it.gqa = p.gqa;
+
+  // The prologue's one round trip: the header (graph launches), the item's record, the batch
+  // row of this thread's query-tile row and, in the fixed-stride table mode, the entry of
+  // token tid all lie at addresses known from the block index, so their loads go out together
+  // (detail/tree_attention_layout.h). Loads for a block past the plan's items read stale but
+  // in-bounds words, and the block exits before using them.
+  static_assert(kThreads == 2 * kTileRows, "two threads per query-tile row");
+  static_assert(kThreads <= 128, "the table stride is a multiple of 128 tokens");
+  const int32_t* rec = plan + kHeaderWords + int64_t(item) * kItemRecordWords;
+  const int4 rec_a = *reinterpret_cast<const int4*>(rec);
+  const int4 rec_b = *reinterpret_cast<const int4*>(rec + 4);
+  const int q_row = tid >> 1;  // this thread's query-tile row
+  const int q_local = q_row / it.gqa;
+  const int32_t q_batch_row = rec[kRecQueryRows + q_local];
+  const bool table_guess = p.table_stride > 0 && item < p.table_items;
+  const int32_t first_entry = table_guess ? p.token_table[int64_t(item) * p.table_stride + tid] : 0;
+  const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
+  if (item >= h.w[kNumItems]) return;
+  it.query_begin = rec_a.x;
+  it.num_rows = (rec_a.y - rec_a.x) * it.gqa;
+  it.num_tokens = rec_a.z;
   it.num_tiles = (it.num_tokens + kKvTile - 1) / kKvTile;
-  it.mask_offset = plan[h.w[kItemMaskOffset] + item];
+  it.mask_offset = rec_a.w;
   it.words_per_row = (it.num_tokens + 31) >> 5;
   it.partial_slot = plan + h.w[kPartialSlot];
-  const int32_t* item_query_rows = plan + h.w[kItemQueryRows];
   const uint32_t* mask_words = reinterpret_cast<const uint32_t*>(plan + h.w[kMaskWords]);
+  const int table_mode = h.w[kTokenTable];
+  const int page_size = p.page_size;
 
   // Tiles start on 1024-byte boundaries (the 128-byte swizzle atoms of swz()); the launch
   // adds 1 KB of slack for the round-up.
@@ -678,24 +705,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   int32_t* tok = warp_sums + 2 * kWarps;  // [max_item_tokens]
 
   // Q tile: row r = local query r / gqa, q head kv_head * gqa + r % gqa; pad rows are zero.
-  // Two threads per row (one division by gqa each), alternating 16-byte chunks, so each copy
-  // instruction reads 32 contiguous bytes of 16 rows.
-  static_assert(kThreads == 2 * kTileRows, "two threads per query-tile row");
+  // Two threads per row, alternating 16-byte chunks, so each copy instruction reads 32
+  // contiguous bytes of 16 rows.
   {
     const T* q = static_cast<const T*>(p.q);
-    const int r = tid >> 1;
-    const bool valid = r < it.num_rows;
+    const bool valid = q_row < it.num_rows;
     const T* src = q;
     if (valid) {
-      const int local_query = r / it.gqa;
-      const int row = item_query_rows[it.query_begin + local_query];
-      const int head = it.kv_head * it.gqa + (r - local_query * it.gqa);
-      src = q + (int64_t(row) * p.num_q_heads + head) * D;
+      const int head = it.kv_head * it.gqa + (q_row - q_local * it.gqa);
+      src = q + (int64_t(q_batch_row) * p.num_q_heads + head) * D;
     }
 #pragma unroll
     for (int j = 0; j < kChunks / 2; ++j) {
       const int c = (tid & 1) + 2 * j;
-      cp_async_16(smem_u32(s_q + swz<D>(r, c)), valid ? src + c * 8 : q, valid);
+      cp_async_16(smem_u32(s_q + swz<D>(q_row, c)), valid ? src + c * 8 : q, valid);
     }
   }
 
@@ -704,19 +727,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   // head_dim 128, far beyond one layer).
   const int rows_per_page = p.num_kv_heads * page_size;
   const int head_row = it.kv_head * page_size;
-  if (h.w[kTokenTable]) {
-    // The upload's table: (page << 8) | slot per token, one coalesced read.
-    const int32_t* entries = p.token_table + plan[h.w[kItemTableBegin] + item];
-    for (int t = tid; t < it.num_tokens; t += kThreads) {
-      const int32_t e = entries[t];
-      tok[t] = (e >> 8) * rows_per_page + head_row + (e & 0xff);
-    }
+  auto table_row = [&](int32_t e) { return (e >> 8) * rows_per_page + head_row + (e & 0xff); };
+  int rest_begin = 0;  // tokens from here on are read from the table after the first tiles go out
+  const int32_t* entries = p.token_table;
+  if (table_mode == kTableFixedStride) {
+    entries += int64_t(item) * p.table_stride;
+    if (tid < it.num_tokens) tok[tid] = table_row(first_entry);
+    rest_begin = kThreads;
+    __syncthreads();
+  } else if (table_mode == kTablePacked) {
+    entries += rec_b.x;
+    for (int t = tid; t < it.num_tokens; t += kThreads) tok[t] = table_row(entries[t]);
+    rest_begin = it.num_tokens;
     __syncthreads();
   } else {
     resolve_tokens(
-        plan, h, plan[h.w[kItemSegmentBegin] + item], plan[h.w[kItemSegmentEnd] + item], page_size,
-        seg_start, seg_slot, seg_page, warp_sums,
+        plan, h, rec_b.y, rec_b.z, page_size, seg_start, seg_slot, seg_page, warp_sums,
         [&](int t, int32_t page, int slot) { tok[t] = page * rows_per_page + head_row + slot; });
+    rest_begin = it.num_tokens;
   }
 
   const T* k_pool = static_cast<const T*>(p.k);
@@ -747,11 +775,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
     }
   };
   // Groups 0 .. kStages - 2: Q with the first tile, then one tile each (possibly empty).
+  static_assert(kStages * kKvTile <= kThreads, "the first tiles' entries are loaded first");
 #pragma unroll
   for (int t = 0; t < kStages - 1; ++t) {
     if (t < it.num_tiles) load_tile(t, t);
     cp_async_commit();
   }
+  // The fixed-stride table's later entries, while the first tiles are in flight: the main
+  // loop's first barrier orders these writes before the load of tile kStages.
+  for (int t = rest_begin + tid; t < it.num_tokens; t += kThreads) tok[t] = table_row(entries[t]);
 
   constexpr int kMaxSplit = kKvTile / 16 < kWarps ? kKvTile / 16 : kWarps;
   // Items of one slab (decode branches: gqa rows) split its tiles' tokens over the 4 warps;
@@ -769,15 +801,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
 }
 
 // The upload's token table: one block per item writes (page << 8) | slot for each of its
-// tokens at item_table_begin[item] (detail/tree_attention_layout.h).
+// tokens from i * table_stride (fixed-stride mode) or its record's table_begin (packed) on
+// (detail/tree_attention_layout.h).
 __global__ void __launch_bounds__(kThreads)
-    fill_token_table(PlanHeaderArg h, const int32_t* plan, int32_t* table) {
+    fill_token_table(PlanHeaderArg h, const int32_t* plan, int32_t table_stride, int32_t* table) {
   __shared__ int32_t seg_start[kSegBatch], seg_slot[kSegBatch], seg_page[kSegBatch];
   __shared__ int32_t warp_sums[2 * kWarps];
   const int item = blockIdx.x;
-  int32_t* out = table + plan[h.w[kItemTableBegin] + item];
-  resolve_tokens(plan, h, plan[h.w[kItemSegmentBegin] + item], plan[h.w[kItemSegmentEnd] + item],
-                 h.w[kPageSize], seg_start, seg_slot, seg_page, warp_sums,
+  const int32_t* rec = plan + kHeaderWords + int64_t(item) * kItemRecordWords;
+  int32_t* out = table + (h.w[kTokenTable] == kTableFixedStride ? int64_t(item) * table_stride
+                                                                : int64_t(rec[kRecTableBegin]));
+  resolve_tokens(plan, h, rec[kRecSegBegin], rec[kRecSegEnd], h.w[kPageSize], seg_start, seg_slot,
+                 seg_page, warp_sums,
                  [&](int t, int32_t page, int slot) { out[t] = (page << 8) | slot; });
 }
 
@@ -1011,6 +1046,14 @@ Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int
   params->num_q_heads = num_q_heads;
   params->num_kv_heads = num_kv_heads;
   params->scale_log2 = sm_scale * kLog2e;
+  params->gqa = num_q_heads / num_kv_heads;
+  params->page_size = page_size;
+  params->heads_first = workspace.plan_header()[kHeadsFirst];
+  params->max_items = workspace.limits().max_work_items;
+  const bool table = params->token_table != nullptr && workspace.table_stride() > 0;
+  params->table_stride = table ? workspace.table_stride() : 0;
+  params->table_items =
+      table ? int32_t(workspace.limits().max_table_tokens / workspace.table_stride()) : 0;
   return Status::Ok();
 }
 
@@ -1031,12 +1074,12 @@ Status dispatch(const Stage1Params& params, const MergeTarget& target, TreeAtten
 namespace detail {
 
 Status enqueue_token_table_fill(const void* device_plan, const int32_t* header, void* table,
-                                int32_t num_items, cudaStream_t stream) {
+                                int32_t table_stride, int32_t num_items, cudaStream_t stream) {
   if (num_items <= 0) return Status::Ok();
   PlanHeaderArg h;
   for (int i = 0; i < kHeaderWords; ++i) h.w[i] = header[i];
   fill_token_table<<<num_items, kThreads, 0, stream>>>(h, static_cast<const int32_t*>(device_plan),
-                                                       static_cast<int32_t*>(table));
+                                                       table_stride, static_cast<int32_t*>(table));
   return cuda_status("token table fill launch");
 }
 

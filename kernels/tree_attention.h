@@ -44,10 +44,12 @@ struct TreeAttentionLimits {
   int32_t max_queries = 4096;
   int32_t max_view_pages = 1 << 20;  // pages of one view (plan.page_table)
   int32_t max_item_tokens = 2048;    // longest item; bounds the block's token table (smem)
-  // Entries of the per-upload token table (all items' tokens; 4 bytes each). A plan with more
-  // tokens (or a pool of 2^23 pages or more) runs without it (stage 1 resolves its tokens
-  // from the segments and page table itself); 0: never use one.
-  int32_t max_table_tokens = 1 << 20;
+  // Entries of the per-upload token table (4 bytes each). A plan whose items fit it at a fixed
+  // stride (items * tree_attention_table_stride(max_item_tokens) entries) uses that layout,
+  // whose reads need no plan entry first; else one whose tokens fit it uses it packed; else
+  // (or with a pool of 2^23 pages or more) stage 1 resolves its tokens from the segments and
+  // page table itself. 0: never use one.
+  int32_t max_table_tokens = 1 << 21;
   int32_t max_num_q_heads = 32;  // partial (O, LSE) buffers are sized with these two
   int32_t max_head_dim = 128;
 
@@ -88,6 +90,9 @@ class TreeAttentionWorkspace {
   void* partial_lse() const { return partial_lse_; }        // float [max_partials][heads], base 2
   const void* token_table() const { return token_table_; }  // int32 [max_table_tokens]
   bool uses_token_table() const { return table_filled_; }   // for the last upload
+  // The last upload's table is in the fixed-stride layout (item i's tokens at i * stride).
+  bool uses_fixed_table_stride() const { return table_fixed_; }
+  int32_t table_stride() const { return table_stride_; }  // of the fixed-stride layout
 
  private:
   TreeAttentionLimits limits_;
@@ -101,8 +106,16 @@ class TreeAttentionWorkspace {
   int32_t header_[kPlanHeaderWords] = {};
   int32_t num_items_ = 0, num_queries_ = 0, num_partials_ = 0;
   int32_t gqa_group_size_ = 0, page_size_ = 0, max_item_tokens_ = 0;
-  bool table_filled_ = false;
+  int32_t table_stride_ = 0;
+  bool table_filled_ = false, table_fixed_ = false;
 };
+
+// The fixed-stride token table's stride for items of at most max_item_tokens tokens: a whole
+// number of 128-token blocks (stage 1 reads the first 128 entries before it knows the item's
+// length).
+inline int32_t tree_attention_table_stride(int32_t max_item_tokens) {
+  return (max_item_tokens + 127) / 128 * 128;
+}
 
 // The grid of a launch that a CUDA graph captures and replays after later uploads: blocks for
 // `items` work items and `queries` queries, at least the counts of every plan it runs with

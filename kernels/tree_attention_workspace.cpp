@@ -27,9 +27,9 @@ Status cuda_error(const char* what, cudaError_t e) {
 
 // Words the device buffer needs for plans within limits (each array padded to alignment).
 int64_t capacity_words(const TreeAttentionLimits& l) {
-  return kHeaderWords + 7 * align_up(l.max_work_items) + 3 * align_up(l.max_segments) +
-         align_up(l.max_queries + 1) + align_up(l.max_queries) + align_up(l.max_view_pages) +
-         align_up(l.max_mask_words) + 2 * align_up(l.max_partials);
+  return kHeaderWords + int64_t(kItemRecordWords) * l.max_work_items +
+         3 * align_up(l.max_segments) + align_up(l.max_queries + 1) + align_up(l.max_queries) +
+         align_up(l.max_view_pages) + align_up(l.max_mask_words) + align_up(l.max_partials);
 }
 
 // Packed table entries hold the physical page in 23 bits (slot: 8 bits, page_size <= 256).
@@ -58,7 +58,8 @@ void TreeAttentionWorkspace::release() {
   if (partial_lse_ != nullptr) cudaFree(partial_lse_);
   if (token_table_ != nullptr) cudaFree(token_table_);
   staging_done_ = host_staging_ = device_plan_ = partial_o_ = partial_lse_ = token_table_ = nullptr;
-  table_filled_ = false;
+  table_filled_ = table_fixed_ = false;
+  table_stride_ = 0;
   plan_words_ = 0;
   num_items_ = num_queries_ = num_partials_ = 0;
 }
@@ -74,6 +75,7 @@ Status TreeAttentionWorkspace::init(const TreeAttentionLimits& limits) {
         "and max_head_dim 64|128");
   }
   limits_ = limits;
+  table_stride_ = tree_attention_table_stride(limits.max_item_tokens);
   plan_words_ = capacity_words(limits);
   cudaError_t e = cudaMalloc(&device_plan_, size_t(plan_words_) * 4);
   if (e != cudaSuccess) return cuda_error("cudaMalloc(plan)", e);
@@ -87,13 +89,17 @@ Status TreeAttentionWorkspace::init(const TreeAttentionLimits& limits) {
   if (limits.max_table_tokens > 0) {
     e = cudaMalloc(&token_table_, size_t(limits.max_table_tokens) * 4);
     if (e != cudaSuccess) return cuda_error("cudaMalloc(token table)", e);
+    // Stage 1 reads an item's first entries before it knows the table's mode: defined words.
+    e = cudaMemset(token_table_, 0, size_t(limits.max_table_tokens) * 4);
+    if (e != cudaSuccess) return cuda_error("cudaMemset(token table)", e);
   }
   cudaEvent_t event;
   e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
   if (e != cudaSuccess) return cuda_error("cudaEventCreate", e);
   staging_done_ = event;
-  // An empty plan, so a launch before the first upload does nothing.
-  e = cudaMemset(device_plan_, 0, kHeaderWords * 4);
+  // An empty plan, so a launch before the first upload does nothing (the whole buffer: stage
+  // 1 reads a record before it checks the item count).
+  e = cudaMemset(device_plan_, 0, size_t(plan_words_) * 4);
   if (e != cudaSuccess) return cuda_error("cudaMemset(plan)", e);
   return Status::Ok();
 }
@@ -133,25 +139,42 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
 
   int32_t* words = static_cast<int32_t*>(host_staging_);
   std::memset(words, 0, kHeaderWords * 4);
-  int64_t cursor = kHeaderWords;
-  auto put = [&](PlanHeader field, const void* data, size_t count) {
-    words[field] = int32_t(cursor);
-    if (count > 0) std::memcpy(words + cursor, data, count * 4);
-    cursor += align_up(int64_t(count));
-  };
+  const size_t ni = size_t(plan.num_items());
   words[kNumItems] = plan.num_items();
   words[kNumQueries] = plan.num_queries();
   words[kNumPartials] = plan.num_partials();
   words[kGqaGroupSize] = plan.gqa_group_size;
   words[kPageSize] = plan.page_size;
   words[kHeadsFirst] = plan.heads_first ? 1 : 0;
-  const size_t ni = size_t(plan.num_items());
-  put(kItemSegmentBegin, plan.item_segment_begin.data(), ni);
-  put(kItemSegmentEnd, plan.item_segment_end.data(), ni);
-  put(kItemQueryBegin, plan.item_query_begin.data(), ni);
-  put(kItemQueryEnd, plan.item_query_end.data(), ni);
-  put(kItemNumTokens, plan.item_num_tokens.data(), ni);
-  put(kItemMaskOffset, plan.item_mask_offset.data(), ni);
+  // The items' records, then the other arrays.
+  int64_t table_tokens = 0;  // the packed table layout's cursor
+  for (size_t i = 0; i < ni; ++i) {
+    int32_t* rec = words + kHeaderWords + int64_t(i) * kItemRecordWords;
+    const int32_t q0 = plan.item_query_begin[i], q1 = plan.item_query_end[i];
+    if (q1 - q0 > kItemRecordWords - kRecQueryRows) {
+      return InvalidArgument("work item " + std::to_string(i) + " has " + std::to_string(q1 - q0) +
+                             " queries; the kernel's items hold at most " +
+                             std::to_string(kItemRecordWords - kRecQueryRows));
+    }
+    rec[kRecQueryBegin] = q0;
+    rec[kRecQueryEnd] = q1;
+    rec[kRecNumTokens] = plan.item_num_tokens[i];
+    rec[kRecMaskOffset] = plan.item_mask_offset[i];
+    rec[kRecTableBegin] = int32_t(std::min<int64_t>(table_tokens, INT32_MAX));
+    rec[kRecSegBegin] = plan.item_segment_begin[i];
+    rec[kRecSegEnd] = plan.item_segment_end[i];
+    rec[kRecPad] = 0;
+    for (int32_t j = q0; j < q1; ++j) {
+      rec[kRecQueryRows + (j - q0)] = plan.query_rows[size_t(plan.item_queries[size_t(j)])];
+    }
+    table_tokens += plan.item_num_tokens[i];
+  }
+  int64_t cursor = kHeaderWords + int64_t(ni) * kItemRecordWords;
+  auto put = [&](PlanHeader field, const void* data, size_t count) {
+    words[field] = int32_t(cursor);
+    if (count > 0) std::memcpy(words + cursor, data, count * 4);
+    cursor += align_up(int64_t(count));
+  };
   const size_t ns = size_t(plan.num_segments());
   put(kSegPageBegin, plan.seg_page_begin.data(), ns);
   put(kSegFirstSlot, plan.seg_first_slot.data(), ns);
@@ -163,35 +186,31 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
   words[kPartialSlot] = int32_t(cursor);
   for (int32_t m = 0; m < plan.num_partials(); ++m) words[cursor + plan.merge_partials[m]] = m;
   cursor += align_up(plan.num_partials());
-  words[kItemQueryRows] = int32_t(cursor);
-  for (size_t i = 0; i < plan.item_queries.size(); ++i) {
-    words[cursor + int64_t(i)] = plan.query_rows[size_t(plan.item_queries[i])];
+  // The token table's layout: fixed stride when every item's slot fits, else packed when the
+  // tokens fit, else none.
+  bool pages_fit = token_table_ != nullptr;
+  for (size_t i = 0; pages_fit && i < plan.page_table.size(); ++i) {
+    pages_fit = plan.page_table[i] < kTablePageLimit;
   }
-  cursor += align_up(int64_t(plan.item_queries.size()));
-  // The token table: each item's tokens from item_table_begin on, if they all fit.
-  words[kItemTableBegin] = int32_t(cursor);
-  int64_t table_tokens = 0;
-  for (size_t i = 0; i < ni; ++i) {
-    words[cursor + int64_t(i)] = int32_t(std::min<int64_t>(table_tokens, INT32_MAX));
-    table_tokens += plan.item_num_tokens[i];
+  TokenTableMode mode = kTableNone;
+  if (pages_fit && int64_t(ni) * table_stride_ <= limits_.max_table_tokens) {
+    mode = kTableFixedStride;
+  } else if (pages_fit && table_tokens <= limits_.max_table_tokens) {
+    mode = kTablePacked;
   }
-  cursor += align_up(int64_t(ni));
-  bool table = token_table_ != nullptr && table_tokens <= limits_.max_table_tokens;
-  for (size_t i = 0; table && i < plan.page_table.size(); ++i) {
-    table = plan.page_table[i] < kTablePageLimit;
-  }
-  words[kTokenTable] = table ? 1 : 0;
+  words[kTokenTable] = mode;
   std::memcpy(header_, words, sizeof(header_));
 
   e = cudaMemcpyAsync(device_plan_, host_staging_, size_t(cursor) * 4, cudaMemcpyHostToDevice,
                       stream);
   if (e != cudaSuccess) return cuda_error("cudaMemcpyAsync(plan)", e);
-  table_filled_ = false;
-  if (table && ni > 0) {
+  table_filled_ = table_fixed_ = false;
+  if (mode != kTableNone && ni > 0) {
     TS_RETURN_IF_ERROR(detail::enqueue_token_table_fill(device_plan_, header_, token_table_,
-                                                        plan.num_items(), stream));
-    table_filled_ = true;
+                                                        table_stride_, plan.num_items(), stream));
   }
+  table_filled_ = mode != kTableNone;
+  table_fixed_ = mode == kTableFixedStride;
   e = cudaEventRecord(static_cast<cudaEvent_t>(staging_done_), stream);
   if (e != cudaSuccess) return cuda_error("cudaEventRecord(staging)", e);
   num_items_ = plan.num_items();

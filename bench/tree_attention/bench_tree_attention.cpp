@@ -10,7 +10,10 @@
 // usage: bench_tree_attention [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush]
 //                             [--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X]
 //                             [--order kv|plan|longest|interleaved]   (launch order of the items)
-//                             [--no-token-table]   (stage 1 resolves tokens per block; A/B)
+//                             [--table fixed|packed|none]  (token table layout the workspace
+//                                                          allows; A/B; --no-token-table = none)
+//                             [--grid]   (bucketed grids reading the header on the device, as
+//                                         the engine's CUDA graphs launch)
 //                             [--few-shot P,B,S]...  (only these cases: a P-token prompt with
 //                                                     B branches of S tokens; repeatable)
 #include <cuda_runtime.h>
@@ -45,7 +48,10 @@ struct Options {
   int min_split = 0;
   double items_per_sm = 0;
   AttentionPlanConfig::ItemOrder item_order = AttentionPlanConfig::ItemOrder::kKvMajor;
-  bool token_table = true;                       // false: stage 1 resolves its tokens itself (A/B)
+  // Token table layout the workspace allows (A/B): "fixed" (fixed stride, the default), "packed"
+  // (sized so only the packed layout fits) or "none" (stage 1 resolves its tokens itself).
+  std::string table = "fixed";
+  bool grid_launch = false;  // launch as the engine's CUDA graphs do (TreeAttentionGrid)
   std::vector<std::array<int32_t, 3>> few_shot;  // --few-shot P,B,S: custom cases only
 };
 
@@ -110,12 +116,18 @@ std::vector<Case> make_cases() {
   return cases;
 }
 
-TreeAttentionLimits limits_for(const AttentionPlan& plan, int32_t num_q_heads, bool token_table) {
+TreeAttentionLimits limits_for(const AttentionPlan& plan, int32_t num_q_heads,
+                               const std::string& table) {
   TreeAttentionLimits l;
   int64_t tokens = 0;
   for (int32_t n : plan.item_num_tokens) tokens += n;
-  l.max_table_tokens = token_table ? int32_t(std::max<int64_t>(1, tokens)) : 0;
   l.max_work_items = std::max(1, plan.num_items());
+  l.max_item_tokens = std::max(1, plan.max_item_tokens);
+  // Room for the fixed-stride table layout (what the engine's workspace gives such plans).
+  const int64_t fixed = int64_t(l.max_work_items) * tree_attention_table_stride(l.max_item_tokens);
+  l.max_table_tokens = table == "none"     ? 0
+                       : table == "packed" ? int32_t(std::max<int64_t>(1, tokens))
+                                           : int32_t(std::max<int64_t>({1, tokens, fixed}));
   l.max_partials = std::max(1, plan.num_partials());
   l.max_segments = std::max(1, plan.num_segments());
   l.max_mask_words = std::max<int32_t>(1, int32_t(plan.mask_words.size()));
@@ -213,8 +225,8 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   CHECK_OK(problem.init(c.tree, num_q_heads, num_kv_heads, kHeadDim, TreeAttentionDtype::kFloat16,
                         1234, 2.f));
   TreeAttentionWorkspace ws, ws_base;
-  CHECK_OK(ws.init(limits_for(plan, num_q_heads, opt.token_table)));
-  CHECK_OK(ws_base.init(limits_for(baseline, num_q_heads, opt.token_table)));
+  CHECK_OK(ws.init(limits_for(plan, num_q_heads, opt.table)));
+  CHECK_OK(ws_base.init(limits_for(baseline, num_q_heads, opt.table)));
   CHECK_OK(ws.upload(plan, nullptr));
   CHECK_OK(ws_base.upload(baseline, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -243,9 +255,18 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   r.max_err = problem.max_abs_diff(gpu, ref, sample);
   r.baseline_err = problem.max_abs_diff(gpu_base, ref, sample);
 
-  r.median_us = timer->median_us(opt.reps, [&] { CHECK_OK(problem.launch_uploaded(ws, nullptr)); });
-  r.baseline_us =
-      timer->median_us(opt.reps, [&] { CHECK_OK(problem.launch_uploaded(ws_base, nullptr)); });
+  // --grid: bucketed grids whose kernels read the plan header from the device, as the engine's
+  // captured decode steps launch them.
+  auto grid_for = [&](const TreeAttentionWorkspace& w) {
+    if (!opt.grid_launch) return TreeAttentionGrid{};
+    return TreeAttentionGrid{tree_attention_grid_bucket(w.num_items()),
+                             tree_attention_grid_bucket(w.num_queries())};
+  };
+  const TreeAttentionGrid grid = grid_for(ws), grid_base = grid_for(ws_base);
+  r.median_us =
+      timer->median_us(opt.reps, [&] { CHECK_OK(problem.launch_uploaded(ws, nullptr, grid)); });
+  r.baseline_us = timer->median_us(
+      opt.reps, [&] { CHECK_OK(problem.launch_uploaded(ws_base, nullptr, grid_base)); });
   r.bound_us = double(unique) / copy_bw * 1e6;
   r.tbps = double(unique) / (r.median_us * 1e-6) / 1e12;
   r.copy_fraction = double(unique) / (r.median_us * 1e-6) / copy_bw;
@@ -309,7 +330,15 @@ int main_impl(int argc, char** argv) {
     } else if (a == "--items-per-sm") {
       opt.items_per_sm = std::atof(next().c_str());
     } else if (a == "--no-token-table") {
-      opt.token_table = false;
+      opt.table = "none";
+    } else if (a == "--table") {
+      opt.table = next();
+      if (opt.table != "fixed" && opt.table != "packed" && opt.table != "none") {
+        std::fprintf(stderr, "--table: fixed, packed or none, not %s\n", opt.table.c_str());
+        return 2;
+      }
+    } else if (a == "--grid") {
+      opt.grid_launch = true;
     } else if (a == "--few-shot") {
       const std::string v = next();
       std::array<int32_t, 3> f{};
@@ -338,7 +367,8 @@ int main_impl(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush] "
                    "[--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X] "
-                   "[--order kv|plan|longest|interleaved] [--no-token-table] [--few-shot P,B,S]\n",
+                   "[--order kv|plan|longest|interleaved] [--table fixed|packed|none] [--grid] "
+                   "[--few-shot P,B,S]\n",
                    argv[0]);
       return 2;
     }

@@ -79,6 +79,10 @@ TreeAttentionLimits workspace_limits_for(const std::vector<AttentionPlan>& plans
     l.max_item_tokens = std::max(l.max_item_tokens, p.max_item_tokens);
     l.max_table_tokens = std::max<int32_t>(l.max_table_tokens, int32_t(tokens));
   }
+  // Room for the fixed-stride table layout.
+  l.max_table_tokens = std::max<int32_t>(
+      l.max_table_tokens,
+      int32_t(int64_t(l.max_work_items) * tree_attention_table_stride(l.max_item_tokens)));
   return l;
 }
 

@@ -114,7 +114,7 @@ testing::RandomTreeOptions random_options(uint64_t seed) {
 
 TEST(TreeAttentionGpu, RandomTreesMatchPlanExecutorFp16) {
   SKIP_WITHOUT_GPU();
-  int fitted = 0, spilled = 0;
+  int fitted = 0, spilled = 0, fixed_stride = 0;
   for (uint64_t seed = 1; seed <= 40; ++seed) {
     const TreeCase tree = testing::random_tree_case(seed * 104729, random_options(seed));
     Shape shape;
@@ -136,13 +136,16 @@ TEST(TreeAttentionGpu, RandomTreesMatchPlanExecutorFp16) {
     }
     if (seed % 3 == 0) {
       EXPECT_TRUE(ws->uses_token_table()) << "seed " << seed;
+      fixed_stride += ws->uses_fixed_table_stride();
     }
     fitted += seed % 3 == 2 && ws->uses_token_table();
     spilled += seed % 3 == 2 && !ws->uses_token_table();
   }
-  // The small table both held some plans and turned some away.
+  // The small table both held some plans (packed) and turned some away; the default one held
+  // plans at its fixed stride.
   EXPECT_GT(fitted, 0);
   EXPECT_GT(spilled, 0);
+  EXPECT_GT(fixed_stride, 0);
 }
 
 TEST(TreeAttentionGpu, RandomTreesMatchPlanExecutorBf16) {
