@@ -751,8 +751,8 @@ class CudaBackend final : public Backend, public detail::CudaRank {
       TS_RETURN_IF_ERROR(gemm(x, w, partial, rows, h_, k, true, same_shape));
       prof_.mark(name, stream_);
       TS_RETURN_IF_ERROR(all_reduce(partial, rows * h_));
-      cuda::add_rms_norm_f32_delta(dtype_, residual_.as<float>(), partial, norm, eps, rows, h_, out,
-                                   stream_);
+      cuda::add_rms_norm_f32_delta(dtype_, residual_.as<float>(), partial, 1, 0, norm, eps, rows,
+                                   h_, out, stream_);
     }
     prof_.mark("norm", stream_);
     return Status::Ok();

@@ -130,12 +130,14 @@ __device__ __forceinline__ void write_rms_normed(const float (&v)[V][8], const f
 // kernel is one memory round trip plus the block reduction.
 //
 // D: the delta's type, T or float. A float delta (tensor parallel: the all-reduced sum of the
-// ranks' float partial GEMM outputs) is rounded to T first, as the unsharded GEMM's output is.
+// ranks' float partial GEMM outputs; split-K: `parts` slabs part_stride apart, the K slices'
+// products, added in slab order after the first slab's loads) is rounded to T first, as the
+// unsharded GEMM's output is. A T delta has one part.
 template <typename T, typename D, int V>
 __global__ void __launch_bounds__(1024)
-    add_rms_norm_kernel(float* __restrict__ residual, const D* __restrict__ delta,
-                        const T* __restrict__ weight, float eps, int64_t hidden,
-                        T* __restrict__ out) {
+    add_rms_norm_kernel(float* __restrict__ residual, const D* __restrict__ delta, int32_t parts,
+                        int64_t part_stride, const T* __restrict__ weight, float eps,
+                        int64_t hidden, T* __restrict__ out) {
   const int64_t r = blockIdx.x;
   float* x = residual + r * hidden;
   float v[V][8], dv[V][8], wv[V][8];
@@ -147,6 +149,20 @@ __global__ void __launch_bounds__(1024)
       load8(x + c, v[k]);
       if (delta) load8(delta + r * hidden + c, dv[k]);
       if (out) load8(weight + c, wv[k]);
+    }
+  }
+  if constexpr (std::is_same_v<D, float>) {
+    for (int32_t s = 1; delta && s < parts; ++s) {
+      const float* part = delta + s * part_stride + r * hidden;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
+        if (c >= hidden) continue;
+        float pv[8];
+        load8(part + c, pv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dv[k][i] += pv[i];
+      }
     }
   }
   float ss = 0.0f;
@@ -578,32 +594,34 @@ void embed_vocab_range(Dtype dt, const int32_t* ids, int64_t rows, const void* t
 
 // One block per row, a thread per 8-value chunk (two chunks a thread past hidden = 8192).
 template <typename T, typename D>
-void launch_add_rms_norm(float* residual, const D* delta, const void* weight, float eps,
-                         int64_t rows, int64_t hidden, void* out, cudaStream_t stream) {
+void launch_add_rms_norm(float* residual, const D* delta, int32_t parts, int64_t part_stride,
+                         const void* weight, float eps, int64_t rows, int64_t hidden, void* out,
+                         cudaStream_t stream) {
   const int64_t chunks = hidden / 8;
   if (chunks <= 1024) {
     launch_pdl(dim3(rows), dim3(round_up_warps(chunks)), stream, add_rms_norm_kernel<T, D, 1>,
-               residual, delta, static_cast<const T*>(weight), eps, hidden, static_cast<T*>(out));
+               residual, delta, parts, part_stride, static_cast<const T*>(weight), eps, hidden,
+               static_cast<T*>(out));
   } else {
     launch_pdl(dim3(rows), dim3(round_up_warps((chunks + 1) / 2)), stream,
-               add_rms_norm_kernel<T, D, 2>, residual, delta, static_cast<const T*>(weight), eps,
-               hidden, static_cast<T*>(out));
+               add_rms_norm_kernel<T, D, 2>, residual, delta, parts, part_stride,
+               static_cast<const T*>(weight), eps, hidden, static_cast<T*>(out));
   }
 }
 
 void add_rms_norm(Dtype dt, float* residual, const void* delta, const void* weight, float eps,
                   int64_t rows, int64_t hidden, void* out, cudaStream_t stream) {
   if (rows == 0) return;
-  TS_DISPATCH(dt, launch_add_rms_norm<T, T>(residual, static_cast<const T*>(delta), weight, eps,
-                                            rows, hidden, out, stream));
+  TS_DISPATCH(dt, launch_add_rms_norm<T, T>(residual, static_cast<const T*>(delta), 1, 0, weight,
+                                            eps, rows, hidden, out, stream));
 }
 
-void add_rms_norm_f32_delta(Dtype dt, float* residual, const float* delta, const void* weight,
-                            float eps, int64_t rows, int64_t hidden, void* out,
-                            cudaStream_t stream) {
+void add_rms_norm_f32_delta(Dtype dt, float* residual, const float* delta, int32_t parts,
+                            int64_t part_stride, const void* weight, float eps, int64_t rows,
+                            int64_t hidden, void* out, cudaStream_t stream) {
   if (rows == 0) return;
-  TS_DISPATCH(
-      dt, launch_add_rms_norm<T, float>(residual, delta, weight, eps, rows, hidden, out, stream));
+  TS_DISPATCH(dt, launch_add_rms_norm<T, float>(residual, delta, parts, part_stride, weight, eps,
+                                                rows, hidden, out, stream));
 }
 
 void p2p_all_reduce_add_rms_norm(Dtype dt, float* residual, const P2PAllReduce& ar,

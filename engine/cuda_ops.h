@@ -27,11 +27,14 @@ void embed_vocab_range(Dtype dt, const int32_t* ids, int64_t rows, const void* t
 void add_rms_norm(Dtype dt, float* residual, const void* delta, const void* weight, float eps,
                   int64_t rows, int64_t hidden, void* out, cudaStream_t stream);
 
-// add_rms_norm with a float delta [rows][hidden], rounded to T before the add (as a GEMM
-// writing T rounds it): for all-reduced tensor-parallel partial sums.
-void add_rms_norm_f32_delta(Dtype dt, float* residual, const float* delta, const void* weight,
-                            float eps, int64_t rows, int64_t hidden, void* out,
-                            cudaStream_t stream);
+// add_rms_norm with a float delta made of `parts` float [rows][hidden] slabs part_stride
+// elements apart (delta + s * part_stride; part_stride % 4 == 0), summed in float32 in the
+// order s = 0 .. parts - 1 and rounded to T once before the add (as a GEMM writing T rounds
+// its float accumulator once): one part for all-reduced tensor-parallel partial sums, several
+// for the K slices of a split-K GEMM (LtGemm::run_split_k).
+void add_rms_norm_f32_delta(Dtype dt, float* residual, const float* delta, int32_t parts,
+                            int64_t part_stride, const void* weight, float eps, int64_t rows,
+                            int64_t hidden, void* out, cudaStream_t stream);
 
 // Tensor parallel, peer to peer: one rank's view of the fused all-reduce below. In one process
 // that owns every GPU with peer access enabled, a rank reads its peers' partial sums straight
