@@ -31,13 +31,16 @@ Status cublas_status(cublasStatus_t s, const char* what) {
 constexpr int kCandidates = 16;
 constexpr int kReps = 7;
 
-// The largest power of two (up to 256, cublasLt's default requirement) dividing the address.
-int32_t alignment(const void* p) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
+// The largest power of two (up to 256, cublasLt's default requirement) dividing the address
+// (or byte offset).
+int32_t alignment(uintptr_t a) {
   int32_t align = 256;
   while (align > 1 && a % uintptr_t(align) != 0) align /= 2;
   return align;
 }
+int32_t alignment(const void* p) { return alignment(reinterpret_cast<uintptr_t>(p)); }
+
+int64_t dtype_bytes(int32_t type) { return type == CUDA_R_32F ? 4 : 2; }
 
 // Split-K parts are added in float32: INPLACE and OUTPUT_TYPE add them in the output type,
 // which for fp16/bf16 outputs rounds every part instead of the float32 sum once (what
@@ -50,8 +53,8 @@ uint32_t reduction_mask(cudaDataType_t out) {
   return mask;
 }
 
-// The process-wide cache: (device, m bucket, n, k, in, out, alignment) -> choice.
-using TuneKey = std::tuple<int32_t, int64_t, int64_t, int64_t, int32_t, int32_t, int32_t>;
+// The process-wide cache: (device, m bucket, n, k, in, out, alignment, splits) -> choice.
+using TuneKey = std::tuple<int32_t, int64_t, int64_t, int64_t, int32_t, int32_t, int32_t, int32_t>;
 std::mutex g_mutex;
 std::map<TuneKey, TunedGemm>& cache() {
   static auto* c = new std::map<TuneKey, TunedGemm>();  // never destroyed: no exit-order issue
@@ -77,9 +80,10 @@ void insert(const TuneKey& key, const TunedGemm& tuned, TunedGemm* out) {
   }
   if (inserted && tuned.fallback) {
     std::fprintf(stderr,
-                 "treeserve: no cublasLt algorithm ran for GEMM m=%lld n=%lld k=%lld on device "
-                 "%d; using cublasGemmEx for it\n",
-                 (long long)tuned.m_tuned, (long long)tuned.n, (long long)tuned.k, tuned.device);
+                 "treeserve: no cublasLt algorithm ran for GEMM m=%lld n=%lld k=%lld (%d K "
+                 "slices) on device %d; using cublasGemmEx for it\n",
+                 (long long)tuned.m_tuned, (long long)tuned.n, (long long)tuned.k, tuned.splits,
+                 tuned.device);
   }
 }
 
@@ -114,7 +118,7 @@ int64_t gemm_rows_bucket(int64_t m) {
 
 size_t LtGemm::PlanKeyHash::operator()(const PlanKey& p) const {
   size_t h = std::hash<int64_t>()(p.m);
-  for (int64_t v : {p.n, p.k, int64_t(p.in), int64_t(p.out), int64_t(p.align)}) {
+  for (int64_t v : {p.n, p.k, int64_t(p.in), int64_t(p.out), int64_t(p.align), int64_t(p.splits)}) {
     h = h * 1000003u ^ std::hash<int64_t>()(v);
   }
   return h;
@@ -147,10 +151,75 @@ Status LtGemm::init(int32_t device, cublasHandle_t fallback, void* workspace,
 Status LtGemm::run(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
                    cudaDataType_t in, cudaDataType_t out, cudaStream_t stream,
                    std::span<const void* const> same_shape) {
-  if (m == 0) return Status::Ok();
-  if (!autotune_) return run_fallback(x, w, y, m, n, k, in, out, stream);
-  const PlanKey key{
-      m, n, k, int32_t(in), int32_t(out), std::min({alignment(x), alignment(w), alignment(y)})};
+  return launch(plan_key(x, w, y, m, n, k, 1, in, out), x, w, y, stream, same_shape);
+}
+
+Status LtGemm::run_split_k(const void* x, const void* w, float* y, int64_t m, int64_t n, int64_t k,
+                           int32_t splits, cudaDataType_t in, cudaStream_t stream,
+                           std::span<const void* const> same_shape) {
+  TS_RETURN_IF_ERROR(check_split(k, splits, in, CUDA_R_32F));
+  if (splits == 1) return run(x, w, y, m, n, k, in, CUDA_R_32F, stream, same_shape);
+  return launch(plan_key(x, w, y, m, n, k, splits, in, CUDA_R_32F), x, w, y, stream, same_shape);
+}
+
+Status LtGemm::tuned_time(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
+                          int32_t splits, cudaDataType_t in, cudaDataType_t out,
+                          cudaStream_t stream, std::span<const void* const> same_shape, float* us) {
+  *us = -1;
+  TS_RETURN_IF_ERROR(check_split(k, splits, in, out));
+  if (m == 0 || !autotune_) return Status::Ok();
+  const PlanKey key = plan_key(x, w, y, m, n, k, splits, in, out);
+  const Plan* plan = nullptr;
+  TS_RETURN_IF_ERROR(prepare(key, x, w, y, stream, same_shape, &plan));
+  TunedGemm tuned;
+  const TuneKey tune_key{device_, gemm_rows_bucket(m), n, k, key.in, key.out, key.align, splits};
+  if (lookup(tune_key, &tuned) && !tuned.fallback) *us = tuned.us;
+  return Status::Ok();
+}
+
+// splits > 1 needs a float32 output and 16-byte slices of fp16/bf16 rows (cublasLt's and
+// cuBLAS's batch pointers at s k/S elements); splits == 1 is run(), whatever k.
+Status LtGemm::check_split(int64_t k, int32_t splits, cudaDataType_t in, cudaDataType_t out) {
+  if (splits < 1 || splits > kMaxSplits) {
+    return InvalidArgument("GEMM split-K: splits must be in [1, " + std::to_string(kMaxSplits) +
+                           "], got " + std::to_string(splits));
+  }
+  if (splits == 1) return Status::Ok();
+  if (out != CUDA_R_32F) {
+    return InvalidArgument("GEMM split-K: the parts are float32 (out must be CUDA_R_32F)");
+  }
+  if (in != CUDA_R_16F && in != CUDA_R_16BF) {
+    return InvalidArgument("GEMM split-K: input must be fp16 or bf16");
+  }
+  if (k % splits != 0) {
+    return InvalidArgument("GEMM split-K: k = " + std::to_string(k) + " does not split into " +
+                           std::to_string(splits) + " slices");
+  }
+  if ((k / splits * dtype_bytes(in)) % 16 != 0) {
+    return InvalidArgument("GEMM split-K: a slice of k = " + std::to_string(k) + " / " +
+                           std::to_string(splits) + " elements is not a multiple of 16 bytes");
+  }
+  return Status::Ok();
+}
+
+// The plan's key: the shape, types and split count, and the alignment cublasLt may assume of
+// every operand — with splits > 1 also of the batch entries (slice and part offsets).
+LtGemm::PlanKey LtGemm::plan_key(const void* x, const void* w, const void* y, int64_t m, int64_t n,
+                                 int64_t k, int32_t splits, cudaDataType_t in,
+                                 cudaDataType_t out) const {
+  int32_t align = std::min({alignment(x), alignment(w), alignment(y)});
+  if (splits > 1) {
+    align = std::min({align, alignment(uintptr_t(k / splits * dtype_bytes(in))),
+                      alignment(uintptr_t(m * n * dtype_bytes(out)))});
+  }
+  return PlanKey{m, n, k, int32_t(in), int32_t(out), align, splits};
+}
+
+// The plan for the key (made now, and its bucket tuned, when there is none; a plan made
+// during a capture is made again on the first call outside one).
+Status LtGemm::prepare(const PlanKey& key, const void* x, const void* w, void* y,
+                       cudaStream_t stream, std::span<const void* const> same_shape,
+                       const Plan** out) {
   auto it = plans_.find(key);
   if (it != plans_.end() && it->second.provisional) {
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
@@ -170,24 +239,43 @@ Status LtGemm::run(const void* x, const void* w, void* y, int64_t m, int64_t n, 
     }
     it = plans_.emplace(key, plan).first;
   }
-  const Plan& plan = it->second;
-  if (plan.use_fallback) return run_fallback(x, w, y, m, n, k, in, out, stream);
+  *out = &it->second;
+  return Status::Ok();
+}
+
+Status LtGemm::launch(const PlanKey& key, const void* x, const void* w, void* y,
+                      cudaStream_t stream, std::span<const void* const> same_shape) {
+  if (key.m == 0) return Status::Ok();
+  if (!autotune_) return run_fallback(key, x, w, y);
+  const Plan* plan = nullptr;
+  TS_RETURN_IF_ERROR(prepare(key, x, w, y, stream, same_shape, &plan));
+  if (plan->use_fallback) return run_fallback(key, x, w, y);
   const float alpha = 1.0f, beta = 0.0f;
   return cublas_status(
-      cublasLtMatmul(lt_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y, plan.c, y, plan.c,
-                     &plan.algo, workspace_, workspace_bytes_, stream),
+      cublasLtMatmul(lt_, plan->desc, &alpha, w, plan->a, x, plan->b, &beta, y, plan->c, y, plan->c,
+                     &plan->algo, workspace_, workspace_bytes_, stream),
       "cublasLtMatmul");
 }
 
-Status LtGemm::run_fallback(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
-                            cudaDataType_t in, cudaDataType_t out,
-                            cudaStream_t /*stream: fallback_'s, set by the owner*/) {
-  // Column-major y^T [n][m] = w^T . x^T: w is k x n (ld k) transposed, x is k x m (ld k).
+// On fallback_'s stream (set by the owner: the same as the calls').
+Status LtGemm::run_fallback(const PlanKey& key, const void* x, const void* w, void* y) {
+  // Column-major y^T [n][m] = w^T . x^T: w is k x n (ld k) transposed, x is k x m (ld k);
+  // with splits, batch s takes rows [s k/S, (s+1) k/S) of both and writes y + s m n.
+  const auto in = cudaDataType_t(key.in), out = cudaDataType_t(key.out);
+  const int n = int(key.n), m = int(key.m), ld = int(key.k);
   const float alpha = 1.0f, beta = 0.0f;
-  return cublas_status(cublasGemmEx(fallback_, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k),
-                                    &alpha, w, in, int(k), x, in, int(k), &beta, y, out, int(n),
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                       "gemm");
+  if (key.splits == 1) {
+    return cublas_status(
+        cublasGemmEx(fallback_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, ld, &alpha, w, in, ld, x, in, ld,
+                     &beta, y, out, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "gemm");
+  }
+  const long long slice = key.k / key.splits, part = key.m * key.n;
+  return cublas_status(
+      cublasGemmStridedBatchedEx(fallback_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, int(slice), &alpha, w,
+                                 in, ld, slice, x, in, ld, slice, &beta, y, out, n, part,
+                                 key.splits, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "strided batched gemm");
 }
 
 // Descriptors for the shape, then the algorithm: the cache's choice for the shape's bucket
@@ -196,7 +284,7 @@ Status LtGemm::make_plan(const PlanKey& key, const void* x, const void* w, void*
                          cudaStream_t stream, std::span<const void* const> same_shape, Plan* plan) {
   TS_RETURN_IF_ERROR(make_descriptors(key, plan));
   const int64_t bucket = gemm_rows_bucket(key.m);
-  const TuneKey tune_key{device_, bucket, key.n, key.k, key.in, key.out, key.align};
+  const TuneKey tune_key{device_, bucket, key.n, key.k, key.in, key.out, key.align, key.splits};
   TunedGemm chosen;
   if (!lookup(tune_key, &chosen)) {
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
@@ -245,8 +333,8 @@ Status LtGemm::tune_bucket(const Plan& plan, const PlanKey& key, int64_t bucket,
   if (bucket == key.m) return tune(plan, key, x, y, stream, weights, chosen);
   PlanKey top = key;
   top.m = bucket;
-  const size_t x_bytes = size_t(bucket * key.k) * (key.in == CUDA_R_32F ? 4 : 2);
-  const size_t y_bytes = size_t(bucket * key.n) * (key.out == CUDA_R_32F ? 4 : 2);
+  const size_t x_bytes = size_t(bucket * key.k * dtype_bytes(key.in));
+  const size_t y_bytes = size_t(key.splits * bucket * key.n * dtype_bytes(key.out));
   void *xs = nullptr, *ys = nullptr;
   if (cudaMalloc(&xs, x_bytes) != cudaSuccess || cudaMalloc(&ys, y_bytes) != cudaSuccess) {
     cudaGetLastError();  // out of memory is not left for the caller's next check
@@ -267,6 +355,7 @@ Status LtGemm::tune_bucket(const Plan& plan, const PlanKey& key, int64_t bucket,
 
 // The shape's matmul descriptor and matrix layouts.
 Status LtGemm::make_descriptors(const PlanKey& key, Plan* plan) const {
+  const int64_t slice = key.k / key.splits;
   const auto in = cudaDataType_t(key.in), out = cudaDataType_t(key.out);
   TS_LT(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc create");
   const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
@@ -277,12 +366,27 @@ Status LtGemm::make_descriptors(const PlanKey& key, Plan* plan) const {
                                        sizeof no_trans),
         "transb");
   // Column-major: A = w (k x n, ld k) transposed, B = x (k x m, ld k), C = D = y (n x m).
-  TS_LT(cublasLtMatrixLayoutCreate(&plan->a, in, uint64_t(key.k), uint64_t(key.n), key.k),
+  // Split: batch s of A and B is their rows [s k/S, (s+1) k/S) (k/S rows, ld k, batch stride
+  // k/S elements), of C the part at s m n (ld n).
+  TS_LT(cublasLtMatrixLayoutCreate(&plan->a, in, uint64_t(slice), uint64_t(key.n), key.k),
         "layout a");
-  TS_LT(cublasLtMatrixLayoutCreate(&plan->b, in, uint64_t(key.k), uint64_t(key.m), key.k),
+  TS_LT(cublasLtMatrixLayoutCreate(&plan->b, in, uint64_t(slice), uint64_t(key.m), key.k),
         "layout b");
   TS_LT(cublasLtMatrixLayoutCreate(&plan->c, out, uint64_t(key.n), uint64_t(key.m), key.n),
         "layout c");
+  if (key.splits == 1) return Status::Ok();
+  const int32_t batch = key.splits;  // CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: int32_t
+  // CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: int64_t, in elements.
+  const int64_t strides[3] = {slice, slice, key.m * key.n};
+  const cublasLtMatrixLayout_t layouts[3] = {plan->a, plan->b, plan->c};
+  for (int i = 0; i < 3; ++i) {
+    TS_LT(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch,
+                                           sizeof batch),
+          "layout batch count");
+    TS_LT(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                           &strides[i], sizeof strides[i]),
+          "layout batch stride");
+  }
   return Status::Ok();
 }
 
@@ -349,6 +453,7 @@ Status LtGemm::tune(const Plan& plan, const PlanKey& key, const void* x, void* y
   chosen->m_tuned = key.m;
   chosen->n = key.n;
   chosen->k = key.k;
+  chosen->splits = key.splits;
   chosen->in = cudaDataType_t(key.in);
   chosen->out = cudaDataType_t(key.out);
   chosen->fallback = true;
@@ -414,8 +519,8 @@ std::vector<TunedGemm> LtGemm::tuned_shapes() {
   std::vector<TunedGemm> out;
   for (const auto& [key, tuned] : cache()) out.push_back(tuned);
   std::sort(out.begin(), out.end(), [](const TunedGemm& a, const TunedGemm& b) {
-    return std::tie(a.device, a.n, a.k, a.m_bucket, a.in, a.out) <
-           std::tie(b.device, b.n, b.k, b.m_bucket, b.in, b.out);
+    return std::tie(a.device, a.n, a.k, a.m_bucket, a.splits, a.in, a.out) <
+           std::tie(b.device, b.n, b.k, b.m_bucket, b.splits, b.in, b.out);
   });
   return out;
 }

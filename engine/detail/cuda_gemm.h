@@ -5,6 +5,11 @@
 //   y [m][n] = x [m][k] . w [n][k]^T   (row-major; fp16 or bf16 in, float32 accumulate,
 //                                       y in the input dtype or float32)
 //
+// Split-K by batching (run_split_k): the K axis cut into S slices run as one strided-batched
+// matmul, batch s writing the float32 part y_s = x[:, slice s] . w[:, slice s]^T, so S times
+// as many CTAs stream the weights; the caller sums the parts (the backend's residual-add +
+// RMSNorm kernel does, in a fixed order: bit-reproducible, unlike cublasLt's atomic split-K).
+//
 // The first time a shape is seen (outside a CUDA graph capture) the heuristic's candidates are
 // timed on the caller's stream, cycling through the caller's same-shape weight matrices (all
 // layers' O weights, say) so every timed call reads weights that are not in L2, and the
@@ -38,8 +43,12 @@ struct TunedGemm {
   // every m of the bucket; the first call's m when no scratch rows could be allocated.
   int64_t m_tuned = 0;
   int64_t n = 0, k = 0;
+  // K slices run as one strided batch (run_split_k; out float32); 1: run(). Each count is
+  // tuned and cached on its own.
+  int32_t splits = 1;
   cudaDataType_t in = CUDA_R_16F, out = CUDA_R_16F;
-  // The chosen cublasLt configuration (CUBLASLT_ALGO_CONFIG_*; tile is a cublasLtMatmulTile_t).
+  // The chosen cublasLt configuration (CUBLASLT_ALGO_CONFIG_*; tile is a cublasLtMatmulTile_t;
+  // split_k is cublasLt's own split inside one matmul, not `splits`).
   int32_t algo_id = -1, tile = 0, stages = 0, split_k = 1, reduction = 0;
   float us = 0;            // median time of one call, microseconds
   float heuristic_us = 0;  // the heuristic's first candidate's median (what it would run)
@@ -77,7 +86,28 @@ class LtGemm {
              cudaDataType_t in, cudaDataType_t out, cudaStream_t stream,
              std::span<const void* const> same_shape = {});
 
-  // The process-wide cache, sorted by (device, n, k, m_bucket, dtypes).
+  // Split-K as one strided-batched matmul (see the file comment): y float [splits][m][n], part
+  // s (at y + s m n) = x[:, cols] . w[:, cols]^T for cols [s k/S, (s + 1) k/S). Tuned and
+  // cached per split count like run(); autotune off: cublasGemmStridedBatchedEx. splits == 1
+  // is run(..., out = CUDA_R_32F). InvalidArgument unless 1 <= splits <= kMaxSplits and, for
+  // splits > 1, k % splits == 0, a slice is a multiple of 16 bytes (k / splits % 8 == 0) and
+  // `in` is fp16 or bf16.
+  static constexpr int32_t kMaxSplits = 8;
+  Status run_split_k(const void* x, const void* w, float* y, int64_t m, int64_t n, int64_t k,
+                     int32_t splits, cudaDataType_t in, cudaStream_t stream,
+                     std::span<const void* const> same_shape = {});
+
+  // The median time in microseconds (*us) of one call as the tuning cache holds it for this
+  // call's bucket: run() (splits == 1, `out` as there) or run_split_k (splits > 1, out must be
+  // CUDA_R_32F). Arguments and tuning rules are those calls' (the bucket is tuned now if it is
+  // not yet, writing y, unless the stream is capturing a graph); nothing else is launched.
+  // *us = -1 when no time is known: autotune off, a capture before the bucket was tuned, or no
+  // cublasLt candidate ran (cublasGemmEx).
+  Status tuned_time(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
+                    int32_t splits, cudaDataType_t in, cudaDataType_t out, cudaStream_t stream,
+                    std::span<const void* const> same_shape, float* us);
+
+  // The process-wide cache, sorted by (device, n, k, m_bucket, splits, dtypes).
   static std::vector<TunedGemm> tuned_shapes();
   // Empties it (tests; not while another thread runs GEMMs).
   static void clear_cache();
@@ -93,13 +123,20 @@ class LtGemm {
   };
   struct PlanKey {
     int64_t m, n, k;
-    int32_t in, out, align;
+    int32_t in, out, align, splits;
     bool operator==(const PlanKey&) const = default;
   };
   struct PlanKeyHash {
     size_t operator()(const PlanKey& p) const;
   };
 
+  static Status check_split(int64_t k, int32_t splits, cudaDataType_t in, cudaDataType_t out);
+  PlanKey plan_key(const void* x, const void* w, const void* y, int64_t m, int64_t n, int64_t k,
+                   int32_t splits, cudaDataType_t in, cudaDataType_t out) const;
+  Status prepare(const PlanKey& key, const void* x, const void* w, void* y, cudaStream_t stream,
+                 std::span<const void* const> same_shape, const Plan** plan);
+  Status launch(const PlanKey& key, const void* x, const void* w, void* y, cudaStream_t stream,
+                std::span<const void* const> same_shape);
   Status make_plan(const PlanKey& key, const void* x, const void* w, void* y, cudaStream_t stream,
                    std::span<const void* const> same_shape, Plan* plan);
   Status make_descriptors(const PlanKey& key, Plan* plan) const;
@@ -110,8 +147,7 @@ class LtGemm {
   Status use_first_candidate(const PlanKey& key, Plan* plan) const;
   Status tune(const Plan& plan, const PlanKey& key, const void* x, void* y, cudaStream_t stream,
               std::span<const void* const> weights, TunedGemm* chosen);
-  Status run_fallback(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
-                      cudaDataType_t in, cudaDataType_t out, cudaStream_t stream);
+  Status run_fallback(const PlanKey& key, const void* x, const void* w, void* y);
   static void destroy(Plan* plan);
 
   int32_t device_ = 0;
