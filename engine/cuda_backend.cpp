@@ -9,7 +9,9 @@
 // The residual stream is float32; activations and weights are in the model dtype; GEMMs
 // accumulate in float32 (CUBLAS_COMPUTE_32F): cublasLt with each shape's algorithm chosen by
 // timing (detail/cuda_gemm.h, options.gemm_autotune; each tuned on all layers' matrices of
-// its kind), or cublasGemmEx.
+// its kind), or cublasGemmEx. On one GPU, the O and down GEMMs of steps of up to 256 rows may
+// run split-K (options.gemm_split_k): float32 parts of K slices from one strided-batched GEMM,
+// summed by the residual-add + RMSNorm kernel that follows them anyway.
 //
 // Tensor parallelism (options.tensor_parallel = N > 1): CudaBackend is one rank's shard
 // (engine/tensor_parallel.h: its query/KV heads, intermediate and vocabulary slices, its
@@ -33,8 +35,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/cuda_ops.h"
@@ -212,6 +216,14 @@ class CudaBackend final : public Backend, public detail::CudaRank {
       TS_CUDA(cudaStreamSynchronize(stream_), "p2p flags");
       p2p_flags_ = static_cast<uint32_t*>(flags);
       p2p_counters_ = p2p_flags_ + cuda::kP2PBlocks * cuda::kMaxP2PRanks;
+    }
+    const int32_t split = options_.gemm_split_k;
+    if (world_ == 1 && (split > 1 || (split == 0 && options_.gemm_autotune))) {
+      // The split-K parts, float [parts][rows <= kSplitMaxRows][hidden] (8 MiB for Llama-3-8B
+      // with 2 parts), allocated once: graphs never see it move.
+      void* p = nullptr;
+      TS_RETURN_IF_ERROR(alloc(&p, int64_t(std::max(split, 2)) * kSplitMaxRows * h_ * 4));
+      split_parts_ = static_cast<float*>(p);
     }
     return Status::Ok();
   }
@@ -583,7 +595,10 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   }
 
   // What a captured layer chain depends on besides the uploaded data: the step's shape, the
-  // attention grid, and every buffer the chain reads or writes (they move when they grow).
+  // attention grid, and every buffer the chain reads or writes (they move when they grow;
+  // those allocated once by init() — weights, pool, split-K parts — are left out). The split-K
+  // choice of each residual GEMM follows from the rows alone and never changes once made
+  // (split_k_parts), so it needs no place in the key.
   struct GraphKey {
     int64_t rows = 0, n_logits = 0;
     int32_t items = 0, queries = 0;
@@ -596,6 +611,9 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   };
   static constexpr size_t kMaxGraphs = 8;
   static constexpr int64_t kCublasWorkspaceBytes = 32 << 20;
+  // Split-K applies to steps up to this many rows (decode and verify steps; a prefill chunk's
+  // GEMM has rows enough to fill the GPU unsplit). The top of a gemm_rows_bucket.
+  static constexpr int64_t kSplitMaxRows = 256;
 
   // The layer chain from a graph: replayed when this shape has one; captured when the shape
   // repeats the previous step's (a decode batch; a one-off prefill chunk runs eagerly, with
@@ -730,7 +748,16 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   Status residual_gemm(const void* x, const void* w, std::span<const void* const> same_shape,
                        int64_t rows, int64_t k, const void* norm, void* out, const char* name) {
     const float eps = float(config_.rms_norm_eps);
-    if (world_ == 1) {
+    int32_t parts = 1;
+    if (world_ == 1) TS_RETURN_IF_ERROR(split_k_parts(x, w, same_shape, rows, k, &parts));
+    if (parts > 1) {
+      // Split-K: float parts [parts][rows][h], summed in order and rounded once by the norm.
+      TS_RETURN_IF_ERROR(gemm_.run_split_k(x, w, split_parts_, rows, h_, k, parts, model_type(),
+                                           stream_, same_shape));
+      prof_.mark(name, stream_);
+      cuda::add_rms_norm_f32_delta(dtype_, residual_.as<float>(), split_parts_, parts, rows * h_,
+                                   norm, eps, rows, h_, out, stream_);
+    } else if (world_ == 1) {
       TS_RETURN_IF_ERROR(gemm(x, w, tmp_.ptr, rows, h_, k, false, same_shape));
       prof_.mark(name, stream_);
       cuda::add_rms_norm(dtype_, residual_.as<float>(), tmp_.ptr, norm, eps, rows, h_, out,
@@ -755,6 +782,45 @@ class CudaBackend final : public Backend, public detail::CudaRank {
                                    h_, out, stream_);
     }
     prof_.mark("norm", stream_);
+    return Status::Ok();
+  }
+
+  // How many split-K parts the residual GEMM x [rows][k] . w [h][k]^T runs as (1: one GEMM;
+  // options_.gemm_split_k). Auto takes 2 parts when the tuner's median for them (float parts)
+  // beats the unsplit GEMM's (model-dtype output, what runs otherwise), per (row bucket, k):
+  // O and down decide apart. The choice is made the first time the pair comes outside a
+  // capture — tuning both if they are not yet — and kept for good: a graph is captured only
+  // when a step shape comes a second time in a row, after its eager run decided, and replays
+  // it from then on. A pair first met inside a capture (not expected) keeps 1 part.
+  Status split_k_parts(const void* x, const void* w, std::span<const void* const> same_shape,
+                       int64_t rows, int64_t k, int32_t* parts) {
+    *parts = 1;
+    const int32_t option = options_.gemm_split_k;
+    // 16-byte slices of the model dtype (LtGemm::run_split_k's requirement).
+    auto splits_into = [k](int32_t p) { return k % p == 0 && (k / p) % 8 == 0; };
+    if (split_parts_ == nullptr || rows == 0 || rows > kSplitMaxRows) return Status::Ok();
+    if (option > 1) {
+      if (splits_into(option)) *parts = option;
+      return Status::Ok();
+    }
+    if (!splits_into(2)) return Status::Ok();
+    const std::pair<int64_t, int64_t> key{detail::gemm_rows_bucket(rows), k};
+    if (auto it = split_choice_.find(key); it != split_choice_.end()) {
+      *parts = it->second;
+      return Status::Ok();
+    }
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    TS_CUDA(cudaStreamIsCapturing(stream_, &capturing), "capture status");
+    if (capturing == cudaStreamCaptureStatusNone) {
+      const cudaDataType_t t = model_type();
+      float one = -1, two = -1;
+      TS_RETURN_IF_ERROR(
+          gemm_.tuned_time(x, w, tmp_.ptr, rows, h_, k, 1, t, t, stream_, same_shape, &one));
+      TS_RETURN_IF_ERROR(gemm_.tuned_time(x, w, split_parts_, rows, h_, k, 2, t, CUDA_R_32F,
+                                          stream_, same_shape, &two));
+      if (one > 0 && two > 0 && two < one) *parts = 2;
+    }
+    split_choice_.emplace(key, *parts);
     return Status::Ok();
   }
 
@@ -793,9 +859,11 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   // (all layers' O weights, say), which tuning the shape cycles through.
   Status gemm(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k, bool f32_out,
               std::span<const void* const> same_shape) {
-    const cudaDataType_t t = options_.bfloat16 ? CUDA_R_16BF : CUDA_R_16F;
+    const cudaDataType_t t = model_type();
     return gemm_.run(x, w, y, m, n, k, t, f32_out ? CUDA_R_32F : t, stream_, same_shape);
   }
+
+  cudaDataType_t model_type() const { return options_.bfloat16 ? CUDA_R_16BF : CUDA_R_16F; }
 
   static size_t align8(size_t n) { return (n + 7) & ~size_t(7); }
 
@@ -875,6 +943,10 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   void* cublas_workspace_ = nullptr;
   detail::LtGemm gemm_;  // shares cublas_ (its fallback) and cublas_workspace_
   std::vector<const void*> qkv_set_, o_set_, gate_up_set_, down_set_, lm_head_set_;
+  // Split-K (world_ == 1, options_.gemm_split_k != 1): the parts, float [parts][rows][h_] for
+  // rows <= kSplitMaxRows (null when split-K is off), and auto's choice per (row bucket, k).
+  float* split_parts_ = nullptr;
+  std::map<std::pair<int64_t, int64_t>, int32_t> split_choice_;
   bool graphs_ = false;
   std::vector<StepGraph> step_graphs_;
   GraphKey last_eager_key_;
@@ -923,6 +995,11 @@ Status check_options(const ModelConfig& config, const CudaBackendOptions& option
                        " needs CUDA devices " + std::to_string(options.device) + ".." +
                        std::to_string(options.device + options.tensor_parallel - 1) +
                        "; this machine has " + std::to_string(cuda_device_count()));
+  }
+  if (options.gemm_split_k < 0 || options.gemm_split_k > detail::LtGemm::kMaxSplits) {
+    return InvalidArgument("gemm_split_k must be in [0, " +
+                           std::to_string(detail::LtGemm::kMaxSplits) + "] (0 = auto), got " +
+                           std::to_string(options.gemm_split_k));
   }
   if (options.page_size < 1 || options.page_size > 256) {
     return InvalidArgument("page_size must be in [1, 256]");

@@ -47,6 +47,13 @@ struct CudaBackendOptions {
   // candidates the first time the shape runs (engine/detail/cuda_gemm.h; the choice is shared
   // by every backend of the process). false: cublasGemmEx with cuBLAS's default choice.
   bool gemm_autotune = true;
+  // One GPU, steps of at most 256 rows (decode, verify): the O and down GEMMs as split-K
+  // (LtGemm::run_split_k: K cut into parts, one strided-batched GEMM writing float32 parts that
+  // the residual-add + RMSNorm kernel sums in a fixed order). 0 (auto): per row bucket and
+  // GEMM, 2 parts where the tuner's median for them beats the unsplit GEMM's, decided the
+  // first time the bucket runs and kept (1 without gemm_autotune); 1: never; 2..8: always that
+  // many parts where they divide K into 16-byte slices. Tensor parallel: ignored.
+  int32_t gemm_split_k = 0;
 };
 
 // Number of usable CUDA devices (0 when there is no driver or device).

@@ -3,7 +3,9 @@
 // logits within 2e-2 in fp16 and the same greedy tokens — for one sequence (prefill + 32
 // decode steps), a forked tree decoding in one batch, and a speculative token tree with its
 // accept (slot moves) followed by more decoding. Also: CUDA graph replay against eager steps
-// (fp16 and bf16; full logits, device argmax and device sampling) — bit-identical.
+// (fp16 and bf16; full logits, device argmax and device sampling) — bit-identical. Split-K
+// forced (gemm_split_k = 2 and 4: the O and down GEMMs as float parts summed by the norm) meets
+// the same bounds, and its graph replays are bit-identical to its eager steps.
 #include "engine/cuda_backend.h"
 
 #include <gtest/gtest.h>
@@ -41,7 +43,8 @@ struct Models {
 using testing::StepBuilder;
 using testing::tiny_model_dir;
 
-Models load(bool bf16) {
+// split_k: CudaBackendOptions::gemm_split_k (0: auto, the default).
+Models load(bool bf16, int32_t split_k = 0) {
   Models m;
   const auto ckpt = testing::load_tiny_checkpoint();
   if (!ckpt) return m;
@@ -56,6 +59,7 @@ Models load(bool bf16) {
   go.num_pages = kPages;
   go.page_size = kPageSize;
   go.bfloat16 = bf16;
+  go.gemm_split_k = split_k;
   auto gpu = create_cuda_backend(m.config, ckpt->weights, go);
   EXPECT_TRUE(gpu.ok()) << gpu.status().message();
   m.gpu = std::move(*gpu);
@@ -99,8 +103,8 @@ std::vector<int32_t> prompt_tokens(int n) {
   return p;
 }
 
-void run_single_sequence(bool bf16, float tol) {
-  Models m = load(bf16);
+void run_single_sequence(bool bf16, float tol, int32_t split_k = 0) {
+  Models m = load(bf16, split_k);
   ASSERT_TRUE(m.gpu && m.cpu);
   Lockstep ls(&m);
   std::vector<int32_t> prompt = prompt_tokens(37);
@@ -134,6 +138,17 @@ TEST(CudaBackend, SingleSequenceMatchesCpuFp16) {
 TEST(CudaBackend, SingleSequenceMatchesCpuBf16) {
   REQUIRE_GPU();
   run_single_sequence(true, 1.5e-1f);
+}
+
+// Split-K forced: every decode step (1 row) splits its O and down GEMMs; the 37-token prefill
+// too (at most 256 rows). Same bounds and greedy tokens as one GEMM.
+TEST(CudaBackend, SplitKForcedMatchesCpu) {
+  REQUIRE_GPU();
+  for (int32_t split_k : {2, 4}) {
+    SCOPED_TRACE("gemm_split_k " + std::to_string(split_k));
+    run_single_sequence(false, 2e-2f, split_k);
+    run_single_sequence(true, 1.5e-1f, split_k);
+  }
 }
 
 // Greedy-only steps return each row's argmax and logprob computed on the device.
@@ -323,13 +338,14 @@ TEST(CudaBackend, SpeculativeTokenTreeAndAcceptMatchCpu) {
 // so the graphs of the old buffers no longer match) — every step's logits bit-identical.
 // Steps cycle through the three ways a step returns its rows (full logits, device argmax,
 // device sampling), all behind the same captured layers; every result must be identical.
-void run_graph_replay(bool bf16) {
+void run_graph_replay(bool bf16, int32_t split_k = 0) {
   const auto ckpt = testing::load_tiny_checkpoint();
   ASSERT_TRUE(ckpt);
   CudaBackendOptions go;
   go.num_pages = kPages;
   go.page_size = kPageSize;
   go.bfloat16 = bf16;
+  go.gemm_split_k = split_k;
   go.cuda_graphs = true;
   auto graphs = create_cuda_backend(ckpt->config, ckpt->weights, go);
   go.cuda_graphs = false;
@@ -415,6 +431,15 @@ TEST(CudaBackend, GraphReplayMatchesEagerSteps) {
   ::testing::internal::CaptureStderr();
   run_graph_replay(false);
   run_graph_replay(true);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(log.find("capture failed"), std::string::npos) << log;
+}
+
+// The same with split-K forced: the decode steps (5 rows) replay split O and down GEMMs.
+TEST(CudaBackend, GraphReplayMatchesEagerStepsWithSplitK) {
+  REQUIRE_GPU();
+  ::testing::internal::CaptureStderr();
+  run_graph_replay(false, 2);
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(log.find("capture failed"), std::string::npos) << log;
 }
