@@ -39,7 +39,7 @@ struct CommandLine {
   std::string config_file;
   std::optional<std::string> model, listen, backend, log_level, metrics_listen;
   std::optional<int64_t> kv_cache_bytes, random_weights;
-  std::optional<int32_t> page_size, tensor_parallel;
+  std::optional<int32_t> page_size, tensor_parallel, gemm_split_k;
   std::optional<bool> cuda_graphs, gemm_autotune, p2p_all_reduce;
   bool print_config = false;
 };
@@ -138,6 +138,9 @@ int run_treeserve(int argc, char** argv) {
       app.add_flag("--p2p-all-reduce,!--no-p2p-all-reduce", p2p_flag,
                    "tensor parallel: small steps' all-reduces peer to peer over NVLink, fused "
                    "with the norm (engine.p2p_all_reduce; default on; off: NCCL only)");
+  app.add_option("--gemm-split-k", cl.gemm_split_k,
+                 "O and down GEMMs of steps of <= 256 rows as N-part split-K (engine.gemm_split_k; "
+                 "cuda backend, one GPU; 0 = auto (default), 1 = off, 2..8 = always)");
   app.add_flag("--print-config", cl.print_config, "print the effective config and exit");
   try {
     app.parse(argc, argv);
@@ -167,6 +170,7 @@ int run_treeserve(int argc, char** argv) {
   if (cl.cuda_graphs) config.engine.cuda_graphs = *cl.cuda_graphs;
   if (cl.gemm_autotune) config.engine.gemm_autotune = *cl.gemm_autotune;
   if (cl.p2p_all_reduce) config.engine.p2p_all_reduce = *cl.p2p_all_reduce;
+  if (cl.gemm_split_k) config.engine.gemm_split_k = *cl.gemm_split_k;
   if (cl.random_weights) config.model.random_weights_seed = *cl.random_weights;
   if (config.model.dir.empty()) config.model.dir = default_model_dir();
   if (Status s = validate_config(config); !s.ok()) return fail(s);
@@ -244,6 +248,7 @@ int run_treeserve(int argc, char** argv) {
     cuda.cuda_graphs = config.engine.cuda_graphs;
     cuda.gemm_autotune = config.engine.gemm_autotune;
     cuda.p2p_all_reduce = config.engine.p2p_all_reduce;
+    cuda.gemm_split_k = config.engine.gemm_split_k;
 #endif
     if (random_weights) {
       const uint64_t seed = uint64_t(config.model.random_weights_seed);

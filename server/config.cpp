@@ -107,6 +107,7 @@ Status merge_config_json(const std::string& json_text, const std::string& source
     TS_RETURN_IF_ERROR(s.get("cuda_graphs", &c->engine.cuda_graphs));
     TS_RETURN_IF_ERROR(s.get("gemm_autotune", &c->engine.gemm_autotune));
     TS_RETURN_IF_ERROR(s.get("p2p_all_reduce", &c->engine.p2p_all_reduce));
+    TS_RETURN_IF_ERROR(s.get("gemm_split_k", &c->engine.gemm_split_k));
     TS_RETURN_IF_ERROR(s.check_unknown());
   }
   TS_RETURN_IF_ERROR(sub_object(root, "kv_cache", source, &obj));
@@ -200,6 +201,10 @@ Status validate_config(const TreeserveConfig& c) {
     return InvalidArgument("engine.tensor_parallel must be >= 1");
   }
   if (c.engine.cpu_threads < 0) return InvalidArgument("engine.cpu_threads must be >= 0");
+  if (c.engine.gemm_split_k < 0 || c.engine.gemm_split_k > 8) {
+    return InvalidArgument("engine.gemm_split_k must be in [0, 8] (0 = auto, 1 = off), got " +
+                           std::to_string(c.engine.gemm_split_k));
+  }
   if (c.engine.attention != "tree" && c.engine.attention != "baseline") {
     return InvalidArgument("engine.attention must be tree or baseline, got '" + c.engine.attention +
                            "'");
@@ -244,7 +249,8 @@ std::string config_to_json(const TreeserveConfig& c) {
                         {"attention", c.engine.attention},
                         {"cuda_graphs", c.engine.cuda_graphs},
                         {"gemm_autotune", c.engine.gemm_autotune},
-                        {"p2p_all_reduce", c.engine.p2p_all_reduce}}},
+                        {"p2p_all_reduce", c.engine.p2p_all_reduce},
+                        {"gemm_split_k", c.engine.gemm_split_k}}},
                       {"kv_cache",
                        {{"page_size", c.kv_cache.page_size},
                         {"memory_bytes", c.kv_cache.memory_bytes},

@@ -42,6 +42,10 @@ struct EngineOptions {
   // Tensor parallel: the O/down all-reduces of small steps run peer to peer over NVLink, fused
   // with the norm (when every pair of GPUs has peer access); false: NCCL for all of them.
   bool p2p_all_reduce = true;
+  // CUDA backend, one GPU: split-K parts of the O and down GEMMs of steps of up to 256 rows
+  // (0..8; 0 = auto: 2 parts where the GEMM tuner times them faster, per row bucket; 1 = never;
+  // 2..8 = always that many where they divide K).
+  int32_t gemm_split_k = 0;
 };
 
 struct KvCacheOptions {

@@ -93,12 +93,18 @@ TEST(CliErrors, PrintConfigShowsCliOverrides) {
   EXPECT_NE(r.output.find("\"cuda_graphs\":true"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"gemm_autotune\":true"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"p2p_all_reduce\":true"), std::string::npos) << r.output;
-  auto g = run_treeserve_to_exit(
-      {"--print-config", "--no-cuda-graphs", "--no-gemm-autotune", "--no-p2p-all-reduce"});
+  EXPECT_NE(r.output.find("\"gemm_split_k\":0"), std::string::npos) << r.output;
+  auto g = run_treeserve_to_exit({"--print-config", "--no-cuda-graphs", "--no-gemm-autotune",
+                                  "--no-p2p-all-reduce", "--gemm-split-k", "4"});
   EXPECT_EQ(g.exit_code, 0) << g.output;
   EXPECT_NE(g.output.find("\"cuda_graphs\":false"), std::string::npos) << g.output;
   EXPECT_NE(g.output.find("\"gemm_autotune\":false"), std::string::npos) << g.output;
   EXPECT_NE(g.output.find("\"p2p_all_reduce\":false"), std::string::npos) << g.output;
+  EXPECT_NE(g.output.find("\"gemm_split_k\":4"), std::string::npos) << g.output;
+  auto bad = run_treeserve_to_exit({"--print-config", "--gemm-split-k", "9"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("engine.gemm_split_k must be in [0, 8]"), std::string::npos)
+      << bad.output;
   // A switch the command line does not name keeps the config file's value.
   const std::string path =
       write_temp("switches.json", R"({"engine": {"cuda_graphs": false, "gemm_autotune": false}})");

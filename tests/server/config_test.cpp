@@ -116,6 +116,31 @@ TEST(Config, AttentionScheduleAndTheNoSharingPreset) {
   EXPECT_EQ(off.engine.attention, "baseline");
 }
 
+TEST(Config, GemmSplitK) {
+  TreeserveConfig c;
+  EXPECT_EQ(c.engine.gemm_split_k, 0);  // auto
+  EXPECT_NE(config_to_json(c).find("\"gemm_split_k\":0"), std::string::npos);
+  ASSERT_TRUE(merge_config_json(R"({"engine": {"gemm_split_k": 2}})", "s.json", &c).ok());
+  EXPECT_EQ(c.engine.gemm_split_k, 2);
+  EXPECT_TRUE(validate_config(c).ok());
+  EXPECT_TRUE(c.engine.p2p_all_reduce);  // merged, not reset
+  TreeserveConfig back;
+  ASSERT_TRUE(merge_config_json(config_to_json(c), "dump", &back).ok());
+  EXPECT_EQ(back.engine.gemm_split_k, 2);
+  for (int32_t ok : {0, 1, 8}) {
+    c.engine.gemm_split_k = ok;
+    EXPECT_TRUE(validate_config(c).ok()) << ok;
+  }
+  for (int32_t bad : {-1, 9, 64}) {
+    c.engine.gemm_split_k = bad;
+    const Status s = validate_config(c);
+    EXPECT_NE(s.message().find("engine.gemm_split_k must be in [0, 8]"), std::string::npos)
+        << bad << ": " << s.message();
+  }
+  Status s = merge_config_json(R"({"engine": {"gemm_split_k": "auto"}})", "t.json", &c);
+  EXPECT_NE(s.message().find("engine.gemm_split_k"), std::string::npos) << s.message();
+}
+
 TEST(Config, RandomWeightsSeed) {
   TreeserveConfig c;
   EXPECT_EQ(c.model.random_weights_seed, -1);  // off by default
