@@ -12,11 +12,14 @@
 // GEMMs are autotuned (CudaBackendOptions::gemm_autotune): after the table it prints each
 // tuned shape (algorithm, tile, split-K, time, weight bytes / time), and the few-shot steps
 // run once more with tuning off (cublasGemmEx) for the A/B; --no-gemm-tune: off throughout.
+// --gemm-split-k N sets CudaBackendOptions::gemm_split_k (default 0: auto, 1: off, 2..8:
+// forced): one GPU's O and down GEMMs as split-K; the tuned-GEMM table's "K/S" column is the
+// split count a shape was tuned for (1: unsplit).
 //
 //   bench_decode [--config configs/models/llama-3-8b.json] [--steps 16] [--json FILE]
 //                [--workloads fewshot,sampled,spec,tot] [--kv-gib 6] [--tensor-parallel N]
 //                [--fewshot-branches 20,30,50] [--profile-last-step] [--graphs|--no-graphs]
-//                [--no-gemm-tune] [--nccl-all-reduce]
+//                [--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N]
 // --profile-last-step wraps each workload's last step in cudaProfilerStart/Stop, for
 // `ncu --profile-from-start off` (per-kernel times of one step).
 #include <cuda_profiler_api.h>
@@ -53,6 +56,7 @@ struct Args {
   bool cuda_graphs = true;
   bool gemm_tune = true;
   bool nccl_only = false;  // tensor parallel: every all-reduce through NCCL (no peer-to-peer)
+  int gemm_split_k = 0;    // CudaBackendOptions::gemm_split_k
 };
 
 double copy_bandwidth_bytes_per_s() {
@@ -295,25 +299,26 @@ void print_tuned_gemms(double copy_bw) {
   if (tuned.empty()) return;
   std::printf("\ntuned GEMMs (y[m][n] = x[m][k] . w[n][k]^T; TB/s of weight bytes; copy %.2f)\n",
               copy_bw / 1e12);
-  std::printf("%3s %5s %5s %7s %6s %4s %5s %9s %6s %6s %4s %9s %7s %9s %6s\n", "dev", "m", "m@",
-              "n", "k", "out", "algo", "tile", "stages", "splitK", "red", "us", "TB/s", "heur. us",
-              "cands");
+  std::printf("%3s %5s %5s %7s %6s %3s %4s %5s %9s %6s %6s %4s %9s %7s %9s %6s\n", "dev", "m", "m@",
+              "n", "k", "K/S", "out", "algo", "tile", "stages", "splitK", "red", "us", "TB/s",
+              "heur. us", "cands");
   for (const detail::TunedGemm& t : tuned) {
     const char* out = t.out == CUDA_R_32F ? "f32" : t.in == CUDA_R_16BF ? "bf16" : "f16";
     if (t.fallback) {
-      std::printf("%3d %5lld %5lld %7lld %6lld %4s  cublasGemmEx (no cublasLt candidate ran)\n",
+      std::printf("%3d %5lld %5lld %7lld %6lld %3d %4s  cublasGemmEx (no cublasLt candidate ran)\n",
                   t.device, (long long)t.m_bucket, (long long)t.m_tuned, (long long)t.n,
-                  (long long)t.k, out);
+                  (long long)t.k, t.splits, out);
       continue;
     }
     const double tbps = double(t.n) * double(t.k) * 2.0 / (double(t.us) * 1e-6) / 1e12;
-    std::printf("%3d %5lld %5lld %7lld %6lld %4s %5d %9s %6d %6d %4d %9.1f %7.2f %9.1f %6d\n",
+    std::printf("%3d %5lld %5lld %7lld %6lld %3d %4s %5d %9s %6d %6d %4d %9.1f %7.2f %9.1f %6d\n",
                 t.device, (long long)t.m_bucket, (long long)t.m_tuned, (long long)t.n,
-                (long long)t.k, out, t.algo_id, tile_name(t.tile).c_str(), t.stages, t.split_k,
-                t.reduction, t.us, tbps, t.heuristic_us, t.candidates);
+                (long long)t.k, t.splits, out, t.algo_id, tile_name(t.tile).c_str(), t.stages,
+                t.split_k, t.reduction, t.us, tbps, t.heuristic_us, t.candidates);
   }
   std::printf(
-      "(m: the bucket's rows, m@: the rows it was timed at; red: reduction scheme, "
+      "(m: the bucket's rows, m@: the rows it was timed at; K/S: K slices as one strided batch, "
+      "float parts (gemm_split_k); splitK: cublasLt's own; red: reduction scheme, "
       "cublasLtReductionScheme_t; heur. us: cublasLt's first candidate)\n");
 }
 
@@ -337,14 +342,18 @@ int run(const Args& args) {
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   const double bw = copy_bandwidth_bytes_per_s();
+  const std::string split_k = args.gemm_split_k == 0 ? "auto"
+                              : args.gemm_split_k == 1
+                                  ? "off"
+                                  : std::to_string(args.gemm_split_k) + " parts";
   std::printf(
       "device: %s, copy bandwidth %.2f TB/s, tensor parallel %d%s, CUDA graphs %s, GEMM "
-      "autotune %s\n",
+      "autotune %s, GEMM split-K %s\n",
       prop.name, bw / 1e12, args.tensor_parallel,
       args.tensor_parallel == 1 ? ""
       : args.nccl_only          ? " (all-reduce: NCCL)"
                        : " (all-reduce: peer-to-peer fused with the norm, NCCL for the embedding)",
-      args.cuda_graphs ? "on" : "off", args.gemm_tune ? "on" : "off");
+      args.cuda_graphs ? "on" : "off", args.gemm_tune ? "on" : "off", split_k.c_str());
   if (cuda_device_count() < args.tensor_parallel) {
     std::fprintf(stderr, "bench_decode: --tensor-parallel %d needs %d devices, found %d\n",
                  args.tensor_parallel, args.tensor_parallel, cuda_device_count());
@@ -380,6 +389,7 @@ int run(const Args& args) {
     opt.cuda_graphs = args.cuda_graphs;
     opt.p2p_all_reduce = !args.nccl_only;
     opt.gemm_autotune = args.gemm_tune && pass != 3;
+    opt.gemm_split_k = args.gemm_split_k;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
     auto backend = create_cuda_backend_random(*config, opt, 42);
@@ -513,7 +523,8 @@ int run(const Args& args) {
     std::ofstream out(args.json);
     out << "{\"device\": \"" << prop.name << "\", \"copy_bandwidth_tbps\": " << bw / 1e12
         << ", \"tensor_parallel\": " << args.tensor_parallel
-        << ", \"gemm_autotune\": " << (args.gemm_tune ? "true" : "false") << ", \"results\": [";
+        << ", \"gemm_autotune\": " << (args.gemm_tune ? "true" : "false")
+        << ", \"gemm_split_k\": " << args.gemm_split_k << ", \"results\": [";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       out << (i ? ", " : "") << "{\"name\": \"" << r.name << "\", \"rows\": " << r.rows
@@ -567,12 +578,14 @@ int main(int argc, char** argv) {
       args.gemm_tune = false;
     else if (a == "--nccl-all-reduce")
       args.nccl_only = true;
+    else if (a == "--gemm-split-k")
+      args.gemm_split_k = std::stoi(next());
     else {
       std::fprintf(stderr,
                    "usage: bench_decode [--config F] [--steps N] [--json F] "
                    "[--workloads fewshot,sampled,spec,tot] [--kv-gib G] [--tensor-parallel N] "
                    "[--fewshot-branches 20,30,50] [--profile-last-step] [--graphs|--no-graphs] "
-                   "[--no-gemm-tune] [--nccl-all-reduce]\n");
+                   "[--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N]\n");
       return 2;
     }
   }
