@@ -254,6 +254,26 @@ TEST(LtGemm, SecondInstanceTakesTheCachedAlgorithm) {
   EXPECT_TRUE(first == p.result()) << "two instances, one shape: not bit-identical";
 }
 
+// Buckets stay narrow next to the tiles (no device needed): a bucket's rows run the tiles
+// tuned at its top, so 129 rows must not share 256's (128-row tiles: two passes over every
+// weight matrix).
+TEST(LtGemm, RowBuckets) {
+  for (int64_t m = 1; m <= 16; ++m) EXPECT_EQ(detail::gemm_rows_bucket(m), m);
+  EXPECT_EQ(detail::gemm_rows_bucket(17), 32);
+  EXPECT_EQ(detail::gemm_rows_bucket(50), 64);
+  EXPECT_EQ(detail::gemm_rows_bucket(129), 144);
+  EXPECT_EQ(detail::gemm_rows_bucket(256), 256);
+  EXPECT_EQ(detail::gemm_rows_bucket(257), 320);
+  EXPECT_EQ(detail::gemm_rows_bucket(1024), 1024);
+  EXPECT_EQ(detail::gemm_rows_bucket(1025), 2048);
+  for (int64_t m = 1; m <= 4096; ++m) {
+    const int64_t b = detail::gemm_rows_bucket(m);
+    EXPECT_GE(b, m);
+    EXPECT_LE(b - m, m <= 256 ? 15 : m <= 1024 ? 63 : m);
+    EXPECT_EQ(detail::gemm_rows_bucket(b), b) << "a bucket's top is its own bucket";
+  }
+}
+
 TEST(LtGemm, RowsOfOneBucketShareATuning) {
   REQUIRE_GPU();
   LtGemm::clear_cache();
