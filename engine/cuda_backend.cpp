@@ -614,6 +614,12 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   // Split-K applies to steps up to this many rows (decode and verify steps; a prefill chunk's
   // GEMM has rows enough to fill the GPU unsplit). The top of a gemm_rows_bucket.
   static constexpr int64_t kSplitMaxRows = 256;
+  // Auto splits only where the tuner's median for 2 parts is at least 3% below the unsplit
+  // GEMM's: decode steps with and without split-K, interleaved on an H100 (2026-11-25), moved
+  // by up to 0.1 ms either way where the tuner saw ~1% (few-shot b=50: O 17.3 vs 17.4 us, step
+  // 7.93 vs 7.85 ms), and gained where it saw more (speculative t=32, down 46.2 vs 48.4 us:
+  // 7.11 vs 7.36 ms).
+  static constexpr float kSplitMargin = 0.97f;
 
   // The layer chain from a graph: replayed when this shape has one; captured when the shape
   // repeats the previous step's (a decode batch; a one-off prefill chunk runs eagerly, with
@@ -787,7 +793,8 @@ class CudaBackend final : public Backend, public detail::CudaRank {
 
   // How many split-K parts the residual GEMM x [rows][k] . w [h][k]^T runs as (1: one GEMM;
   // options_.gemm_split_k). Auto takes 2 parts when the tuner's median for them (float parts)
-  // beats the unsplit GEMM's (model-dtype output, what runs otherwise), per (row bucket, k):
+  // beats the unsplit GEMM's (model-dtype output, what runs otherwise) by kSplitMargin, per
+  // (row bucket, k):
   // O and down decide apart. The choice is made the first time the pair comes outside a
   // capture — tuning both if they are not yet — and kept for good: a graph is captured only
   // when a step shape comes a second time in a row, after its eager run decided, and replays
@@ -818,7 +825,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
           gemm_.tuned_time(x, w, tmp_.ptr, rows, h_, k, 1, t, t, stream_, same_shape, &one));
       TS_RETURN_IF_ERROR(gemm_.tuned_time(x, w, split_parts_, rows, h_, k, 2, t, CUDA_R_32F,
                                           stream_, same_shape, &two));
-      if (one > 0 && two > 0 && two < one) *parts = 2;
+      if (one > 0 && two > 0 && two <= kSplitMargin * one) *parts = 2;
     }
     split_choice_.emplace(key, *parts);
     return Status::Ok();

@@ -109,7 +109,7 @@ void describe(const cublasLtMatmulAlgo_t& algo, TunedGemm* t) {
 
 int64_t gemm_rows_bucket(int64_t m) {
   if (m <= 16) return m;
-  if (m <= 256) return (m + 15) / 16 * 16;
+  if (m <= 512) return (m + 15) / 16 * 16;
   if (m <= 1024) return (m + 63) / 64 * 64;
   int64_t b = 2048;
   while (b < m) b *= 2;

@@ -57,14 +57,14 @@ struct TunedGemm {
   cublasLtMatmulAlgo_t algo{};
 };
 
-// The cache key's row count for m rows: exact up to 16, then rounded up to 16 up to 256, to
+// The cache key's row count for m rows: exact up to 16, then rounded up to 16 up to 512, to
 // 64 up to 1024, to a power of two beyond. A server sees every row count from 1 to
 // max_step_rows; tuning each would cost tens of milliseconds a shape each time, while the
 // best tile changes slowly with m. Every m of a bucket runs the algorithm tuned at the
-// bucket's top, so a bucket must be narrow next to the tiles: with buckets of 128 rows up to
-// 1024 (before 2026-11-25), 129 rows ran the tiles chosen for 256 — 128 rows wide, so every
-// weight matrix was read twice — and a speculative t=128 decode step took 11.2 ms instead of
-// ~9.3 (H100).
+// bucket's top, so a bucket must be narrow next to the tiles (H100, 2026-11-25): with buckets
+// of 128 rows from 129 on, 129 rows ran the tiles chosen for 256 (128 rows wide: every weight
+// matrix read twice; speculative t=128 decode step 11.2 ms instead of 9.0), and with buckets
+// of 64 rows 257 rows ran 320's (LM head 507 us against 463 tuned at 257).
 int64_t gemm_rows_bucket(int64_t m);
 
 class LtGemm {

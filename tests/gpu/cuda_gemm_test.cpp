@@ -263,13 +263,14 @@ TEST(LtGemm, RowBuckets) {
   EXPECT_EQ(detail::gemm_rows_bucket(50), 64);
   EXPECT_EQ(detail::gemm_rows_bucket(129), 144);
   EXPECT_EQ(detail::gemm_rows_bucket(256), 256);
-  EXPECT_EQ(detail::gemm_rows_bucket(257), 320);
+  EXPECT_EQ(detail::gemm_rows_bucket(257), 272);
+  EXPECT_EQ(detail::gemm_rows_bucket(513), 576);
   EXPECT_EQ(detail::gemm_rows_bucket(1024), 1024);
   EXPECT_EQ(detail::gemm_rows_bucket(1025), 2048);
   for (int64_t m = 1; m <= 4096; ++m) {
     const int64_t b = detail::gemm_rows_bucket(m);
     EXPECT_GE(b, m);
-    EXPECT_LE(b - m, m <= 256 ? 15 : m <= 1024 ? 63 : m);
+    EXPECT_LE(b - m, m <= 512 ? 15 : m <= 1024 ? 63 : m);
     EXPECT_EQ(detail::gemm_rows_bucket(b), b) << "a bucket's top is its own bucket";
   }
 }
