@@ -129,6 +129,19 @@ float tolerance(cudaDataType_t out) {
   return out == CUDA_R_16F ? 4e-3f : 3e-2f;
 }
 
+// A random weight matrix of the shape (uniform +-1/sqrt(k)) in each of ws, their pointers in
+// set (the tuner cycles through them).
+void random_weights(const Gpu& gpu, cuda::Dtype dt, const Shape& s, uint64_t* seed,
+                    std::vector<DeviceBuffer>* ws, std::vector<const void*>* set) {
+  set->clear();
+  for (DeviceBuffer& w : *ws) {
+    ASSERT_TRUE(w.reserve(size_t(s.n * s.k) * 2, "w").ok());
+    cuda::fill_random(dt, w.ptr, s.n * s.k, (*seed)++, float(1.0 / std::sqrt(double(s.k))), 0.0f,
+                      gpu.stream);
+    set->push_back(w.ptr);
+  }
+}
+
 // Every shape and row count in `in`, each output type the backend uses for it: the tuned
 // result against cublasGemmEx everywhere and a float64 reference on sampled outputs, and a
 // second call bit for bit.
@@ -140,15 +153,9 @@ void run_shapes(cudaDataType_t in) {
   uint64_t seed = 1;
   for (const Shape& s : kShapes) {
     // Two matrices of the shape (one for the LM head) for the tuner to cycle through.
-    const int sets = s.lm_head ? 1 : 2;
-    std::vector<DeviceBuffer> ws(static_cast<size_t>(sets));
+    std::vector<DeviceBuffer> ws(s.lm_head ? 1 : 2);
     std::vector<const void*> set;
-    for (DeviceBuffer& w : ws) {
-      ASSERT_TRUE(w.reserve(size_t(s.n * s.k) * 2, "w").ok());
-      cuda::fill_random(dt, w.ptr, s.n * s.k, seed++, float(1.0 / std::sqrt(double(s.k))), 0.0f,
-                        gpu.stream);
-      set.push_back(w.ptr);
-    }
+    ASSERT_NO_FATAL_FAILURE(random_weights(gpu, dt, s, &seed, &ws, &set));
     for (int64_t m : {1, 7, 50, 257}) {
       DeviceBuffer x, y, y2, ref;
       ASSERT_TRUE(x.reserve(size_t(m * s.k) * 2, "x").ok());
@@ -377,12 +384,7 @@ void run_split_shapes(cudaDataType_t in) {
   for (const Shape& s : {kShapes[1], kShapes[3], kShapes[5]}) {
     std::vector<DeviceBuffer> ws(2);
     std::vector<const void*> set;
-    for (DeviceBuffer& w : ws) {
-      ASSERT_TRUE(w.reserve(size_t(s.n * s.k) * 2, "w").ok());
-      cuda::fill_random(dt, w.ptr, s.n * s.k, seed++, float(1.0 / std::sqrt(double(s.k))), 0.0f,
-                        gpu.stream);
-      set.push_back(w.ptr);
-    }
+    ASSERT_NO_FATAL_FAILURE(random_weights(gpu, dt, s, &seed, &ws, &set));
     const void* w = set.back();
     for (int64_t m : {1, 7, 50, 129}) {
       DeviceBuffer x, full;
