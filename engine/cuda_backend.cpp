@@ -794,17 +794,15 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   // How many split-K parts the residual GEMM x [rows][k] . w [h][k]^T runs as (1: one GEMM;
   // options_.gemm_split_k). Auto takes 2 parts when the tuner's median for them (float parts)
   // beats the unsplit GEMM's (model-dtype output, what runs otherwise) by kSplitMargin, per
-  // (row bucket, k):
-  // O and down decide apart. The choice is made the first time the pair comes outside a
-  // capture — tuning both if they are not yet — and kept for good: a graph is captured only
-  // when a step shape comes a second time in a row, after its eager run decided, and replays
+  // (row bucket, k): O and down decide apart. The choice is made the first time the pair comes
+  // outside a capture — tuning both if they are not yet — and kept for good: a graph is captured
+  // only when a step shape comes a second time in a row, after its eager run decided, and replays
   // it from then on. A pair first met inside a capture (not expected) keeps 1 part.
   Status split_k_parts(const void* x, const void* w, std::span<const void* const> same_shape,
                        int64_t rows, int64_t k, int32_t* parts) {
     *parts = 1;
     const int32_t option = options_.gemm_split_k;
-    // 16-byte slices of the model dtype (LtGemm::run_split_k's requirement).
-    auto splits_into = [k](int32_t p) { return k % p == 0 && (k / p) % 8 == 0; };
+    auto splits_into = [&](int32_t p) { return detail::LtGemm::splits_evenly(k, p, model_type()); };
     if (split_parts_ == nullptr || rows == 0 || rows > kSplitMaxRows) return Status::Ok();
     if (option > 1) {
       if (splits_into(option)) *parts = option;

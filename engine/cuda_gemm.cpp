@@ -191,15 +191,15 @@ Status LtGemm::check_split(int64_t k, int32_t splits, cudaDataType_t in, cudaDat
   if (in != CUDA_R_16F && in != CUDA_R_16BF) {
     return InvalidArgument("GEMM split-K: input must be fp16 or bf16");
   }
-  if (k % splits != 0) {
+  if (!splits_evenly(k, splits, in)) {
     return InvalidArgument("GEMM split-K: k = " + std::to_string(k) + " does not split into " +
-                           std::to_string(splits) + " slices");
-  }
-  if ((k / splits * dtype_bytes(in)) % 16 != 0) {
-    return InvalidArgument("GEMM split-K: a slice of k = " + std::to_string(k) + " / " +
-                           std::to_string(splits) + " elements is not a multiple of 16 bytes");
+                           std::to_string(splits) + " slices of whole 16-byte runs");
   }
   return Status::Ok();
+}
+
+bool LtGemm::splits_evenly(int64_t k, int32_t splits, cudaDataType_t in) {
+  return splits >= 1 && k % splits == 0 && (k / splits * dtype_bytes(in)) % 16 == 0;
 }
 
 // The plan's key: the shape, types and split count, and the alignment cublasLt may assume of

@@ -676,8 +676,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   const int q_row = tid >> 1;  // this thread's query-tile row
   const int q_local = q_row / it.gqa;
   const int32_t q_batch_row = rec[kRecQueryRows + q_local];
-  const bool table_guess = p.table_stride > 0 && item < p.table_items;
-  const int32_t first_entry = table_guess ? p.token_table[int64_t(item) * p.table_stride + tid] : 0;
+  const int32_t first_entry =
+      item < p.table_items ? p.token_table[int64_t(item) * p.table_stride + tid] : 0;
   const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
   if (item >= h.w[kNumItems]) return;
   it.query_begin = rec_a.x;
@@ -1050,10 +1050,8 @@ Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int
   params->page_size = page_size;
   params->heads_first = workspace.plan_header()[kHeadsFirst];
   params->max_items = workspace.limits().max_work_items;
-  const bool table = params->token_table != nullptr && workspace.table_stride() > 0;
-  params->table_stride = table ? workspace.table_stride() : 0;
-  params->table_items =
-      table ? int32_t(workspace.limits().max_table_tokens / workspace.table_stride()) : 0;
+  params->table_items = workspace.table_items();
+  params->table_stride = params->table_items > 0 ? workspace.table_stride() : 0;
   return Status::Ok();
 }
 

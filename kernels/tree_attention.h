@@ -92,7 +92,9 @@ class TreeAttentionWorkspace {
   bool uses_token_table() const { return table_filled_; }   // for the last upload
   // The last upload's table is in the fixed-stride layout (item i's tokens at i * stride).
   bool uses_fixed_table_stride() const { return table_fixed_; }
-  int32_t table_stride() const { return table_stride_; }  // of the fixed-stride layout
+  // The fixed-stride layout: its stride, and the items it holds (0: no table).
+  int32_t table_stride() const { return table_stride_; }
+  int32_t table_items() const { return table_items_; }
 
  private:
   TreeAttentionLimits limits_;
@@ -106,7 +108,7 @@ class TreeAttentionWorkspace {
   int32_t header_[kPlanHeaderWords] = {};
   int32_t num_items_ = 0, num_queries_ = 0, num_partials_ = 0;
   int32_t gqa_group_size_ = 0, page_size_ = 0, max_item_tokens_ = 0;
-  int32_t table_stride_ = 0;
+  int32_t table_stride_ = 0, table_items_ = 0;
   bool table_filled_ = false, table_fixed_ = false;
 };
 

@@ -59,7 +59,7 @@ void TreeAttentionWorkspace::release() {
   if (token_table_ != nullptr) cudaFree(token_table_);
   staging_done_ = host_staging_ = device_plan_ = partial_o_ = partial_lse_ = token_table_ = nullptr;
   table_filled_ = table_fixed_ = false;
-  table_stride_ = 0;
+  table_stride_ = table_items_ = 0;
   plan_words_ = 0;
   num_items_ = num_queries_ = num_partials_ = 0;
 }
@@ -92,6 +92,7 @@ Status TreeAttentionWorkspace::init(const TreeAttentionLimits& limits) {
     // Stage 1 reads an item's first entries before it knows the table's mode: defined words.
     e = cudaMemset(token_table_, 0, size_t(limits.max_table_tokens) * 4);
     if (e != cudaSuccess) return cuda_error("cudaMemset(token table)", e);
+    table_items_ = limits.max_table_tokens / table_stride_;
   }
   cudaEvent_t event;
   e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
@@ -193,7 +194,7 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
     pages_fit = plan.page_table[i] < kTablePageLimit;
   }
   TokenTableMode mode = kTableNone;
-  if (pages_fit && int64_t(ni) * table_stride_ <= limits_.max_table_tokens) {
+  if (pages_fit && int64_t(ni) <= table_items_) {
     mode = kTableFixedStride;
   } else if (pages_fit && table_tokens <= limits_.max_table_tokens) {
     mode = kTablePacked;

@@ -97,6 +97,9 @@ class LtGemm {
   // splits > 1, k % splits == 0, a slice is a multiple of 16 bytes (k / splits % 8 == 0) and
   // `in` is fp16 or bf16.
   static constexpr int32_t kMaxSplits = 8;
+  // Whether k cuts into `splits` slices of whole 16-byte runs of `in` (fp16 or bf16): what
+  // run_split_k needs of k, beside the split count's range and the output type.
+  static bool splits_evenly(int64_t k, int32_t splits, cudaDataType_t in);
   Status run_split_k(const void* x, const void* w, float* y, int64_t m, int64_t n, int64_t k,
                      int32_t splits, cudaDataType_t in, cudaStream_t stream,
                      std::span<const void* const> same_shape = {});
