@@ -63,9 +63,17 @@ struct AttentionPlanConfig {
   // cost, longest first (stable), so the long items do not start last and leave SMs idle at
   // the tail. kInterleaved: by cost, alternating from both ends (longest, shortest, second
   // longest, ...), so the SMs' resident blocks mix compute-heavy items (many query rows) with
-  // memory-heavy ones (decode-shaped) instead of all of one kind at a time.
-  enum class ItemOrder : uint8_t { kPlan, kLongestFirst, kInterleaved, kKvMajor };
+  // memory-heavy ones (decode-shaped) instead of all of one kind at a time. kKvMixed: the
+  // wide items (more than narrow_rows rows) and the narrow ones (decode branches) each in
+  // kKvMajor order, merged in proportion to their counts, so the tensor-bound wide blocks
+  // and the latency-bound narrow ones share the SMs throughout instead of running in two
+  // phases (a shared run's query tiles stay within a few dozen blocks of each other).
+  // Measured on H100 (2026-11-25, bench_tree_attention --order mixed): few-shot P=16000 +
+  // 64x200 GQA 4 110 -> 104 us, GQA 1 207 -> 200, but P=4000 + 30x200 GQA 4 27.5 -> 33.8 and
+  // the tree-of-thought cases 2-5% slower, so kKvMajor stays the default.
+  enum class ItemOrder : uint8_t { kPlan, kLongestFirst, kInterleaved, kKvMajor, kKvMixed };
   ItemOrder item_order = ItemOrder::kKvMajor;
+  int32_t narrow_rows = 16;  // kKvMixed: items of at most this many rows are narrow
 
   // Optional bounds of a preallocated workspace (0 = unbounded): exceeding one returns
   // RESOURCE_EXHAUSTED. num_pages > 0 also checks every page id against the pool.

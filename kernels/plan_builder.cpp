@@ -414,7 +414,8 @@ void PlanBuilder::reorder_items() {
   key.resize(size_t(n));
   for (int32_t i = 0; i < n; ++i) {
     order[size_t(i)] = i;
-    if (c_.item_order == AttentionPlanConfig::ItemOrder::kKvMajor) {
+    if (c_.item_order == AttentionPlanConfig::ItemOrder::kKvMajor ||
+        c_.item_order == AttentionPlanConfig::ItemOrder::kKvMixed) {
       const int32_t g = p.item_segment_begin[size_t(i)];
       key[size_t(i)] = (int64_t(p.seg_node[size_t(g)]) << 32) | p.seg_token_begin[size_t(g)];
     } else {
@@ -430,6 +431,29 @@ void PlanBuilder::reorder_items() {
     tmp.resize(size_t(n));
     for (int32_t i = 0, lo = 0, hi = n - 1; i < n; ++i) {
       tmp[size_t(i)] = order[size_t(i % 2 == 0 ? lo++ : hi--)];
+    }
+    order.swap(tmp);
+  } else if (c_.item_order == AttentionPlanConfig::ItemOrder::kKvMixed) {
+    auto narrow = [&](int32_t i) {
+      return (p.item_query_end[size_t(i)] - p.item_query_begin[size_t(i)]) * p.gqa_group_size <=
+             c_.narrow_rows;
+    };
+    int64_t num_narrow = 0;
+    for (int32_t i = 0; i < n; ++i) num_narrow += narrow(i) ? 1 : 0;
+    const int64_t num_wide = n - num_narrow;
+    // Two cursors over the kv-major order, one per kind; the next item is the kind that is
+    // behind its share (wide first on ties).
+    tmp.resize(size_t(n));
+    int32_t wide_at = 0, narrow_at = 0;
+    int64_t wide_done = 0, narrow_done = 0;
+    for (int32_t i = 0; i < n; ++i) {
+      const bool take_wide =
+          wide_done < num_wide &&
+          (narrow_done == num_narrow || wide_done * num_narrow <= narrow_done * num_wide);
+      int32_t& at = take_wide ? wide_at : narrow_at;
+      while (narrow(order[size_t(at)]) == take_wide) ++at;
+      tmp[size_t(i)] = order[size_t(at++)];
+      ++(take_wide ? wide_done : narrow_done);
     }
     order.swap(tmp);
   }

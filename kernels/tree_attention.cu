@@ -14,8 +14,10 @@
 //    in base 2, mask words applied per (row, token) where the item has them;
 //  - items of more than 16 rows run whole 64-row tiles, one 16-row slab per warp: with wgmma
 //    on sm_90a builds (the 4 warps are one warpgroup; Q and K are read from shared memory by
-//    the tensor cores, m64n64k16, and P V takes P from registers, m64nDk16), with mma.sync
-//    m16n8k16 and ldmatrix elsewhere. Items of one slab (decode items: one query = gqa rows)
+//    the tensor cores, m64n64k16, and P V takes P from registers, m64nDk16; software-pipelined
+//    so that the next tile's S and this tile's P V are in flight together and the next
+//    softmax runs under P V, wgmma_main_loop), with mma.sync m16n8k16 and ldmatrix
+//    elsewhere. Items of one slab (decode items: one query = gqa rows)
 //    split each tile's tokens over the 4 warps (mma.sync), which merge their states at the
 //    end. Both read the same 128-byte-swizzled tiles (swz);
 //  - the partial O (fp32, normalised) and its LSE (base 2) go to the workspace, at the slot
@@ -53,8 +55,10 @@ constexpr int kTileRows = kTreeAttentionTileRows;  // 16 rows per warp
 // 5-20% slower. wgmma's scores tile (m64n64) and swz() assume 64.
 constexpr int kKvTile = 64;  // tokens per K/V tile
 // Two stages at 2 blocks per SM beat 3, 4 and 6 stages at 1 block per SM on every bench case
-// (H100, with wgmma: e.g. few-shot b=50 GQA 4 46 vs 59 us): each block's per-tile chain (wait,
-// S, softmax, P V) is the limit, and two blocks interleave theirs.
+// (H100, with wgmma: e.g. few-shot b=50 GQA 4 46 vs 59 us): a block is mostly ramp (plan,
+// table, first tiles) and two blocks interleave theirs. Three stages at 2 blocks per SM (Q held
+// in registers, its buffer the third stage) measured no better: -1% on few-shot b=50 and
+// P=16000, +3-5% on small trees (H100, 2026-11-25).
 constexpr int kStages = 2;  // K/V tiles resident (kStages - 1 in flight)
 constexpr int kMinBlocksPerSm = 2;
 constexpr int kSegBatch = kThreads;  // segments resolved per pass
@@ -171,8 +175,10 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+// Waits until at most N committed wgmma groups are still in flight (they complete in order).
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 // Shared memory written through the generic proxy (cp.async) made visible to wgmma's reads.
 __device__ __forceinline__ void fence_proxy_async_smem() {
@@ -295,7 +301,14 @@ struct Stage1Params {
   int32_t max_items;
   int32_t table_stride;
   int32_t table_items;
+  TreeAttentionBlockTrace* trace;  // null unless the workspace's block trace is enabled
 };
+
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
 
 template <int D>
 constexpr int stage1_smem_bytes_fixed() {
@@ -379,6 +392,201 @@ struct ItemTile {
   const int32_t* partial_slot;  // where partial (query_begin + local query) is stored
 };
 
+// Online-softmax step of one tile for this thread's rows r0 and r0 + 8: s holds the raw
+// Q K^T scores of its kN n-tiles (tokens tile_begin + tok0 + 8 j + 2 (lane % 4) + {0, 1});
+// invisible tokens (past the item's end, or masked) are dropped, s becomes the probabilities
+// against the rows' new running max (base 2), row_max and row_sum are updated, and alpha gets
+// the factor the rows' O accumulators must be scaled by (rescale_o).
+template <int kN>
+__device__ __forceinline__ void softmax_tile(float (&s)[kN][4], const ItemTile& it, int tile_begin,
+                                             int tok0, const uint32_t* const (&row_mask)[2],
+                                             float scale_log2, float (&row_max)[2],
+                                             float (&row_sum)[2], float (&alpha)[2]) {
+  const int lane = threadIdx.x & 31;
+  // Full tiles of unmasked items (the bulk of long chunks) skip the per-score visibility
+  // test: it costs more issue slots than the max it feeds (block-uniform branch).
+  const bool all_visible = it.mask_offset < 0 && it.num_tokens - tile_begin >= kKvTile;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!all_visible) {
+      uint64_t visible = ~uint64_t(0);  // bit c: token tile_begin + c is visible
+      const int remaining = it.num_tokens - tile_begin;
+      if (remaining < 64) visible = (uint64_t(1) << remaining) - 1;
+      if (row_mask[i] != nullptr) {
+        const int w = tile_begin >> 5;  // tiles start on mask-word boundaries
+        uint64_t bits = row_mask[i][w];
+        if (kKvTile > 32 && w + 1 < it.words_per_row) bits |= uint64_t(row_mask[i][w + 1]) << 32;
+        visible &= bits;
+      }
+      visible >>= tok0;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * j + 2 * (lane & 3) + e;
+          if (!((visible >> c) & 1)) s[j][2 * i + e] = -INFINITY;
+        }
+      }
+    }
+    // Raw scores here; the scale (> 0) is folded into the exponent below.
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float new_max = fmaxf(row_max[i], mx * scale_log2);
+    const float base = new_max == -INFINITY ? 0.f : new_max;  // all masked so far
+    alpha[i] = fast_exp2(row_max[i] - base);
+    row_max[i] = new_max;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pr = fast_exp2(fmaf(s[j][2 * i + e], scale_log2, -base));
+        s[j][2 * i + e] = pr;
+        sum += pr;
+      }
+    }
+    row_sum[i] = row_sum[i] * alpha[i] + sum;  // per-thread share; quad-reduced at the end
+  }
+}
+
+// O *= alpha per row. It costs D / 4 multiplies per row pair: skipped (warp-uniformly) once
+// the row maxima have settled, which after the first tiles is the common case.
+template <int D>
+__device__ __forceinline__ void rescale_o(float (&o_acc)[D / 8][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (__any_sync(0xffffffffu, alpha[i] != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o_acc[j][2 * i] *= alpha[i];
+        o_acc[j][2 * i + 1] *= alpha[i];
+      }
+    }
+  }
+}
+
+// The wgmma main loop (sm_90a; whole 64-row tiles, the block's 4 warps one warpgroup),
+// software-pipelined as FlashAttention-3's intra-warpgroup overlap: step t issues
+// S_{t+1} = Q K_{t+1}^T and O += P_t V_t together and runs tile t + 1's softmax while P_t V_t
+// is on the tensor cores, then rescales O. K and V stream in separately, kStages (2) buffers
+// each: at the top of step t, K_{t+2} and V_{t+1} go out into the buffers of K_t (read by
+// S_t, done) and V_{t-1} (read by P_{t-1} V_{t-1}, done), while K_{t+1} and V_t, sent one step
+// earlier, are waited for. The caller has committed the group {Q, K_0, V_0}. Scores: D / 16
+// k-steps of 16 head dims (32 bytes inside a 128-byte swizzled row; steps 4-7 in the second
+// column half); P V: k-steps of 16 tokens (2048 bytes of V rows), V MN-major (head dims
+// contiguous), its two 64-column halves kSwzHalfBytes apart. Measured on H100 against the
+// unpipelined loop (S, softmax, P V per tile), same run: 1-3% faster on the cases with wide
+// items (speculative t=256 GQA 4 89.3 -> 87.3 us), none slower.
+template <int D, typename T, typename LoadTile>
+__device__ __forceinline__ void wgmma_main_loop(const Stage1Params& p, const ItemTile& it,
+                                                const uint32_t* const (&row_mask)[2], const T* s_q,
+                                                T* s_k, T* s_v, LoadTile&& load_tile,
+                                                float (&o_acc)[D / 8][4], float (&row_max)[2],
+                                                float (&row_sum)[2]) {
+  static_assert(kStages == 2, "K_{t+2} reuses K_t's buffer, V_{t+1} V_{t-1}'s");
+  const int n = it.num_tiles;
+  if (n == 0) return;
+  // S = Q K_tile^T into s, committed as one group. The caller zeroes s before its
+  // wgmma_fence (accumulator registers written after the fence make ptxas serialise).
+  auto issue_scores = [&](float(&s)[8][4], int tile) {
+    const T* k_tile = s_k + (tile % kStages) * kKvTile * D;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t off = (kk >> 2) * kSwzHalfBytes + (kk & 3) * 32;
+      Wgmma<T>::ss_n64(s, sw128_desc(smem_u32(s_q) + off, 16, 1024),
+                       sw128_desc(smem_u32(k_tile) + off, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+  };
+  // O += P V_tile, committed as one group.
+  auto issue_pv = [&](const uint32_t(&pa)[kKvTile / 16][4], int tile) {
+    const T* v_tile = s_v + (tile % kStages) * kKvTile * D;
+#pragma unroll
+    for (int kk = 0; kk < kKvTile / 16; ++kk) {
+      const uint64_t b = sw128_desc(smem_u32(v_tile) + kk * 16 * 128, kSwzHalfBytes, 1024);
+      if constexpr (D == 128) {
+        Wgmma<T>::rs_n128(o_acc, pa[kk], b);
+      } else {
+        Wgmma<T>::rs_n64(o_acc, pa[kk], b);
+      }
+    }
+    wgmma_commit();
+  };
+  auto zero_scores = [](float(&s)[8][4]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+  };
+  float s[8][4];
+  // P of two consecutive tiles: P_t is the A operand of the product in flight while P_{t+1}
+  // is packed, so the steps alternate the two buffers (a copy would let ptxas coalesce them
+  // and serialise the products).
+  uint32_t pa0[kKvTile / 16][4], pa1[kKvTile / 16][4];
+  if (n > 1) load_tile(1, 1, true, false);
+  cp_async_commit();
+  cp_async_wait<1>();        // Q, K_0, V_0
+  fence_proxy_async_smem();  // cp.async data -> wgmma's reads
+  __syncthreads();
+  {
+    zero_scores(s);
+    wgmma_fence();
+    issue_scores(s, 0);
+    wgmma_wait<0>();
+    fence_regs(s);
+    float alpha[2];  // O is still zero: nothing to rescale
+    softmax_tile(s, it, 0, 0, row_mask, p.scale_log2, row_max, row_sum, alpha);
+#pragma unroll
+    for (int kk = 0; kk < kKvTile / 16; ++kk) pack_p<T>(s, kk, pa0[kk]);
+  }
+  // Step t < n - 1 (P_t in cur): no branch between a wgmma's issue and its wait, so ptxas
+  // sees which group each wait retires (and keeps the two products in flight together).
+  auto step = [&](int t, const uint32_t(&cur)[kKvTile / 16][4], uint32_t(&nxt)[kKvTile / 16][4]) {
+    __syncthreads();  // every warp is done with K_t and V_{t-1}: their buffers refill
+    if (t + 2 < n) load_tile(t + 2, t % kStages, true, false);
+    load_tile(t + 1, (t + 1) % kStages, false, true);
+    cp_async_commit();
+    cp_async_wait<1>();  // K_{t+1} and V_t (this thread's copies)
+    fence_proxy_async_smem();
+    __syncthreads();
+    zero_scores(s);
+    wgmma_fence();
+    issue_scores(s, t + 1);
+    issue_pv(cur, t);
+    wgmma_wait<1>();  // S_{t+1}; P_t V_t may still run
+    fence_regs(s);
+    float alpha[2];
+    softmax_tile(s, it, (t + 1) * kKvTile, 0, row_mask, p.scale_log2, row_max, row_sum, alpha);
+#pragma unroll
+    for (int kk = 0; kk < kKvTile / 16; ++kk) pack_p<T>(s, kk, nxt[kk]);
+    wgmma_wait<0>();
+    fence_regs(o_acc);
+    rescale_o<D>(o_acc, alpha);
+  };
+  int t = 0;
+  for (; t + 2 < n; t += 2) {
+    step(t, pa0, pa1);
+    step(t + 1, pa1, pa0);
+  }
+  // The last tile's P V (its V came with the previous step's group, or with Q).
+  auto last = [&](const uint32_t(&cur)[kKvTile / 16][4]) {
+    cp_async_wait<0>();
+    fence_proxy_async_smem();
+    __syncthreads();
+    wgmma_fence();
+    issue_pv(cur, n - 1);
+    wgmma_wait<0>();
+    fence_regs(o_acc);
+  };
+  if (t + 1 < n) {  // one more step: the last tile's P lands in pa1
+    step(t, pa0, pa1);
+    last(pa1);
+  } else {
+    last(pa0);
+  }
+}
+
 // Main loop and epilogue of stage 1. kSplit warps share each 16-row slab and split every
 // 64-token tile between them (kKvTile / kSplit tokens each), so an item with few rows (a
 // decode branch: gqa rows) still spreads its MMAs over all four warps (and the SM's four
@@ -412,37 +620,23 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
 
   // Whole 64-row tiles (one slab per warp) multiply with wgmma where the build targets sm_90a:
   // the block's 4 warps are one warpgroup, and all of them take part (pad rows are zero).
-  constexpr bool kWgmma = TS_WGMMA != 0 && kSplit == 1;
-  for (int tile = 0; tile < it.num_tiles; ++tile) {
-    // Refill the stage consumed in the previous iteration (freed by its trailing barrier).
-    const int ahead = tile + kStages - 1;
-    if (ahead < it.num_tiles) load_tile(ahead, ahead % kStages);
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();
-    if constexpr (kWgmma) fence_proxy_async_smem();  // cp.async data -> wgmma's reads
-    __syncthreads();
-    if (kWgmma || warp_active) {
-      const T* k_tile = s_k + (tile % kStages) * kKvTile * D;
-      const T* v_tile = s_v + (tile % kStages) * kKvTile * D;
-      // S = Q K^T over this warp's kTok tokens: 16 rows x kTok, kN n-tiles of 8 tokens.
-      float s[kN][4];
+  if constexpr (TS_WGMMA != 0 && kSplit == 1) {
+    wgmma_main_loop<D, T>(p, it, row_mask, s_q, s_k, s_v, load_tile, o_acc, row_max, row_sum);
+  } else {
+    for (int tile = 0; tile < it.num_tiles; ++tile) {
+      // Refill the stage consumed in the previous iteration (freed by its trailing barrier).
+      const int ahead = tile + kStages - 1;
+      if (ahead < it.num_tiles) load_tile(ahead, ahead % kStages, true, true);
+      cp_async_commit();
+      cp_async_wait<kStages - 1>();
+      __syncthreads();
+      if (warp_active) {
+        const T* k_tile = s_k + (tile % kStages) * kKvTile * D;
+        const T* v_tile = s_v + (tile % kStages) * kKvTile * D;
+        // S = Q K^T over this warp's kTok tokens: 16 rows x kTok, kN n-tiles of 8 tokens.
+        float s[kN][4];
 #pragma unroll
-      for (int j = 0; j < kN; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-      if constexpr (kWgmma) {
-        // 64 x 64 scores of the warpgroup: D / 16 k-steps of 16 head dims (32 bytes inside
-        // a 128-byte swizzled row; steps 4-7 in the second column half).
-        static_assert(kN == 8, "wgmma scores one 64-token tile");
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          const uint32_t off = (kk >> 2) * kSwzHalfBytes + (kk & 3) * 32;
-          Wgmma<T>::ss_n64(s, sw128_desc(smem_u32(s_q) + off, 16, 1024),
-                           sw128_desc(smem_u32(k_tile) + off, 16, 1024), kk > 0);
-        }
-        wgmma_commit();
-        wgmma_wait_all();
-        fence_regs(s);
-      } else {
+        for (int j = 0; j < kN; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
           // Q fragments are re-read from shared memory per k-step rather than held for the
@@ -461,90 +655,10 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
             Dtype<T>::mma(s[2 * jj + 1], qa, b[2], b[3]);
           }
         }
-      }
-      // Scale to base 2, mask, online softmax.
-      const int tile_begin = tile * kKvTile;
-      // Full tiles of unmasked items (the bulk of long chunks) skip the per-score visibility
-      // test: it costs more issue slots than the max it feeds (block-uniform branch).
-      const bool all_visible = it.mask_offset < 0 && it.num_tokens - tile_begin >= kKvTile;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        if (!all_visible) {
-          uint64_t visible = ~uint64_t(0);  // bit c: token tile_begin + c is visible
-          const int remaining = it.num_tokens - tile_begin;
-          if (remaining < 64) visible = (uint64_t(1) << remaining) - 1;
-          if (row_mask[i] != nullptr) {
-            const int w = tile_begin >> 5;  // tiles start on mask-word boundaries
-            uint64_t bits = row_mask[i][w];
-            if (kKvTile > 32 && w + 1 < it.words_per_row) {
-              bits |= uint64_t(row_mask[i][w + 1]) << 32;
-            }
-            visible &= bits;
-          }
-          visible >>= tok0;
-#pragma unroll
-          for (int j = 0; j < kN; ++j) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int c = 8 * j + 2 * (lane & 3) + e;
-              if (!((visible >> c) & 1)) s[j][2 * i + e] = -INFINITY;
-            }
-          }
-        }
-        // Raw scores here; the scale (> 0) is folded into the exponent below.
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < kN; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float new_max = fmaxf(row_max[i], mx * p.scale_log2);
-        const float base = new_max == -INFINITY ? 0.f : new_max;  // all masked so far
-        const float alpha = fast_exp2(row_max[i] - base);
-        row_max[i] = new_max;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < kN; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pr = fast_exp2(fmaf(s[j][2 * i + e], p.scale_log2, -base));
-            s[j][2 * i + e] = pr;
-            sum += pr;
-          }
-        }
-        row_sum[i] = row_sum[i] * alpha + sum;  // per-thread share; quad-reduced at the end
-        // Rescaling O costs D / 4 multiplies per row pair: skip it (warp-uniformly) once the
-        // row maxima have settled, which after the first tiles is the common case.
-        if (__any_sync(0xffffffffu, alpha != 1.f)) {
-#pragma unroll
-          for (int j = 0; j < D / 8; ++j) {
-            o_acc[j][2 * i] *= alpha;
-            o_acc[j][2 * i + 1] *= alpha;
-          }
-        }
-      }
-      // O += P V: P's accumulator layout is the A-fragment layout of the next MMA.
-      if constexpr (kWgmma) {
-        // k-steps of 16 tokens (2048 bytes of V rows); V is MN-major (head dims contiguous),
-        // its two 64-column halves kSwzHalfBytes apart.
-        // P is packed before the fence: registers written between wgmmas would make ptxas
-        // serialise them (warpgroup.arrive).
-        uint32_t pa[kTok / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < kTok / 16; ++kk) pack_p<T>(s, kk, pa[kk]);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kTok / 16; ++kk) {
-          const uint64_t b = sw128_desc(smem_u32(v_tile) + kk * 16 * 128, kSwzHalfBytes, 1024);
-          if constexpr (D == 128) {
-            Wgmma<T>::rs_n128(o_acc, pa[kk], b);
-          } else {
-            Wgmma<T>::rs_n64(o_acc, pa[kk], b);
-          }
-        }
-        wgmma_commit();
-        wgmma_wait_all();  // V's stage is refilled after the barrier below
-        fence_regs(o_acc);
-      } else {
+        float alpha[2];
+        softmax_tile(s, it, tile * kKvTile, tok0, row_mask, p.scale_log2, row_max, row_sum, alpha);
+        rescale_o<D>(o_acc, alpha);
+        // O += P V: P's accumulator layout is the A-fragment layout of the next MMA.
 #pragma unroll
         for (int kk = 0; kk < kTok / 16; ++kk) {
           uint32_t a[4];
@@ -559,8 +673,8 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
           }
         }
       }
+      __syncthreads();  // this stage is overwritten by the next iteration's load
     }
-    __syncthreads();  // this stage is overwritten by the next iteration's load
   }
 
 #pragma unroll
@@ -654,6 +768,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const int32_t* plan = p.plan;
   const int tid = threadIdx.x;
+  const uint64_t start_ns = p.trace != nullptr && tid == 0 ? global_ns() : 0;
   // One-dimensional grid of items x kv heads (TreeAttentionGrid launches: grid.items items),
   // in the order the plan asks for (AttentionPlan::heads_first).
   const int grid_items = gridDim.x / p.num_kv_heads;
@@ -756,7 +871,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   constexpr int kTpr = kChunks / 4;              // threads per token row
   constexpr int kRowsPerPass = kThreads / kTpr;  // 32 (head_dim 128) or 64 (head_dim 64)
   static_assert(kKvTile % kRowsPerPass == 0, "whole passes per tile");
-  auto load_tile = [&](int tile, int stage) {
+  // Copies tile `tile`'s K rows (with_k) and V rows (with_v) into buffer `stage`.
+  auto load_tile = [&](int tile, int stage, bool with_k, bool with_v) {
     T* dk = s_k + stage * kKvTile * D;
     T* dv = s_v + stage * kKvTile * D;
 #pragma unroll
@@ -769,20 +885,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
       for (int j = 0; j < 4; ++j) {
         const int c = tid % kTpr + kTpr * j;
         const int64_t off = valid ? row + c * 8 : 0;
-        cp_async_16(smem_u32(dk + swz<D>(r, c)), k_pool + off, valid);
-        cp_async_16(smem_u32(dv + swz<D>(r, c)), v_pool + off, valid);
+        if (with_k) cp_async_16(smem_u32(dk + swz<D>(r, c)), k_pool + off, valid);
+        if (with_v) cp_async_16(smem_u32(dv + swz<D>(r, c)), v_pool + off, valid);
       }
     }
   };
-  // Groups 0 .. kStages - 2: Q with the first tile, then one tile each (possibly empty).
-  static_assert(kStages * kKvTile <= kThreads, "the first tiles' entries are loaded first");
-#pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) {
-    if (t < it.num_tiles) load_tile(t, t);
-    cp_async_commit();
-  }
+  // Group 0: Q with the first tile. The main loops load tile 1 before their first barrier.
+  static_assert(2 * kKvTile <= kThreads, "tiles 0 and 1 read the first table entries");
+  if (it.num_tiles > 0) load_tile(0, 0, true, true);
+  cp_async_commit();
   // The fixed-stride table's later entries, while the first tiles are in flight: the main
-  // loop's first barrier orders these writes before the load of tile kStages.
+  // loop's first barrier orders these writes before the load of tile 2.
   for (int t = rest_begin + tid; t < it.num_tokens; t += kThreads) tok[t] = table_row(entries[t]);
 
   constexpr int kMaxSplit = kKvTile / 16 < kWarps ? kKvTile / 16 : kWarps;
@@ -795,6 +908,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
     attend<D, T, kMaxSplit>(p, it, mask_words, s_q, s_k, s_v, load_tile);
   } else {
     attend<D, T, 1>(p, it, mask_words, s_q, s_k, s_v, load_tile);
+  }
+  if (p.trace != nullptr && tid == 0) {
+    TreeAttentionBlockTrace r;
+    r.start_ns = start_ns;
+    r.end_ns = global_ns();
+    asm volatile("mov.u32 %0, %smid;" : "=r"(r.sm));
+    r.block = blockIdx.x;
+    r.item = item;
+    r.kv_head = it.kv_head;
+    r.rows = it.num_rows;
+    r.tokens = it.num_tokens;
+    p.trace[int64_t(item) * p.num_kv_heads + it.kv_head] = r;
   }
   // The merge grid (programmatic dependent launch) may start once every block got here.
   pdl_trigger();
@@ -1052,6 +1177,7 @@ Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int
   params->max_items = workspace.limits().max_work_items;
   params->table_items = workspace.table_items();
   params->table_stride = params->table_items > 0 ? workspace.table_stride() : 0;
+  params->trace = static_cast<TreeAttentionBlockTrace*>(workspace.block_trace());
   return Status::Ok();
 }
 

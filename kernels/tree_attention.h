@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "common/status.h"
 #include "kernels/attention_plan.h"
@@ -54,6 +55,19 @@ struct TreeAttentionLimits {
   int32_t max_head_dim = 128;
 
   void apply_to(AttentionPlanConfig* config) const;
+};
+
+// One stage 1 block's record (TreeAttentionWorkspace::enable_block_trace): %globaltimer
+// nanoseconds at its start and end, the SM it ran on, its grid index, and its item's shape.
+struct TreeAttentionBlockTrace {
+  uint64_t start_ns = 0;
+  uint64_t end_ns = 0;
+  int32_t sm = 0;
+  int32_t block = 0;
+  int32_t item = 0;
+  int32_t kv_head = 0;
+  int32_t rows = 0;    // query-tile rows (item queries x gqa)
+  int32_t tokens = 0;  // KV tokens of the item
 };
 
 class TreeAttentionWorkspace {
@@ -96,6 +110,16 @@ class TreeAttentionWorkspace {
   int32_t table_stride() const { return table_stride_; }
   int32_t table_items() const { return table_items_; }
 
+  // Diagnostics (bench_tree_attention --trace): once enabled, every stage 1 launch with this
+  // workspace records one TreeAttentionBlockTrace per block that ran an item (thread 0 stamps
+  // %globaltimer at the block's start and after its partials are written). Off by default: a
+  // launch without it only tests a null pointer.
+  Status enable_block_trace();
+  // Copies out the records of the blocks that ran since the last call (in no particular order)
+  // and clears the buffer. Synchronises the device.
+  Status download_block_trace(std::vector<TreeAttentionBlockTrace>* out);
+  void* block_trace() const { return block_trace_; }
+
  private:
   TreeAttentionLimits limits_;
   void* device_plan_ = nullptr;  // int32 header + arrays at offsets fixed by limits_
@@ -104,6 +128,7 @@ class TreeAttentionWorkspace {
   void* partial_o_ = nullptr;
   void* partial_lse_ = nullptr;
   void* token_table_ = nullptr;
+  void* block_trace_ = nullptr;  // TreeAttentionBlockTrace [max_work_items * max_num_q_heads]
   int64_t plan_words_ = 0;
   int32_t header_[kPlanHeaderWords] = {};
   int32_t num_items_ = 0, num_queries_ = 0, num_partials_ = 0;

@@ -35,6 +35,11 @@ int64_t capacity_words(const TreeAttentionLimits& l) {
 // Packed table entries hold the physical page in 23 bits (slot: 8 bits, page_size <= 256).
 constexpr int32_t kTablePageLimit = 1 << 23;
 
+// Trace records: one per (item, kv head) block; kv heads <= q heads.
+size_t block_trace_capacity(const TreeAttentionLimits& limits) {
+  return size_t(limits.max_work_items) * size_t(limits.max_num_q_heads);
+}
+
 }  // namespace
 
 void TreeAttentionLimits::apply_to(AttentionPlanConfig* config) const {
@@ -57,7 +62,9 @@ void TreeAttentionWorkspace::release() {
   if (partial_o_ != nullptr) cudaFree(partial_o_);
   if (partial_lse_ != nullptr) cudaFree(partial_lse_);
   if (token_table_ != nullptr) cudaFree(token_table_);
+  if (block_trace_ != nullptr) cudaFree(block_trace_);
   staging_done_ = host_staging_ = device_plan_ = partial_o_ = partial_lse_ = token_table_ = nullptr;
+  block_trace_ = nullptr;
   table_filled_ = table_fixed_ = false;
   table_stride_ = table_items_ = 0;
   plan_words_ = 0;
@@ -102,6 +109,32 @@ Status TreeAttentionWorkspace::init(const TreeAttentionLimits& limits) {
   // 1 reads a record before it checks the item count).
   e = cudaMemset(device_plan_, 0, size_t(plan_words_) * 4);
   if (e != cudaSuccess) return cuda_error("cudaMemset(plan)", e);
+  return Status::Ok();
+}
+
+Status TreeAttentionWorkspace::enable_block_trace() {
+  if (!initialized()) return FailedPrecondition("enable_block_trace before init");
+  if (block_trace_ != nullptr) return Status::Ok();
+  const size_t bytes = block_trace_capacity(limits_) * sizeof(TreeAttentionBlockTrace);
+  cudaError_t e = cudaMalloc(&block_trace_, bytes);
+  if (e != cudaSuccess) return cuda_error("cudaMalloc(block trace)", e);
+  e = cudaMemset(block_trace_, 0, bytes);
+  if (e != cudaSuccess) return cuda_error("cudaMemset(block trace)", e);
+  return Status::Ok();
+}
+
+Status TreeAttentionWorkspace::download_block_trace(std::vector<TreeAttentionBlockTrace>* out) {
+  out->clear();
+  if (block_trace_ == nullptr) return FailedPrecondition("block trace not enabled");
+  std::vector<TreeAttentionBlockTrace> all(block_trace_capacity(limits_));
+  const size_t bytes = all.size() * sizeof(TreeAttentionBlockTrace);
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaMemcpy(all.data(), block_trace_, bytes, cudaMemcpyDeviceToHost);
+  if (e == cudaSuccess) e = cudaMemset(block_trace_, 0, bytes);
+  if (e != cudaSuccess) return cuda_error("block trace download", e);
+  for (const TreeAttentionBlockTrace& r : all) {
+    if (r.end_ns != 0) out->push_back(r);
+  }
   return Status::Ok();
 }
 

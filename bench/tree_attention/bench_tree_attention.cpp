@@ -9,13 +9,18 @@
 //
 // usage: bench_tree_attention [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush]
 //                             [--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X]
-//                             [--order kv|plan|longest|interleaved]   (launch order of the items)
+//                             [--order kv|mixed|plan|longest|interleaved]   (launch order of the
+//                             items)
 //                             [--table fixed|packed|none]  (token table layout the workspace
 //                                                          allows; A/B; --no-token-table = none)
 //                             [--grid]   (bucketed grids reading the header on the device, as
 //                                         the engine's CUDA graphs launch)
 //                             [--few-shot P,B,S]...  (only these cases: a P-token prompt with
 //                                                     B branches of S tokens; repeatable)
+//                             [--trace PATH]  (after timing, one more flushed launch of each
+//                                              case's plan with the stage 1 block trace on:
+//                                              a CSV row per block, times in ns from the first
+//                                              block's start)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,6 +58,7 @@ struct Options {
   std::string table = "fixed";
   bool grid_launch = false;  // launch as the engine's CUDA graphs do (TreeAttentionGrid)
   std::vector<std::array<int32_t, 3>> few_shot;  // --few-shot P,B,S: custom cases only
+  std::string trace_path;                        // --trace: stage 1 block trace CSV
 };
 
 struct Case {
@@ -195,6 +201,38 @@ double plan_build_us(const testing::TreeCase& tree, const AttentionPlanConfig& c
   return median(us);
 }
 
+// Appends the stage 1 block trace of one flushed launch to path (a header line first when
+// the file is new): case, heads, block, item, kv head, rows, tokens, SM, start and end ns
+// from the launch's first block start.
+template <typename F>
+void write_trace(const std::string& path, const Result& r, TreeAttentionWorkspace* ws, Timer* timer,
+                 F launch) {
+  CHECK_OK(ws->enable_block_trace());
+  std::vector<TreeAttentionBlockTrace> trace;
+  CHECK_OK(ws->download_block_trace(&trace));  // clears what earlier launches left
+  timer->median_us(1, launch);                 // the last of its 4 launches stays recorded
+  CHECK_OK(ws->download_block_trace(&trace));
+  if (trace.empty()) return;
+  uint64_t t0 = trace[0].start_ns;
+  for (const TreeAttentionBlockTrace& b : trace) t0 = std::min(t0, b.start_ns);
+  FILE* probe = std::fopen(path.c_str(), "r");
+  const bool fresh = probe == nullptr;
+  if (probe != nullptr) std::fclose(probe);
+  FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return;
+  }
+  if (fresh) std::fprintf(f, "case,heads,block,item,kv_head,rows,tokens,sm,start_ns,end_ns\n");
+  for (const TreeAttentionBlockTrace& b : trace) {
+    std::fprintf(f, "%s,%d/%d,%d,%d,%d,%d,%d,%d,%llu,%llu\n", r.name.c_str(), r.num_q_heads,
+                 r.num_kv_heads, b.block, b.item, b.kv_head, b.rows, b.tokens, b.sm,
+                 static_cast<unsigned long long>(b.start_ns - t0),
+                 static_cast<unsigned long long>(b.end_ns - t0));
+  }
+  std::fclose(f);
+}
+
 Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_t num_sms,
                 double copy_bw, const Options& opt, Timer* timer) {
   constexpr int32_t kHeadDim = 128;
@@ -267,6 +305,9 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
       timer->median_us(opt.reps, [&] { CHECK_OK(problem.launch_uploaded(ws, nullptr, grid)); });
   r.baseline_us = timer->median_us(
       opt.reps, [&] { CHECK_OK(problem.launch_uploaded(ws_base, nullptr, grid_base)); });
+  if (!opt.trace_path.empty())
+    write_trace(opt.trace_path, r, &ws, timer,
+                [&] { CHECK_OK(problem.launch_uploaded(ws, nullptr, grid)); });
   r.bound_us = double(unique) / copy_bw * 1e6;
   r.tbps = double(unique) / (r.median_us * 1e-6) / 1e12;
   r.copy_fraction = double(unique) / (r.median_us * 1e-6) / copy_bw;
@@ -337,6 +378,8 @@ int main_impl(int argc, char** argv) {
         std::fprintf(stderr, "--table: fixed, packed or none, not %s\n", opt.table.c_str());
         return 2;
       }
+    } else if (a == "--trace") {
+      opt.trace_path = next();
     } else if (a == "--grid") {
       opt.grid_launch = true;
     } else if (a == "--few-shot") {
@@ -357,19 +400,23 @@ int main_impl(int argc, char** argv) {
         opt.item_order = AttentionPlanConfig::ItemOrder::kPlan;
       } else if (o == "longest") {
         opt.item_order = AttentionPlanConfig::ItemOrder::kLongestFirst;
+      } else if (o == "mixed") {
+        opt.item_order = AttentionPlanConfig::ItemOrder::kKvMixed;
       } else if (o == "interleaved") {
         opt.item_order = AttentionPlanConfig::ItemOrder::kInterleaved;
       } else {
-        std::fprintf(stderr, "--order: kv, plan, longest or interleaved, not %s\n", o.c_str());
+        std::fprintf(stderr, "--order: kv, mixed, plan, longest or interleaved, not %s\n",
+                     o.c_str());
         return 2;
       }
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush] "
-                   "[--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X] "
-                   "[--order kv|plan|longest|interleaved] [--table fixed|packed|none] [--grid] "
-                   "[--few-shot P,B,S]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush] "
+          "[--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X] "
+          "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] [--grid] "
+          "[--few-shot P,B,S] [--trace PATH]\n",
+          argv[0]);
       return 2;
     }
   }

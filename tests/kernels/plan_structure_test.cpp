@@ -4,7 +4,10 @@
 // on built and corrupted plans.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/attention_plan.h"
 #include "kernels/testing/random_tree.h"
@@ -199,6 +202,44 @@ TEST(PlanStructure, KvMajorOrderPutsTheQueryTilesOfAChunkSideBySide) {
   EXPECT_EQ(adjacent_repeats(kv), 32 * 3);  // each chunk's 4 tiles together
   EXPECT_EQ(adjacent_repeats(plain), 0) << "the built order already groups the tiles";
   EXPECT_EQ(plain.item_queries, kv.item_queries);  // same partial slots, only the order moves
+}
+
+TEST(PlanStructure, KvMixedOrderSpreadsNarrowItemsAmongWideOnes) {
+  // Few-shot b=50 at GQA 4: the prompt's chunks are read by wide items (16 queries x 4 heads),
+  // each branch by a narrow one (4 rows). Mixed keeps each kind in kv-major order and spreads
+  // the narrow items evenly among the wide ones.
+  const TreeCase c = testing::few_shot_case(4000, 50, 200, 16, 4);
+  const AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
+  AttentionPlan kv, mixed;
+  build_in_two_orders(c, config, AttentionPlanConfig::ItemOrder::kKvMajor,
+                      AttentionPlanConfig::ItemOrder::kKvMixed, &kv, &mixed);
+  auto narrow = [&](const AttentionPlan& p, int32_t i) {
+    return (p.item_query_end[i] - p.item_query_begin[i]) * p.gqa_group_size <= config.narrow_rows;
+  };
+  auto kinds = [&](const AttentionPlan& p, bool want_narrow) {
+    std::vector<std::pair<int32_t, int32_t>> items;  // (first segment's node, token) per item
+    for (int32_t i = 0; i < p.num_items(); ++i) {
+      if (narrow(p, i) != want_narrow) continue;
+      const int32_t g = p.item_segment_begin[i];
+      items.emplace_back(p.seg_node[g], p.seg_token_begin[g]);
+    }
+    return items;
+  };
+  const int32_t n = mixed.num_items();
+  const auto wide = kinds(mixed, false), narrows = kinds(mixed, true);
+  ASSERT_GT(wide.size(), 8u);
+  ASSERT_GT(narrows.size(), 8u);
+  EXPECT_EQ(kinds(kv, false), wide) << "wide items keep their kv-major order";
+  EXPECT_EQ(kinds(kv, true), narrows) << "narrow items keep their kv-major order";
+  EXPECT_FALSE(narrow(kv, 0)) << "kv-major: the prompt's (wide) items come first";
+  // Every prefix of the mixed order holds each kind in proportion, within one item.
+  int64_t seen_narrow = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    seen_narrow += narrow(mixed, i) ? 1 : 0;
+    const double share = double(i + 1) * double(narrows.size()) / n;
+    EXPECT_LE(std::abs(double(seen_narrow) - share), 1.0) << "after item " << i;
+  }
+  EXPECT_EQ(kv.item_queries, mixed.item_queries);  // same partial slots, only the order moves
 }
 
 // Tokens of run `node` read by the plan, over all items.
