@@ -1,0 +1,541 @@
+// Stage 1 of the tree-attention kernel (kernels/tree_attention.cu; device code, one
+// includer): its launch parameters, block shape and pipeline constants, the token resolution,
+// and attend(): the main loops (wgmma on sm_90a for whole 64-row tiles, mma.sync with a token
+// split for one-slab items) and the partials' epilogue. The kernel itself, the merge and the
+// launchers stay in the .cu; the file comment there describes the whole scheme.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/detail/tree_attention_layout.h"
+#include "kernels/detail/tree_attention_mma.cuh"
+#include "kernels/tree_attention.h"
+
+namespace treeserve::detail::ta {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTileRows = kTreeAttentionTileRows;  // 16 rows per warp
+// 64-token tiles, double-buffered: 2 blocks (8 warps) per SM at ~86 KB of shared memory and
+// 177 registers (head_dim 128, no spills). Measured on H100 (mma.sync, before wgmma) the same
+// as 32-token tiles 4 deep for the tree plans, and faster for decode-shaped items (4-way token
+// split needs 64-token tiles); 32-token tiles 3 deep at 3 blocks per SM (168 registers) were
+// 5-20% slower. wgmma's scores tile (m64n64) and swz() assume 64.
+constexpr int kKvTile = 64;  // tokens per K/V tile
+// Two stages at 2 blocks per SM beat 3, 4 and 6 stages at 1 block per SM on every bench case
+// (H100, with wgmma: e.g. few-shot b=50 GQA 4 46 vs 59 us): a block is mostly ramp (plan,
+// table, first tiles) and two blocks interleave theirs. Three stages at 2 blocks per SM (Q held
+// in registers, its buffer the third stage) measured no better: -1% on few-shot b=50 and
+// P=16000, +3-5% on small trees (H100, 2026-11-25).
+constexpr int kStages = 2;  // K/V tiles resident (kStages - 1 in flight)
+constexpr int kMinBlocksPerSm = 2;
+constexpr int kSegBatch = kThreads;  // segments resolved per pass
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kTileRows == 16 * kWarps, "one 16-row MMA slab per warp");
+static_assert(kTileRows == 64 && kKvTile == 64, "swizzled tiles (swz) have 64 rows");
+
+// The plan header (counts and array offsets), by value or read from the device buffer.
+struct PlanHeaderArg {
+  int32_t w[kHeaderWords];
+};
+static_assert(kHeaderWords == TreeAttentionWorkspace::kPlanHeaderWords, "header size");
+
+__device__ __forceinline__ PlanHeaderArg load_header(const PlanHeaderArg& arg, const int32_t* plan,
+                                                     bool on_device) {
+  if (!on_device) return arg;
+  PlanHeaderArg h;
+#pragma unroll
+  for (int i = 0; i < kHeaderWords; ++i) h.w[i] = plan[i];
+  return h;
+}
+
+struct Stage1Params {
+  PlanHeaderArg header;
+  int32_t header_on_device;  // TreeAttentionGrid launches: read the header from plan
+  const int32_t* plan;
+  const void* q;  // [rows][num_q_heads][D]
+  const void* k;  // [pages][num_kv_heads][page_size][D]
+  const void* v;
+  const int32_t* token_table;  // the workspace's (used when the header's kTokenTable is set)
+  float* partial_o;            // [partials][num_q_heads][D]
+  float* partial_lse;          // [partials][num_q_heads]
+  int32_t num_q_heads;
+  int32_t num_kv_heads;
+  float scale_log2;  // sm_scale * log2(e)
+  // Known to the launcher, so no block waits for the header to learn them: the plan's GQA
+  // group (num_q_heads / num_kv_heads) and page size (checked against the upload's), its
+  // launch-order hint (a graph replays its capture's: any order covers every block), the
+  // records the plan buffer holds, and the fixed-stride table's stride and item capacity.
+  int32_t gqa;
+  int32_t page_size;
+  int32_t heads_first;
+  int32_t max_items;
+  int32_t table_stride;
+  int32_t table_items;
+  TreeAttentionBlockTrace* trace;  // null unless the workspace's block trace is enabled
+};
+
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+template <int D>
+constexpr int stage1_smem_bytes_fixed() {
+  // Q tile, kStages K and V tiles, segment scratch (start, first slot, page, warp sums x2),
+  // 1 KB to align the tiles; the token table (4 bytes a token) comes on top.
+  return (kTileRows + 2 * kStages * kKvTile) * D * 2 + (3 * kSegBatch + 2 * kWarps) * 4 + 1024;
+}
+
+// Calls emit(t, physical page, slot in page) for every token t of segments
+// [seg_begin, seg_end) (an item's tokens, in order), spread over the block's threads; the
+// scratch arrays hold kSegBatch segments. Returns the item's token count; every emit is done
+// (and the scratch free) when it returns.
+template <typename Emit>
+__device__ int resolve_tokens(const int32_t* plan, const PlanHeaderArg& h, int seg_begin,
+                              int seg_end, int page_size, int32_t* seg_start, int32_t* seg_slot,
+                              int32_t* seg_page, int32_t* warp_sums, Emit&& emit) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int32_t* seg_page_begin = plan + h.w[kSegPageBegin];
+  const int32_t* seg_first_slot = plan + h.w[kSegFirstSlot];
+  const int32_t* seg_num_tokens = plan + h.w[kSegNumTokens];
+  const int32_t* page_table = plan + h.w[kPageTable];
+  int pos = 0;
+  for (int base = seg_begin; base < seg_end; base += kSegBatch) {
+    const int count = min(kSegBatch, seg_end - base);
+    int len = 0, slot = 0, page = 0;
+    if (tid < count) {
+      len = seg_num_tokens[base + tid];
+      slot = seg_first_slot[base + tid];
+      page = seg_page_begin[base + tid];
+    }
+    int incl = len;  // block-wide inclusive scan of the segment lengths
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int x = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += x;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    int before = 0, total = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      before += w < warp ? warp_sums[w] : 0;
+      total += warp_sums[w];
+    }
+    if (tid < count) {
+      seg_start[tid] = pos + before + incl - len;
+      seg_slot[tid] = slot;
+      seg_page[tid] = page;
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int t = pos + tid; t < pos + total; t += kThreads) {
+      int lo = 0, hi = count - 1;  // last segment starting at or before t
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (seg_start[mid] <= t) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      const int s = seg_slot[lo] + (t - seg_start[lo]);
+      emit(t, page_table[seg_page[lo] + s / page_size], s % page_size);
+    }
+    pos += total;
+    __syncthreads();  // scratch reused by the next pass; tok complete for the caller
+  }
+  return pos;
+}
+
+// What the main loop needs about its block's item.
+struct ItemTile {
+  int num_rows;     // valid rows of the query tile
+  int num_tokens;   // tokens of the item
+  int num_tiles;    // K/V tiles
+  int query_begin;  // first partial slot
+  int kv_head;
+  int gqa;
+  int mask_offset;  // -1: no mask
+  int words_per_row;
+  const int32_t* partial_slot;  // where partial (query_begin + local query) is stored
+};
+
+// Online-softmax step of one tile for this thread's rows r0 and r0 + 8: s holds the raw
+// Q K^T scores of its kN n-tiles (tokens tile_begin + tok0 + 8 j + 2 (lane % 4) + {0, 1});
+// invisible tokens (past the item's end, or masked) are dropped, s becomes the probabilities
+// against the rows' new running max (base 2), row_max and row_sum are updated, and alpha gets
+// the factor the rows' O accumulators must be scaled by (rescale_o).
+template <int kN>
+__device__ __forceinline__ void softmax_tile(float (&s)[kN][4], const ItemTile& it, int tile_begin,
+                                             int tok0, const uint32_t* const (&row_mask)[2],
+                                             float scale_log2, float (&row_max)[2],
+                                             float (&row_sum)[2], float (&alpha)[2]) {
+  const int lane = threadIdx.x & 31;
+  // Full tiles of unmasked items (the bulk of long chunks) skip the per-score visibility
+  // test: it costs more issue slots than the max it feeds (block-uniform branch).
+  const bool all_visible = it.mask_offset < 0 && it.num_tokens - tile_begin >= kKvTile;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!all_visible) {
+      uint64_t visible = ~uint64_t(0);  // bit c: token tile_begin + c is visible
+      const int remaining = it.num_tokens - tile_begin;
+      if (remaining < 64) visible = (uint64_t(1) << remaining) - 1;
+      if (row_mask[i] != nullptr) {
+        const int w = tile_begin >> 5;  // tiles start on mask-word boundaries
+        uint64_t bits = row_mask[i][w];
+        if (kKvTile > 32 && w + 1 < it.words_per_row) bits |= uint64_t(row_mask[i][w + 1]) << 32;
+        visible &= bits;
+      }
+      visible >>= tok0;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * j + 2 * (lane & 3) + e;
+          if (!((visible >> c) & 1)) s[j][2 * i + e] = -INFINITY;
+        }
+      }
+    }
+    // Raw scores here; the scale (> 0) is folded into the exponent below.
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float new_max = fmaxf(row_max[i], mx * scale_log2);
+    const float base = new_max == -INFINITY ? 0.f : new_max;  // all masked so far
+    alpha[i] = fast_exp2(row_max[i] - base);
+    row_max[i] = new_max;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pr = fast_exp2(fmaf(s[j][2 * i + e], scale_log2, -base));
+        s[j][2 * i + e] = pr;
+        sum += pr;
+      }
+    }
+    row_sum[i] = row_sum[i] * alpha[i] + sum;  // per-thread share; quad-reduced at the end
+  }
+}
+
+// O *= alpha per row. It costs D / 4 multiplies per row pair: skipped (warp-uniformly) once
+// the row maxima have settled, which after the first tiles is the common case.
+template <int D>
+__device__ __forceinline__ void rescale_o(float (&o_acc)[D / 8][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (__any_sync(0xffffffffu, alpha[i] != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o_acc[j][2 * i] *= alpha[i];
+        o_acc[j][2 * i + 1] *= alpha[i];
+      }
+    }
+  }
+}
+
+// The wgmma main loop (sm_90a; whole 64-row tiles, the block's 4 warps one warpgroup),
+// software-pipelined as FlashAttention-3's intra-warpgroup overlap: step t issues
+// S_{t+1} = Q K_{t+1}^T and O += P_t V_t together and runs tile t + 1's softmax while P_t V_t
+// is on the tensor cores, then rescales O. K and V stream in separately, kStages (2) buffers
+// each: at the top of step t, K_{t+2} and V_{t+1} go out into the buffers of K_t (read by
+// S_t, done) and V_{t-1} (read by P_{t-1} V_{t-1}, done), while K_{t+1} and V_t, sent one step
+// earlier, are waited for. The caller has committed the group {Q, K_0, V_0}. Scores: D / 16
+// k-steps of 16 head dims (32 bytes inside a 128-byte swizzled row; steps 4-7 in the second
+// column half); P V: k-steps of 16 tokens (2048 bytes of V rows), V MN-major (head dims
+// contiguous), its two 64-column halves kSwzHalfBytes apart. Measured on H100 against the
+// unpipelined loop (S, softmax, P V per tile), same run: 1-3% faster on the cases with wide
+// items (speculative t=256 GQA 4 89.3 -> 87.3 us), none slower.
+template <int D, typename T, typename LoadTile>
+__device__ __forceinline__ void wgmma_main_loop(const Stage1Params& p, const ItemTile& it,
+                                                const uint32_t* const (&row_mask)[2], const T* s_q,
+                                                T* s_k, T* s_v, LoadTile&& load_tile,
+                                                float (&o_acc)[D / 8][4], float (&row_max)[2],
+                                                float (&row_sum)[2]) {
+  static_assert(kStages == 2, "K_{t+2} reuses K_t's buffer, V_{t+1} V_{t-1}'s");
+  const int n = it.num_tiles;
+  if (n == 0) return;
+  // S = Q K_tile^T into s, committed as one group. The caller zeroes s before its
+  // wgmma_fence (accumulator registers written after the fence make ptxas serialise).
+  auto issue_scores = [&](float(&s)[8][4], int tile) {
+    const T* k_tile = s_k + (tile % kStages) * kKvTile * D;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t off = (kk >> 2) * kSwzHalfBytes + (kk & 3) * 32;
+      Wgmma<T>::ss_n64(s, sw128_desc(smem_u32(s_q) + off, 16, 1024),
+                       sw128_desc(smem_u32(k_tile) + off, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+  };
+  // O += P V_tile, committed as one group.
+  auto issue_pv = [&](const uint32_t(&pa)[kKvTile / 16][4], int tile) {
+    const T* v_tile = s_v + (tile % kStages) * kKvTile * D;
+#pragma unroll
+    for (int kk = 0; kk < kKvTile / 16; ++kk) {
+      const uint64_t b = sw128_desc(smem_u32(v_tile) + kk * 16 * 128, kSwzHalfBytes, 1024);
+      if constexpr (D == 128) {
+        Wgmma<T>::rs_n128(o_acc, pa[kk], b);
+      } else {
+        Wgmma<T>::rs_n64(o_acc, pa[kk], b);
+      }
+    }
+    wgmma_commit();
+  };
+  auto zero_scores = [](float(&s)[8][4]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+  };
+  float s[8][4];
+  // P of two consecutive tiles: P_t is the A operand of the product in flight while P_{t+1}
+  // is packed, so the steps alternate the two buffers (a copy would let ptxas coalesce them
+  // and serialise the products).
+  uint32_t pa0[kKvTile / 16][4], pa1[kKvTile / 16][4];
+  if (n > 1) load_tile(1, 1, true, false);
+  cp_async_commit();
+  cp_async_wait<1>();        // Q, K_0, V_0
+  fence_proxy_async_smem();  // cp.async data -> wgmma's reads
+  __syncthreads();
+  {
+    zero_scores(s);
+    wgmma_fence();
+    issue_scores(s, 0);
+    wgmma_wait<0>();
+    fence_regs(s);
+    float alpha[2];  // O is still zero: nothing to rescale
+    softmax_tile(s, it, 0, 0, row_mask, p.scale_log2, row_max, row_sum, alpha);
+#pragma unroll
+    for (int kk = 0; kk < kKvTile / 16; ++kk) pack_p<T>(s, kk, pa0[kk]);
+  }
+  // Step t < n - 1 (P_t in cur): no branch between a wgmma's issue and its wait, so ptxas
+  // sees which group each wait retires (and keeps the two products in flight together).
+  auto step = [&](int t, const uint32_t(&cur)[kKvTile / 16][4], uint32_t(&nxt)[kKvTile / 16][4]) {
+    __syncthreads();  // every warp is done with K_t and V_{t-1}: their buffers refill
+    if (t + 2 < n) load_tile(t + 2, t % kStages, true, false);
+    load_tile(t + 1, (t + 1) % kStages, false, true);
+    cp_async_commit();
+    cp_async_wait<1>();  // K_{t+1} and V_t (this thread's copies)
+    fence_proxy_async_smem();
+    __syncthreads();
+    zero_scores(s);
+    wgmma_fence();
+    issue_scores(s, t + 1);
+    issue_pv(cur, t);
+    wgmma_wait<1>();  // S_{t+1}; P_t V_t may still run
+    fence_regs(s);
+    float alpha[2];
+    softmax_tile(s, it, (t + 1) * kKvTile, 0, row_mask, p.scale_log2, row_max, row_sum, alpha);
+#pragma unroll
+    for (int kk = 0; kk < kKvTile / 16; ++kk) pack_p<T>(s, kk, nxt[kk]);
+    wgmma_wait<0>();
+    fence_regs(o_acc);
+    rescale_o<D>(o_acc, alpha);
+  };
+  int t = 0;
+  for (; t + 2 < n; t += 2) {
+    step(t, pa0, pa1);
+    step(t + 1, pa1, pa0);
+  }
+  // The last tile's P V (its V came with the previous step's group, or with Q).
+  auto last = [&](const uint32_t(&cur)[kKvTile / 16][4]) {
+    cp_async_wait<0>();
+    fence_proxy_async_smem();
+    __syncthreads();
+    wgmma_fence();
+    issue_pv(cur, n - 1);
+    wgmma_wait<0>();
+    fence_regs(o_acc);
+  };
+  if (t + 1 < n) {  // one more step: the last tile's P lands in pa1
+    step(t, pa0, pa1);
+    last(pa1);
+  } else {
+    last(pa0);
+  }
+}
+
+// Main loop and epilogue of stage 1. kSplit warps share each 16-row slab and split every
+// 64-token tile between them (kKvTile / kSplit tokens each), so an item with few rows (a
+// decode branch: gqa rows) still spreads its MMAs over all four warps (and the SM's four
+// schedulers); their softmax states are merged through shared memory at the end.
+template <int D, typename T, int kSplit, typename LoadTile>
+__device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it,
+                                       const uint32_t* mask_words, T* s_q, T* s_k, T* s_v,
+                                       LoadTile&& load_tile) {
+  constexpr int kTok = kKvTile / kSplit;  // tokens of a tile this warp scores
+  constexpr int kN = kTok / 8;            // n-tiles of S
+  static_assert(kTok % 16 == 0, "P V needs 16-token k-steps");
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int slab = warp / kSplit, part = warp % kSplit;
+  const int tok0 = part * kTok;  // this warp's first token inside a tile
+  // Per thread: rows r0 = 16 * slab + lane / 4 and r0 + 8; accumulator columns 2 * (lane % 4).
+  const int r0 = slab * 16 + (lane >> 2);
+  const bool warp_active = slab * 16 < it.num_rows;
+  const uint32_t* row_mask[2] = {nullptr, nullptr};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = r0 + 8 * i;
+    if (it.mask_offset >= 0 && r < it.num_rows) {
+      row_mask[i] = mask_words + it.mask_offset + (r / it.gqa) * it.words_per_row;
+    }
+  }
+  float o_acc[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+
+  // Whole 64-row tiles (one slab per warp) multiply with wgmma where the build targets sm_90a:
+  // the block's 4 warps are one warpgroup, and all of them take part (pad rows are zero).
+  if constexpr (TS_WGMMA != 0 && kSplit == 1) {
+    wgmma_main_loop<D, T>(p, it, row_mask, s_q, s_k, s_v, load_tile, o_acc, row_max, row_sum);
+  } else {
+    for (int tile = 0; tile < it.num_tiles; ++tile) {
+      // Refill the stage consumed in the previous iteration (freed by its trailing barrier).
+      const int ahead = tile + kStages - 1;
+      if (ahead < it.num_tiles) load_tile(ahead, ahead % kStages, true, true);
+      cp_async_commit();
+      cp_async_wait<kStages - 1>();
+      __syncthreads();
+      if (warp_active) {
+        const T* k_tile = s_k + (tile % kStages) * kKvTile * D;
+        const T* v_tile = s_v + (tile % kStages) * kKvTile * D;
+        // S = Q K^T over this warp's kTok tokens: 16 rows x kTok, kN n-tiles of 8 tokens.
+        float s[kN][4];
+#pragma unroll
+        for (int j = 0; j < kN; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          // Q fragments are re-read from shared memory per k-step rather than held for the
+          // whole item: 32 registers less (no spills at 2 blocks per SM) for 8 ldmatrix a tile.
+          uint32_t qa[4];
+          {
+            const int r = slab * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+            ldmatrix_x4(qa, smem_u32(s_q + swz<D>(r, 2 * kk + (lane >> 4))));
+          }
+#pragma unroll
+          for (int jj = 0; jj < kN / 2; ++jj) {
+            uint32_t b[4];
+            const int r = tok0 + 16 * jj + (lane & 7) + ((lane >> 4) << 3);
+            ldmatrix_x4(b, smem_u32(k_tile + swz<D>(r, 2 * kk + ((lane >> 3) & 1))));
+            Dtype<T>::mma(s[2 * jj], qa, b[0], b[1]);
+            Dtype<T>::mma(s[2 * jj + 1], qa, b[2], b[3]);
+          }
+        }
+        float alpha[2];
+        softmax_tile(s, it, tile * kKvTile, tok0, row_mask, p.scale_log2, row_max, row_sum, alpha);
+        rescale_o<D>(o_acc, alpha);
+        // O += P V: P's accumulator layout is the A-fragment layout of the next MMA.
+#pragma unroll
+        for (int kk = 0; kk < kTok / 16; ++kk) {
+          uint32_t a[4];
+          pack_p<T>(s, kk, a);
+#pragma unroll
+          for (int jd = 0; jd < D / 16; ++jd) {
+            uint32_t b[4];
+            const int r = tok0 + 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3);
+            ldmatrix_x4_trans(b, smem_u32(v_tile + swz<D>(r, 2 * jd + (lane >> 4))));
+            Dtype<T>::mma(o_acc[2 * jd], a, b[0], b[1]);
+            Dtype<T>::mma(o_acc[2 * jd + 1], a, b[2], b[3]);
+          }
+        }
+      }
+      __syncthreads();  // this stage is overwritten by the next iteration's load
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
+    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
+  }
+  if constexpr (kSplit == 1) {
+    // Normalise and write the valid rows' partials straight from registers.
+    if (!warp_active) return;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float sum = row_sum[i];
+      const int r = r0 + 8 * i;
+      if (r >= it.num_rows) continue;
+      const int64_t out_row =
+          int64_t(it.partial_slot[it.query_begin + r / it.gqa]) * p.num_q_heads +
+          it.kv_head * it.gqa + r % it.gqa;
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      float* dst = p.partial_o + out_row * D + 2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(o_acc[j][2 * i] * inv, o_acc[j][2 * i + 1] * inv);
+      }
+      if ((lane & 3) == 0) {
+        p.partial_lse[out_row] = sum > 0.f ? row_max[i] + log2f(sum) : -INFINITY;
+      }
+    }
+  } else {
+    // Each warp parks its (unnormalised O, max, sum) in the now idle K/V buffers; then the
+    // block merges the kSplit states of every row and writes the partials coalesced.
+    // Floats per parked row. A half-warp's float2 stores cover rows lane/4 (4 of them) x
+    // column pairs lane%4: with D + 8 the rows start 4 eight-byte slots apart, so the 16
+    // stores hit 16 different slot pairs (ncu measured 3.3-way conflicts with D + 4).
+    constexpr int kStride = D + 8;
+    static_assert(kWarps * 16 * (kStride + 2) * 4 <= 2 * kStages * kKvTile * D * 2,
+                  "the parked states fit in the idle K and V buffers");
+    float* park_o = reinterpret_cast<float*>(s_k);   // [warps][16][kStride]
+    float* park_m = park_o + kWarps * 16 * kStride;  // [warps][16]
+    float* park_l = park_m + kWarps * 16;
+    if (warp_active) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = (lane >> 2) + 8 * i;
+        float* dst = park_o + (warp * 16 + row) * kStride + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          *reinterpret_cast<float2*>(dst + 8 * j) =
+              make_float2(o_acc[j][2 * i], o_acc[j][2 * i + 1]);
+        }
+        if ((lane & 3) == 0) {
+          park_m[warp * 16 + row] = row_max[i];
+          park_l[warp * 16 + row] = row_sum[i];
+        }
+      }
+    }
+    __syncthreads();
+    constexpr int kSlabs = kWarps / kSplit;
+    constexpr int kVec = D / 4;  // float4 columns per row
+    for (int idx = tid; idx < kSlabs * 16 * kVec; idx += kThreads) {
+      const int v = idx % kVec, row16 = (idx / kVec) % 16, sl = idx / (16 * kVec);
+      const int r = sl * 16 + row16;
+      if (r >= it.num_rows) continue;
+      float m = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kSplit; ++w) m = fmaxf(m, park_m[(sl * kSplit + w) * 16 + row16]);
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+      float l = 0.f;
+#pragma unroll
+      for (int w = 0; w < kSplit; ++w) {
+        const int at = (sl * kSplit + w) * 16 + row16;
+        const float scale = park_m[at] == -INFINITY ? 0.f : exp2f(park_m[at] - m);
+        const float4 x = *reinterpret_cast<const float4*>(park_o + at * kStride + 4 * v);
+        o.x += scale * x.x, o.y += scale * x.y, o.z += scale * x.z, o.w += scale * x.w;
+        l += scale * park_l[at];
+      }
+      const int64_t out_row =
+          int64_t(it.partial_slot[it.query_begin + r / it.gqa]) * p.num_q_heads +
+          it.kv_head * it.gqa + r % it.gqa;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      *reinterpret_cast<float4*>(p.partial_o + out_row * D + 4 * v) =
+          make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+      if (v == 0) p.partial_lse[out_row] = l > 0.f ? m + log2f(l) : -INFINITY;
+    }
+  }
+}
+
+}  // namespace treeserve::detail::ta
