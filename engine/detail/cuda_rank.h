@@ -1,6 +1,6 @@
 // The seam between the CUDA backend's per-GPU model runtime and tensor parallelism:
-// CudaRank is one rank's shard (detail/cuda_backend_impl.h's CudaBackend: its slices of the weights,
-// its heads' share of the KV pool, its stream and workspace), and the tensor-parallel
+// CudaRank is one rank's shard (detail/cuda_backend_impl.h's CudaBackend: its slices of the
+// weights, its heads' share of the KV pool, its stream and workspace), and the tensor-parallel
 // backend (cuda_tensor_parallel.cpp) drives N of them, one thread per GPU.
 #pragma once
 
