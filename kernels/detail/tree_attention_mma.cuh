@@ -51,38 +51,29 @@ __device__ __forceinline__ float fast_exp2(float x) {
 template <typename T>
 struct Dtype;
 
-template <>
-struct Dtype<__half> {
-  __device__ static uint32_t pack(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-  __device__ static __half from_float(float x) { return __float2half_rn(x); }
-  // d += a * b, 16x8x16, fp32 accumulators.
-  __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
-template <>
-struct Dtype<__nv_bfloat16> {
-  __device__ static uint32_t pack(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-  __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
-  __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
-        "%7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
+// One dtype's conversions and m16n8k16 MMA (d += a * b, fp32 accumulators): TY its PTX type
+// name, T2 its two-element vector, TO2 / TO1 the rounding conversions from float.
+// clang-format off
+#define TS_DTYPE_DEFINE(T, TY, T2, TO2, TO1) \
+  template <> \
+  struct Dtype<T> { \
+    __device__ static uint32_t pack(float lo, float hi) { \
+      const T2 h = TO2(lo, hi); \
+      return *reinterpret_cast<const uint32_t*>(&h); \
+    } \
+    __device__ static T from_float(float x) { return TO1(x); } \
+    __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { \
+      asm volatile( \
+          "mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0, %1, %2, %3}, " \
+          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n" \
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) \
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1)); \
+    } \
+  };
+TS_DTYPE_DEFINE(__half, "f16", __half2, __floats2half2_rn, __float2half_rn)
+TS_DTYPE_DEFINE(__nv_bfloat16, "bf16", __nv_bfloat162, __floats2bfloat162_rn, __float2bfloat16_rn)
+#undef TS_DTYPE_DEFINE
+// clang-format on
 
 // P's A fragment for the 16-token k-step kk of O += P V: the score accumulators of n-tiles
 // 2 kk and 2 kk + 1 (m16n8 C layout) are m16n8k16's A layout, packed to the model dtype.
