@@ -10,7 +10,9 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention_plan.h"
@@ -221,6 +223,44 @@ TEST(TreeAttentionGpu, WorkloadShapesWithLlamaHeads) {
       EXPECT_LE(err, kFp16Tolerance) << c.name << " " << describe(shape);
     }
   }
+}
+
+// The stage 1 block trace (bench_tree_attention --trace): off until enabled; then one record
+// per (item, kv head) block of a launch, on a real SM, with the item's shape; downloading
+// clears it; and the traced launch still matches the CPU executor.
+TEST(TreeAttentionGpu, BlockTraceRecordsEveryBlockOnce) {
+  SKIP_WITHOUT_GPU();
+  const TreeCase tree = testing::few_shot_case(1000, 6, 100, 16, 4);
+  const Shape shape{8, 4, 128};
+  AttentionPlan plan;
+  ASSERT_TRUE(build_attention_plan(tree.view, config_for(shape), &plan).ok());
+  TreeAttentionWorkspace ws;
+  ASSERT_TRUE(ws.init(testing::workspace_limits_for({plan}, 32, 128)).ok());
+  std::vector<TreeAttentionBlockTrace> trace;
+  EXPECT_EQ(ws.download_block_trace(&trace).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(ws.enable_block_trace().ok());
+  // The same config builds the same plan (deterministic), so the trace's items are plan's.
+  EXPECT_LE(gpu_vs_cpu_plan(tree, shape, config_for(shape), &ws, 5), kFp16Tolerance);
+  ASSERT_TRUE(ws.download_block_trace(&trace).ok());
+  ASSERT_EQ(trace.size(), size_t(plan.num_items()) * size_t(shape.num_kv_heads));
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  std::set<std::pair<int32_t, int32_t>> seen;
+  for (const TreeAttentionBlockTrace& r : trace) {
+    ASSERT_GE(r.item, 0);
+    ASSERT_LT(r.item, plan.num_items());
+    EXPECT_TRUE(seen.insert({r.item, r.kv_head}).second) << "item " << r.item;
+    EXPECT_GE(r.kv_head, 0);
+    EXPECT_LT(r.kv_head, shape.num_kv_heads);
+    EXPECT_LE(r.start_ns, r.end_ns);
+    EXPECT_GE(r.sm, 0);
+    EXPECT_LT(r.sm, sms);
+    const size_t i = size_t(r.item);
+    EXPECT_EQ(r.rows, (plan.item_query_end[i] - plan.item_query_begin[i]) * shape.gqa);
+    EXPECT_EQ(r.tokens, plan.item_num_tokens[i]);
+  }
+  ASSERT_TRUE(ws.download_block_trace(&trace).ok());
+  EXPECT_TRUE(trace.empty());
 }
 
 TEST(TreeAttentionGpu, BaselinePlanMatchesNaive) {
