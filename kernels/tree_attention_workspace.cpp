@@ -119,7 +119,11 @@ Status TreeAttentionWorkspace::enable_block_trace() {
   cudaError_t e = cudaMalloc(&block_trace_, bytes);
   if (e != cudaSuccess) return cuda_error("cudaMalloc(block trace)", e);
   e = cudaMemset(block_trace_, 0, bytes);
-  if (e != cudaSuccess) return cuda_error("cudaMemset(block trace)", e);
+  if (e != cudaSuccess) {
+    cudaFree(block_trace_);  // not left half set up: a later call allocates and clears again
+    block_trace_ = nullptr;
+    return cuda_error("cudaMemset(block trace)", e);
+  }
   return Status::Ok();
 }
 

@@ -215,15 +215,14 @@ void write_trace(const std::string& path, const Result& r, TreeAttentionWorkspac
   if (trace.empty()) return;
   uint64_t t0 = trace[0].start_ns;
   for (const TreeAttentionBlockTrace& b : trace) t0 = std::min(t0, b.start_ns);
-  FILE* probe = std::fopen(path.c_str(), "r");
-  const bool fresh = probe == nullptr;
-  if (probe != nullptr) std::fclose(probe);
   FILE* f = std::fopen(path.c_str(), "a");
   if (f == nullptr) {
     std::fprintf(stderr, "cannot write %s\n", path.c_str());
     return;
   }
-  if (fresh) std::fprintf(f, "case,heads,block,item,kv_head,rows,tokens,sm,start_ns,end_ns\n");
+  std::fseek(f, 0, SEEK_END);
+  if (std::ftell(f) == 0)
+    std::fprintf(f, "case,heads,block,item,kv_head,rows,tokens,sm,start_ns,end_ns\n");
   for (const TreeAttentionBlockTrace& b : trace) {
     std::fprintf(f, "%s,%d/%d,%d,%d,%d,%d,%d,%d,%llu,%llu\n", r.name.c_str(), r.num_q_heads,
                  r.num_kv_heads, b.block, b.item, b.kv_head, b.rows, b.tokens, b.sm,
