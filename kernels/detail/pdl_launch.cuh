@@ -10,15 +10,46 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 namespace treeserve::detail {
 
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Before sm_90 there is no programmatic launch (the attribute below is ignored there and the
+// launch waits for the previous kernel as usual), so both are no-ops.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 __device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization.
-// Returns the launch's error (cudaSuccess when enqueued).
+// Whether `kernel` may go out as a programmatic launch on the current device: its code there
+// comes from PTX of sm_90 or later. A build for older GPUs only (pdl_wait() a no-op), JIT-
+// compiled for a Hopper, would start before the kernel it depends on has finished. Cached per
+// (kernel, device).
+inline bool pdl_capable(const void* kernel) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, bool> known;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, fresh] = known.try_emplace({kernel, device}, false);
+  if (fresh) {
+    cudaFuncAttributes a{};
+    it->second = cudaFuncGetAttributes(&a, kernel) == cudaSuccess && a.ptxVersion >= 90;
+  }
+  return it->second;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization (where
+// pdl_capable; a plain launch elsewhere). Returns the launch's error (cudaSuccess when
+// enqueued).
 template <typename... KArgs, typename... Args>
 cudaError_t launch_pdl(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                        void (*kernel)(KArgs...), Args... args) {
@@ -31,7 +62,7 @@ cudaError_t launch_pdl(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = 1;
+  config.numAttrs = pdl_capable(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, static_cast<KArgs>(args)...);
 }
 
