@@ -40,6 +40,18 @@ struct AttentionPlanConfig {
   int32_t num_sms = 132;
   int32_t min_items_per_sm = 1;
   int32_t min_split_tokens = 128;
+  // Chunk growth: chunks four or two times kv_chunk_tokens (the largest that qualifies, at
+  // most max_chunk_tokens) where the launch's estimated span does not grow: the plan's work
+  // (query tiles x KV tokens) per item slot (num_sms), or the waves of chunk-long items times
+  // the chunk, whichever is longer. Where every slot runs several chunks' worth of work
+  // anyway, fewer and longer items cost fewer block prologues, partials and merges without
+  // lengthening the critical path. 0 (default, also in tree_attention_plan_config): no growth.
+  // TreeAttentionLimits::apply_to caps it at the workspace's max_item_tokens. Measured on an
+  // H100 with an earlier rule (README): the kernel alone faster wherever it grew (P=16000 +
+  // 64 x 200 GQA 4 108 -> 81.5 us), the engine's speculative verify steps 2-3% slower (a
+  // second wave of long items, which this rule avoids); off until this rule is measured too
+  // (bench_tree_attention --max-chunk N).
+  int32_t max_chunk_tokens = 0;
 
   // Subtrees with at most pack_max_tokens KV tokens and one query tile of queries are read
   // by a single masked item (and consecutive such siblings share one).

@@ -47,6 +47,7 @@ void TreeAttentionLimits::apply_to(AttentionPlanConfig* config) const {
   config->max_partials = max_partials;
   config->max_segments = max_segments;
   config->max_mask_words = max_mask_words;
+  config->max_chunk_tokens = std::min(config->max_chunk_tokens, max_item_tokens);
 }
 
 TreeAttentionWorkspace::~TreeAttentionWorkspace() { release(); }

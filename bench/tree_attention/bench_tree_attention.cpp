@@ -8,7 +8,8 @@
 // queries for large cases).
 //
 // usage: bench_tree_attention [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush]
-//                             [--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X]
+//                             [--chunk TOKENS] [--max-chunk TOKENS] [--min-split TOKENS]
+//                             [--items-per-sm X]
 //                             [--order kv|mixed|plan|longest|interleaved]   (launch order of the
 //                             items)
 //                             [--table fixed|packed|none]  (token table layout the workspace
@@ -49,7 +50,8 @@ struct Options {
   std::string filter;
   int reps = 50;
   bool flush_l2 = true;
-  int chunk = 0;  // 0: tree_attention_plan_config's default
+  int chunk = 0;      // 0: tree_attention_plan_config's default
+  int max_chunk = 0;  // AttentionPlanConfig::max_chunk_tokens (0: no chunk growth)
   int min_split = 0;
   double items_per_sm = 0;
   AttentionPlanConfig::ItemOrder item_order = AttentionPlanConfig::ItemOrder::kKvMajor;
@@ -244,6 +246,7 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   AttentionPlanConfig config =
       tree_attention_plan_config(num_q_heads, num_kv_heads, kHeadDim, num_sms);
   if (opt.chunk > 0) config.kv_chunk_tokens = opt.chunk;
+  config.max_chunk_tokens = opt.max_chunk;
   if (opt.min_split > 0) config.min_split_tokens = opt.min_split;
   config.item_order = opt.item_order;
   if (opt.items_per_sm > 0)
@@ -365,6 +368,8 @@ int main_impl(int argc, char** argv) {
       opt.flush_l2 = false;
     } else if (a == "--chunk") {
       opt.chunk = std::atoi(next().c_str());
+    } else if (a == "--max-chunk") {
+      opt.max_chunk = std::atoi(next().c_str());
     } else if (a == "--min-split") {
       opt.min_split = std::atoi(next().c_str());
     } else if (a == "--items-per-sm") {
@@ -412,7 +417,7 @@ int main_impl(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: %s [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush] "
-          "[--chunk TOKENS] [--min-split TOKENS] [--items-per-sm X] "
+          "[--chunk TOKENS] [--max-chunk TOKENS] [--min-split TOKENS] [--items-per-sm X] "
           "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] [--grid] "
           "[--few-shot P,B,S] [--trace PATH]\n",
           argv[0]);

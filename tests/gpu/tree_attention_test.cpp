@@ -352,6 +352,22 @@ TEST(TreeAttentionGpu, GraphGridReplaysLaterPlans) {
   cudaStreamDestroy(stream);
 }
 
+// The workspace's longest item caps the plan's chunk growth (no device needed).
+TEST(TreeAttentionLimits, ApplyToCapsChunkGrowth) {
+  AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
+  EXPECT_EQ(config.max_chunk_tokens, 0) << "off by default";
+  config.max_chunk_tokens = 2048;
+  TreeAttentionLimits limits;
+  limits.max_item_tokens = 1024;
+  limits.apply_to(&config);
+  EXPECT_EQ(config.max_chunk_tokens, 1024);
+  const TreeCase tree = testing::few_shot_case(16000, 64, 200, 16, 7);
+  AttentionPlan plan;
+  ASSERT_TRUE(build_attention_plan(tree.view, config, &plan).ok());
+  EXPECT_EQ(plan.split_chunk_tokens, 1024);
+  EXPECT_LE(plan.max_item_tokens, 1024);
+}
+
 TEST(TreeAttentionGpu, RejectsPlansAndShapesOutsideTheWorkspace) {
   SKIP_WITHOUT_GPU();
   const TreeCase tree = testing::few_shot_case(3000, 40, 50, 16, 7);

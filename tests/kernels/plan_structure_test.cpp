@@ -4,6 +4,7 @@
 // on built and corrupted plans.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -202,6 +203,45 @@ TEST(PlanStructure, KvMajorOrderPutsTheQueryTilesOfAChunkSideBySide) {
   EXPECT_EQ(adjacent_repeats(kv), 32 * 3);  // each chunk's 4 tiles together
   EXPECT_EQ(adjacent_repeats(plain), 0) << "the built order already groups the tiles";
   EXPECT_EQ(plain.item_queries, kv.item_queries);  // same partial slots, only the order moves
+}
+
+// Chunk growth (AttentionPlanConfig::max_chunk_tokens, off by default) on the kernel's config
+// at GQA 4 (33 item slots): a 16000-token prompt under 64 branches of 200 is 4 query tiles x
+// 16000 tokens + 64 x 200 of work, 2327 tokens a slot, more than one wave of 2048-token items
+// (32 of them), so 4x chunks; a 4000-token prompt under 50 branches is 788 a slot, less than
+// one chunk of 1024, and keeps 512; a lower cap stops the growth there.
+TEST(PlanStructure, ChunksGrowWhereEverySlotHasSeveralChunksOfWork) {
+  AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
+  ASSERT_EQ(config.kv_chunk_tokens, 512);
+  ASSERT_EQ(config.num_sms, 33);
+  auto chunk_of = [](const TreeCase& c, const AttentionPlanConfig& cfg) {
+    AttentionPlan p;
+    EXPECT_TRUE(build_attention_plan(c.view, cfg, &p).ok());
+    testing::expect_plan_covers_view(p, c.view, cfg);
+    int32_t longest = 0;
+    for (int32_t i = 0; i < p.num_items(); ++i) longest = std::max(longest, p.item_num_tokens[i]);
+    EXPECT_LE(longest, p.split_chunk_tokens);
+    return p.split_chunk_tokens;
+  };
+  const TreeCase long_prompt = testing::few_shot_case(16000, 64, 200, 16, 7);
+  const TreeCase short_prompt = testing::few_shot_case(4000, 50, 200, 16, 8);
+  EXPECT_EQ(chunk_of(long_prompt, config), 512) << "off by default";
+  config.max_chunk_tokens = 2048;
+  EXPECT_EQ(chunk_of(long_prompt, config), 2048);
+  EXPECT_EQ(chunk_of(short_prompt, config), 512);
+  AttentionPlanConfig capped = config;
+  capped.max_chunk_tokens = 1024;
+  EXPECT_EQ(chunk_of(long_prompt, capped), 1024);
+  // GQA 1 (8 slots a kv head): the 4000-token prompt's 14000 tokens of work are 1750 a slot,
+  // above the 1024 tokens of one wave of 1024-token items, below 2048.
+  AttentionPlanConfig gqa1 = tree_attention_plan_config(32, 32, 128, 132);
+  gqa1.max_chunk_tokens = 2048;
+  EXPECT_EQ(chunk_of(short_prompt, gqa1), 1024);
+  // 256 one-token queries over 4000 tokens are 16 query tiles: 32 items of 2048 fill one wave
+  // of the 33 slots, as 128 of 512 fill four. 257 make 17 tiles, 34 items of 2048: a second
+  // wave of long items, so the chunk stays.
+  EXPECT_EQ(chunk_of(testing::few_shot_case(4000, 256, 1, 16, 9), config), 2048);
+  EXPECT_EQ(chunk_of(testing::few_shot_case(4000, 257, 1, 16, 9), config), 512);
 }
 
 TEST(PlanStructure, KvMixedOrderSpreadsNarrowItemsAmongWideOnes) {
