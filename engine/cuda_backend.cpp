@@ -94,6 +94,7 @@ Status CudaBackend::init() {
   TS_RETURN_IF_ERROR(workspace_.init(limits));
   plan_config_ = tree_attention_plan_config(nh_, nkv_, int32_t(d_), sms);
   limits.apply_to(&plan_config_);
+  plan_config_.max_chunk_tokens = options_.attention_max_chunk_tokens;  // checked <= the limit
   plan_config_.num_pages = layout_.num_pages;
   if (world_ > 1 && options_.p2p_all_reduce) {
     // Two partial-sum buffers (alternate calls) and the barrier's flags and call numbers,
@@ -244,6 +245,12 @@ Status check_options(const ModelConfig& config, const CudaBackendOptions& option
     return InvalidArgument("gemm_split_k must be in [0, " +
                            std::to_string(detail::LtGemm::kMaxSplits) + "] (0 = auto), got " +
                            std::to_string(options.gemm_split_k));
+  }
+  if (options.attention_max_chunk_tokens < 0 ||
+      options.attention_max_chunk_tokens > TreeAttentionLimits{}.max_item_tokens) {
+    return InvalidArgument("attention_max_chunk_tokens must be in [0, " +
+                           std::to_string(TreeAttentionLimits{}.max_item_tokens) + "], got " +
+                           std::to_string(options.attention_max_chunk_tokens));
   }
   if (options.page_size < 1 || options.page_size > 256) {
     return InvalidArgument("page_size must be in [1, 256]");

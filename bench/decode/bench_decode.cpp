@@ -15,11 +15,13 @@
 // --gemm-split-k N sets CudaBackendOptions::gemm_split_k (default 0: auto, 1: off, 2..8:
 // forced): one GPU's O and down GEMMs as split-K; the tuned-GEMM table's "K/S" column is the
 // split count a shape was tuned for (1: unsplit).
+// --max-chunk N sets CudaBackendOptions::attention_max_chunk_tokens (tree attention's chunk
+// growth; default 0: off).
 //
 //   bench_decode [--config configs/models/llama-3-8b.json] [--steps 16] [--json FILE]
 //                [--workloads fewshot,sampled,spec,tot] [--kv-gib 6] [--tensor-parallel N]
 //                [--fewshot-branches 20,30,50] [--profile-last-step] [--graphs|--no-graphs]
-//                [--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N]
+//                [--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N] [--max-chunk N]
 // --profile-last-step wraps each workload's last step in cudaProfilerStart/Stop, for
 // `ncu --profile-from-start off` (per-kernel times of one step).
 #include <cuda_profiler_api.h>
@@ -57,6 +59,7 @@ struct Args {
   bool gemm_tune = true;
   bool nccl_only = false;  // tensor parallel: every all-reduce through NCCL (no peer-to-peer)
   int gemm_split_k = 0;    // CudaBackendOptions::gemm_split_k
+  int max_chunk = 0;       // CudaBackendOptions::attention_max_chunk_tokens
 };
 
 double copy_bandwidth_bytes_per_s() {
@@ -348,12 +351,13 @@ int run(const Args& args) {
                                   : std::to_string(args.gemm_split_k) + " parts";
   std::printf(
       "device: %s, copy bandwidth %.2f TB/s, tensor parallel %d%s, CUDA graphs %s, GEMM "
-      "autotune %s, GEMM split-K %s\n",
+      "autotune %s, GEMM split-K %s, attention chunk growth up to %d tokens (0: off)\n",
       prop.name, bw / 1e12, args.tensor_parallel,
       args.tensor_parallel == 1 ? ""
       : args.nccl_only          ? " (all-reduce: NCCL)"
                        : " (all-reduce: peer-to-peer fused with the norm, NCCL for the embedding)",
-      args.cuda_graphs ? "on" : "off", args.gemm_tune ? "on" : "off", split_k.c_str());
+      args.cuda_graphs ? "on" : "off", args.gemm_tune ? "on" : "off", split_k.c_str(),
+      args.max_chunk);
   if (cuda_device_count() < args.tensor_parallel) {
     std::fprintf(stderr, "bench_decode: --tensor-parallel %d needs %d devices, found %d\n",
                  args.tensor_parallel, args.tensor_parallel, cuda_device_count());
@@ -390,6 +394,7 @@ int run(const Args& args) {
     opt.p2p_all_reduce = !args.nccl_only;
     opt.gemm_autotune = args.gemm_tune && pass != 3;
     opt.gemm_split_k = args.gemm_split_k;
+    opt.attention_max_chunk_tokens = args.max_chunk;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
     auto backend = create_cuda_backend_random(*config, opt, 42);
@@ -524,7 +529,8 @@ int run(const Args& args) {
     out << "{\"device\": \"" << prop.name << "\", \"copy_bandwidth_tbps\": " << bw / 1e12
         << ", \"tensor_parallel\": " << args.tensor_parallel
         << ", \"gemm_autotune\": " << (args.gemm_tune ? "true" : "false")
-        << ", \"gemm_split_k\": " << args.gemm_split_k << ", \"results\": [";
+        << ", \"gemm_split_k\": " << args.gemm_split_k
+        << ", \"attention_max_chunk_tokens\": " << args.max_chunk << ", \"results\": [";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       out << (i ? ", " : "") << "{\"name\": \"" << r.name << "\", \"rows\": " << r.rows
@@ -580,12 +586,14 @@ int main(int argc, char** argv) {
       args.nccl_only = true;
     else if (a == "--gemm-split-k")
       args.gemm_split_k = std::stoi(next());
+    else if (a == "--max-chunk")
+      args.max_chunk = std::stoi(next());
     else {
       std::fprintf(stderr,
                    "usage: bench_decode [--config F] [--steps N] [--json F] "
                    "[--workloads fewshot,sampled,spec,tot] [--kv-gib G] [--tensor-parallel N] "
                    "[--fewshot-branches 20,30,50] [--profile-last-step] [--graphs|--no-graphs] "
-                   "[--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N]\n");
+                   "[--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N] [--max-chunk N]\n");
       return 2;
     }
   }

@@ -151,6 +151,24 @@ TEST(CudaBackend, SplitKForcedMatchesCpu) {
   }
 }
 
+// attention_max_chunk_tokens outside [0, the workspace's longest item] is refused by name.
+TEST(CudaBackend, RejectsChunkGrowthBeyondTheWorkspace) {
+  REQUIRE_GPU();
+  const auto ckpt = testing::load_tiny_checkpoint();
+  ASSERT_TRUE(ckpt);
+  for (int32_t bad : {-1, 4096}) {
+    CudaBackendOptions go;
+    go.num_pages = kPages;
+    go.page_size = kPageSize;
+    go.attention_max_chunk_tokens = bad;
+    auto gpu = create_cuda_backend(ckpt->config, ckpt->weights, go);
+    ASSERT_FALSE(gpu.ok()) << bad;
+    EXPECT_EQ(gpu.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(gpu.status().message().find("attention_max_chunk_tokens"), std::string::npos)
+        << gpu.status().message();
+  }
+}
+
 // Greedy-only steps return each row's argmax and logprob computed on the device.
 TEST(CudaBackend, ArgmaxOnlyStepsMatchCpuGreedy) {
   REQUIRE_GPU();
