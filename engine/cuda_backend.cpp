@@ -93,8 +93,8 @@ Status CudaBackend::init() {
   limits.max_view_pages = int32_t(std::min<int64_t>(layout_.num_pages * 4, 1 << 24));
   TS_RETURN_IF_ERROR(workspace_.init(limits));
   plan_config_ = tree_attention_plan_config(nh_, nkv_, int32_t(d_), sms);
-  limits.apply_to(&plan_config_);
-  plan_config_.max_chunk_tokens = options_.attention_max_chunk_tokens;  // checked <= the limit
+  plan_config_.max_chunk_tokens = options_.attention_max_chunk_tokens;
+  limits.apply_to(&plan_config_);  // caps it at limits.max_item_tokens too
   plan_config_.num_pages = layout_.num_pages;
   if (world_ > 1 && options_.p2p_all_reduce) {
     // Two partial-sum buffers (alternate calls) and the barrier's flags and call numbers,

@@ -12,7 +12,8 @@
 //  3. Chunk size. Each group's context is cut into even chunks of <= kv_chunk_tokens; if that
 //     gives fewer items than num_sms * min_items_per_sm, the chunk is shrunk (down to
 //     min_split_tokens) until it does (FastTree long-context splitting), then grown again
-//     where that saves a partly filled wave of items (num_sms items a wave).
+//     where that saves a partly filled wave of items (num_sms items a wave). With
+//     max_chunk_tokens, a plan with items enough may grow its chunks 4x or 2x instead.
 //  4. Items. Per group, per chunk: the group's queries that see at least one chunk token,
 //     cut into query tiles. A mask is written only when some tile query sees only part of the
 //     chunk (its leaf is in the chunk with leaf_tokens short of it, or a packed subtree it is
@@ -92,9 +93,9 @@ class PlanBuilder {
   void add_unit(int32_t first, int32_t end, bool is_pack, int32_t parent, int32_t len);
   void scan_children(int32_t parent_unit, int32_t begin, int32_t end);
   void build_units_and_assign();
-  int64_t count_items(int32_t chunk) const;
+  int64_t count_items(int32_t chunk, int64_t longer_than = 0) const;
   int64_t tile_token_work() const;
-  int64_t estimated_span(int32_t chunk) const;
+  int64_t estimated_span(int32_t chunk, int64_t work) const;
   int32_t choose_chunk_tokens() const;
   void collect_group(int32_t u);
   void emit_group(int32_t u, int32_t chunk);
@@ -217,27 +218,23 @@ void PlanBuilder::build_units_and_assign() {
   }
 }
 
-// Items the groups make with this chunk size (before dropping queries that see nothing).
-int64_t PlanBuilder::count_items(int32_t chunk) const {
+// Items the groups make with this chunk size (before dropping queries that see nothing),
+// counting only the groups whose context is longer than longer_than tokens.
+int64_t PlanBuilder::count_items(int32_t chunk, int64_t longer_than) const {
   int64_t total = 0;
   for (size_t u = 0; u < s_.unit_remaining.size(); ++u) {
-    if (s_.unit_remaining[u] == 0) continue;
+    if (s_.unit_remaining[u] == 0 || s_.unit_len[u] <= longer_than) continue;
     total += ceil_div(s_.unit_remaining[u], tile_queries_) * ceil_div(s_.unit_len[u], chunk);
   }
   return total;
 }
 
-// A launch's span in KV tokens a slot, for chunk growth: the work spread over the slots, or
-// the waves of chunk-long items (a unit longer than half a chunk is cut into chunk-long
-// items) times the chunk, whichever is longer.
-int64_t PlanBuilder::estimated_span(int32_t chunk) const {
-  int64_t long_items = 0;
-  for (size_t u = 0; u < s_.unit_remaining.size(); ++u) {
-    if (s_.unit_remaining[u] == 0 || 2 * int64_t(s_.unit_len[u]) <= chunk) continue;
-    long_items += ceil_div(s_.unit_remaining[u], tile_queries_) * ceil_div(s_.unit_len[u], chunk);
-  }
+// A launch's span in KV tokens a slot, for chunk growth: the work (tile_token_work) spread
+// over the slots, or the waves of chunk-long items (those of groups longer than half a chunk)
+// times the chunk, whichever is longer.
+int64_t PlanBuilder::estimated_span(int32_t chunk, int64_t work) const {
   const int64_t slots = std::max(1, c_.num_sms);
-  return std::max(ceil_div(long_items, slots) * chunk, ceil_div(tile_token_work(), slots));
+  return std::max(ceil_div(count_items(chunk, chunk / 2), slots) * chunk, ceil_div(work, slots));
 }
 
 // Query tiles x KV tokens over the groups: the work of a plan, whatever its chunk size.
@@ -264,11 +261,13 @@ int32_t PlanBuilder::choose_chunk_tokens() const {
     // at GQA 4 (work 788 tokens a slot) went 45 -> 50. In the engine, whose verify step has
     // 257 queries (17 tiles: 34 chunk-long items, a second wave), 2048 made t=256 3% slower.
     const int32_t base = max_tiles * tile;
-    const int64_t base_span = estimated_span(base);
+    if (c_.max_chunk_tokens < 2 * base) return base;  // no growth (the default)
+    const int64_t work = tile_token_work();
+    const int64_t base_span = estimated_span(base, work);
     for (int32_t factor : {4, 2}) {
       const int32_t chunk = base * factor;
       if (chunk > c_.max_chunk_tokens) continue;
-      if (estimated_span(chunk) <= base_span) return chunk;
+      if (estimated_span(chunk, work) <= base_span) return chunk;
     }
     return base;
   }
