@@ -56,9 +56,9 @@ struct CudaBackendOptions {
   // many parts where they divide K into 16-byte slices. Tensor parallel: ignored.
   int32_t gemm_split_k = 0;
   // Tree attention's chunk growth (AttentionPlanConfig::max_chunk_tokens): the longest chunk
-  // the plan may grow its KV chunks to, in tokens; 0 (default): no growth. At most the
-  // workspace's longest item (2048). Off until measured in the engine (README, issue 5).
-  int32_t attention_max_chunk_tokens = 0;
+  // the plan may grow its KV chunks to, in tokens; 0: no growth. At most the workspace's
+  // longest item (2048, the default).
+  int32_t attention_max_chunk_tokens = 2048;
 };
 
 // Number of usable CUDA devices (0 when there is no driver or device).

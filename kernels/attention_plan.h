@@ -40,17 +40,16 @@ struct AttentionPlanConfig {
   int32_t num_sms = 132;
   int32_t min_items_per_sm = 1;
   int32_t min_split_tokens = 128;
-  // Chunk growth: chunks four or two times kv_chunk_tokens (the largest that qualifies, at
-  // most max_chunk_tokens) where the launch's estimated span does not grow: the plan's work
-  // (query tiles x KV tokens) per item slot (num_sms), or the waves of chunk-long items times
-  // the chunk, whichever is longer. Where every slot runs several chunks' worth of work
-  // anyway, fewer and longer items cost fewer block prologues, partials and merges without
-  // lengthening the critical path. 0 (default, also in tree_attention_plan_config): no growth.
-  // TreeAttentionLimits::apply_to caps it at the workspace's max_item_tokens. Measured on an
-  // H100 with an earlier rule (README): the kernel alone faster wherever it grew (P=16000 +
-  // 64 x 200 GQA 4 108 -> 81.5 us), the engine's speculative verify steps 2-3% slower (a
-  // second wave of long items, which this rule avoids); off until this rule is measured too
-  // (bench_tree_attention --max-chunk N).
+  // Chunk growth, where the plan has at least num_sms * min_items_per_sm items of
+  // kv_chunk_tokens: chunks of 1x, 2x or 4x kv_chunk_tokens (at most max_chunk_tokens),
+  // whichever gives the shortest simulated span: the items, each costing a block's fixed part
+  // (2.75 KV tiles) plus its KV tiles, list-scheduled longest first on num_sms slots (ties:
+  // the smaller chunk). Fewer, longer items cost fewer block prologues, partials and merges,
+  // and fill the slots' waves differently; the simulation keeps the chunk where longer items
+  // would lengthen the critical path. 0: no growth (the struct's default);
+  // tree_attention_plan_config sets 4 x its 512-token chunk. TreeAttentionLimits::apply_to
+  // caps it at the workspace's max_item_tokens. H100, GQA 4 (README, 2026-11-26): few-shot
+  // P=4000 + 50 x 200 45 -> 36 us (1024), P=16000 + 64 x 200 109 -> 81 (2048).
   int32_t max_chunk_tokens = 0;
 
   // Subtrees with at most pack_max_tokens KV tokens and one query tile of queries are read
@@ -109,6 +108,7 @@ struct AttentionPlanScratch {
   std::vector<int32_t> query_cursor, stack;
   std::vector<int32_t> item_order, permuted;  // AttentionPlanConfig::item_order reordering
   std::vector<int64_t> item_cost;
+  std::vector<int64_t> span_item_cost, span_slot_load;  // chunk growth's simulated span
 };
 
 struct AttentionPlan {

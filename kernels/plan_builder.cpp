@@ -22,6 +22,7 @@
 // Invariant (tested by expanding plans): every (query, visible token) pair is in exactly one
 // item with its mask bit set, and no invisible pair is.
 #include <algorithm>
+#include <functional>
 #include <string>
 
 #include "kernels/attention_plan.h"
@@ -93,9 +94,8 @@ class PlanBuilder {
   void add_unit(int32_t first, int32_t end, bool is_pack, int32_t parent, int32_t len);
   void scan_children(int32_t parent_unit, int32_t begin, int32_t end);
   void build_units_and_assign();
-  int64_t count_items(int32_t chunk, int64_t longer_than = 0) const;
-  int64_t tile_token_work() const;
-  int64_t estimated_span(int32_t chunk, int64_t work) const;
+  int64_t count_items(int32_t chunk) const;
+  int64_t simulated_span(int32_t chunk) const;
   int32_t choose_chunk_tokens() const;
   void collect_group(int32_t u);
   void emit_group(int32_t u, int32_t chunk);
@@ -218,33 +218,49 @@ void PlanBuilder::build_units_and_assign() {
   }
 }
 
-// Items the groups make with this chunk size (before dropping queries that see nothing),
-// counting only the groups whose context is longer than longer_than tokens.
-int64_t PlanBuilder::count_items(int32_t chunk, int64_t longer_than) const {
+// Items the groups make with this chunk size (before dropping queries that see nothing).
+int64_t PlanBuilder::count_items(int32_t chunk) const {
   int64_t total = 0;
   for (size_t u = 0; u < s_.unit_remaining.size(); ++u) {
-    if (s_.unit_remaining[u] == 0 || s_.unit_len[u] <= longer_than) continue;
+    if (s_.unit_remaining[u] == 0) continue;
     total += ceil_div(s_.unit_remaining[u], tile_queries_) * ceil_div(s_.unit_len[u], chunk);
   }
   return total;
 }
 
-// A launch's span in KV tokens a slot, for chunk growth: the work (tile_token_work) spread
-// over the slots, or the waves of chunk-long items (those of groups longer than half a chunk)
-// times the chunk, whichever is longer.
-int64_t PlanBuilder::estimated_span(int32_t chunk, int64_t work) const {
-  const int64_t slots = std::max(1, c_.num_sms);
-  return std::max(ceil_div(count_items(chunk, chunk / 2), slots) * chunk, ceil_div(work, slots));
-}
-
-// Query tiles x KV tokens over the groups: the work of a plan, whatever its chunk size.
-int64_t PlanBuilder::tile_token_work() const {
-  int64_t total = 0;
+// Chunk growth's estimate of a launch's span (AttentionPlanConfig::max_chunk_tokens): the
+// items this chunk gives (per group: query tiles x even chunks, cut as emit_group cuts them),
+// each costing a block's fixed part plus its KV tiles, list-scheduled longest first on
+// num_sms item slots; the longest slot, in quarter KV tiles. The fixed part, 2.75 tiles, is
+// the block trace's fit on an H100 (README: ~4.4 us a block before and after its tiles,
+// ~1.6 us a 64-token tile, for wide and decode-shaped blocks alike).
+int64_t PlanBuilder::simulated_span(int32_t chunk) const {
+  constexpr int64_t kBlockQuarterTiles = 11;
+  const int64_t tile = c_.kv_tile_tokens;
+  std::vector<int64_t>& cost = s_.span_item_cost;
+  cost.clear();
   for (size_t u = 0; u < s_.unit_remaining.size(); ++u) {
     if (s_.unit_remaining[u] == 0) continue;
-    total += ceil_div(s_.unit_remaining[u], tile_queries_) * int64_t(s_.unit_len[u]);
+    const int64_t len = s_.unit_len[u];
+    const int64_t query_tiles = ceil_div(s_.unit_remaining[u], tile_queries_);
+    const int64_t num_chunks = ceil_div(len, chunk);
+    const int64_t per = ceil_div(ceil_div(len, num_chunks), tile) * tile;
+    for (int64_t begin = 0; begin < len; begin += per) {
+      const int64_t tokens = std::min(per, len - begin);
+      cost.insert(cost.end(), size_t(query_tiles), kBlockQuarterTiles + 4 * ceil_div(tokens, tile));
+    }
   }
-  return total;
+  std::sort(cost.begin(), cost.end(), std::greater<>());
+  std::vector<int64_t>& load = s_.span_slot_load;  // a min-heap of the slots' loads
+  load.assign(size_t(std::max(1, c_.num_sms)), 0);
+  int64_t span = 0;
+  for (const int64_t c : cost) {
+    std::pop_heap(load.begin(), load.end(), std::greater<>());
+    load.back() += c;
+    span = std::max(span, load.back());
+    std::push_heap(load.begin(), load.end(), std::greater<>());
+  }
+  return span;
 }
 
 int32_t PlanBuilder::choose_chunk_tokens() const {
@@ -253,23 +269,25 @@ int32_t PlanBuilder::choose_chunk_tokens() const {
   if (!c_.long_context_split) return max_tiles * tile;
   const int64_t target = int64_t(c_.num_sms) * std::max(1, c_.min_items_per_sm);
   if (count_items(max_tiles * tile) >= target) {
-    // Growth (AttentionPlanConfig::max_chunk_tokens): 4x, then 2x the chunk, where the
-    // estimated span does not grow (ties: the larger chunk, fewer items). H100, GQA 4 / 1,
-    // chunks of 2048 against 512 tokens for every case (µs): P=16000 + 64 x 200 81 / 182 vs
-    // 108 / 205 (span 2327 tokens either way), speculative t=256 over 4000 76 / 81 vs 86 / 91
-    // (16 query tiles x 2 chunks: one wave of 32 items on 33 slots), while P=4000 + 50 x 200
-    // at GQA 4 (work 788 tokens a slot) went 45 -> 50. In the engine, whose verify step has
-    // 257 queries (17 tiles: 34 chunk-long items, a second wave), 2048 made t=256 3% slower.
+    // Growth (AttentionPlanConfig::max_chunk_tokens): the chunk among 1x, 2x and 4x whose
+    // simulated span is shortest (ties: the smaller). H100, chunks of 512 / 1024 / 2048 at
+    // GQA 4 (us): few-shot P=4000 + 50 x 200 45.3 / 36.4 / 50.3, P=16000 + 64 x 200 108.8 /
+    // 91.5 / 81.5, P=4000 + 30 x 200 27.1 / 32.3 / 47; the simulation picks 1024, 2048 and
+    // 512 there (README).
     const int32_t base = max_tiles * tile;
-    if (c_.max_chunk_tokens < 2 * base) return base;  // no growth (the default)
-    const int64_t work = tile_token_work();
-    const int64_t base_span = estimated_span(base, work);
-    for (int32_t factor : {4, 2}) {
+    if (c_.max_chunk_tokens < 2 * base) return base;  // no growth
+    int32_t best = base;
+    int64_t best_span = simulated_span(base);
+    for (int32_t factor : {2, 4}) {
       const int32_t chunk = base * factor;
-      if (chunk > c_.max_chunk_tokens) continue;
-      if (estimated_span(chunk, work) <= base_span) return chunk;
+      if (chunk > c_.max_chunk_tokens) break;
+      const int64_t span = simulated_span(chunk);
+      if (span < best_span) {
+        best = chunk;
+        best_span = span;
+      }
     }
-    return base;
+    return best;
   }
   const int32_t min_tiles =
       std::min<int32_t>(max_tiles, int32_t(ceil_div(c_.min_split_tokens, tile)));

@@ -16,7 +16,7 @@
 // forced): one GPU's O and down GEMMs as split-K; the tuned-GEMM table's "K/S" column is the
 // split count a shape was tuned for (1: unsplit).
 // --max-chunk N sets CudaBackendOptions::attention_max_chunk_tokens (tree attention's chunk
-// growth; default 0: off).
+// growth; 0: off; default 2048, the engine's).
 //
 //   bench_decode [--config configs/models/llama-3-8b.json] [--steps 16] [--json FILE]
 //                [--workloads fewshot,sampled,spec,tot] [--kv-gib 6] [--tensor-parallel N]
@@ -59,7 +59,7 @@ struct Args {
   bool gemm_tune = true;
   bool nccl_only = false;  // tensor parallel: every all-reduce through NCCL (no peer-to-peer)
   int gemm_split_k = 0;    // CudaBackendOptions::gemm_split_k
-  int max_chunk = 0;       // CudaBackendOptions::attention_max_chunk_tokens
+  int max_chunk = CudaBackendOptions{}.attention_max_chunk_tokens;  // --max-chunk
 };
 
 double copy_bandwidth_bytes_per_s() {

@@ -9,7 +9,9 @@
 //
 // usage: bench_tree_attention [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush]
 //                             [--chunk TOKENS] [--max-chunk TOKENS] [--min-split TOKENS]
-//                             [--items-per-sm X]
+//                             [--items-per-sm X]   (--max-chunk: chunk growth's cap,
+//                             AttentionPlanConfig::max_chunk_tokens; 0 = no growth, default
+//                             4 x the chunk)
 //                             [--order kv|mixed|plan|longest|interleaved]   (launch order of the
 //                             items)
 //                             [--table fixed|packed|none]  (token table layout the workspace
@@ -50,8 +52,8 @@ struct Options {
   std::string filter;
   int reps = 50;
   bool flush_l2 = true;
-  int chunk = 0;      // 0: tree_attention_plan_config's default
-  int max_chunk = 0;  // AttentionPlanConfig::max_chunk_tokens (0: no chunk growth)
+  int chunk = 0;       // 0: tree_attention_plan_config's default
+  int max_chunk = -1;  // AttentionPlanConfig::max_chunk_tokens (0: no chunk growth; -1: config's)
   int min_split = 0;
   double items_per_sm = 0;
   AttentionPlanConfig::ItemOrder item_order = AttentionPlanConfig::ItemOrder::kKvMajor;
@@ -246,7 +248,7 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   AttentionPlanConfig config =
       tree_attention_plan_config(num_q_heads, num_kv_heads, kHeadDim, num_sms);
   if (opt.chunk > 0) config.kv_chunk_tokens = opt.chunk;
-  config.max_chunk_tokens = opt.max_chunk;
+  if (opt.max_chunk >= 0) config.max_chunk_tokens = opt.max_chunk;
   if (opt.min_split > 0) config.min_split_tokens = opt.min_split;
   config.item_order = opt.item_order;
   if (opt.items_per_sm > 0)

@@ -355,8 +355,7 @@ TEST(TreeAttentionGpu, GraphGridReplaysLaterPlans) {
 // The workspace's longest item caps the plan's chunk growth (no device needed).
 TEST(TreeAttentionLimits, ApplyToCapsChunkGrowth) {
   AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
-  EXPECT_EQ(config.max_chunk_tokens, 0) << "off by default";
-  config.max_chunk_tokens = 2048;
+  EXPECT_EQ(config.max_chunk_tokens, 2048) << "4 x the 512-token chunk by default";
   TreeAttentionLimits limits;
   limits.max_item_tokens = 1024;
   limits.apply_to(&config);

@@ -185,9 +185,10 @@ TEST(PlanStructure, KvMajorOrderPutsTheQueryTilesOfAChunkSideBySide) {
   // group, so as built each tile's 32 chunks come in a run; kv-major launches the 4 tiles of
   // each chunk side by side.
   const TreeCase c = testing::few_shot_case(16000, 64, 1, 16, 5);
+  AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);  // the kernel's
+  config.max_chunk_tokens = 0;  // chunks of 512 (growth would make them 2048)
   AttentionPlan plain, kv;
-  build_in_two_orders(c, tree_attention_plan_config(32, 8, 128, 132),  // the kernel's config
-                      AttentionPlanConfig::ItemOrder::kPlan,
+  build_in_two_orders(c, config, AttentionPlanConfig::ItemOrder::kPlan,
                       AttentionPlanConfig::ItemOrder::kKvMajor, &plain, &kv);
   ASSERT_EQ(kv.num_items(), 128);  // 4 tiles x 32 chunks
   auto key = [](const AttentionPlan& p, int32_t i) {
@@ -205,12 +206,15 @@ TEST(PlanStructure, KvMajorOrderPutsTheQueryTilesOfAChunkSideBySide) {
   EXPECT_EQ(plain.item_queries, kv.item_queries);  // same partial slots, only the order moves
 }
 
-// Chunk growth (AttentionPlanConfig::max_chunk_tokens, off by default) on the kernel's config
-// at GQA 4 (33 item slots): a 16000-token prompt under 64 branches of 200 is 4 query tiles x
-// 16000 tokens + 64 x 200 of work, 2327 tokens a slot, more than one wave of 2048-token items
-// (32 of them), so 4x chunks; a 4000-token prompt under 50 branches is 788 a slot, less than
-// one chunk of 1024, and keeps 512; a lower cap stops the growth there.
-TEST(PlanStructure, ChunksGrowWhereEverySlotHasSeveralChunksOfWork) {
+// Chunk growth (AttentionPlanConfig::max_chunk_tokens) on the kernel's config at GQA 4 (33
+// item slots a kv head): the chunk among 512, 1024 and 2048 whose items, list-scheduled
+// longest first at a block's fixed cost plus their KV tiles, end soonest. The cases are the
+// ones measured on an H100 (README, 2026-11-26): a 16000-token prompt under 64 branches of 200
+// (4 query tiles) runs fastest with 2048 (81 us against 109 at 512), a 4000-token prompt under
+// 50 branches with 1024 (36 against 45: 16 prompt items and 50 branches in one wave, where 32
+// prompt items leave 49 branches a wave of their own), and under 30 branches with 512 (27
+// against 32 at 1024).
+TEST(PlanStructure, ChunksGrowWhereTheSimulatedSpanShrinks) {
   AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
   ASSERT_EQ(config.kv_chunk_tokens, 512);
   ASSERT_EQ(config.num_sms, 33);
@@ -224,22 +228,27 @@ TEST(PlanStructure, ChunksGrowWhereEverySlotHasSeveralChunksOfWork) {
     return p.split_chunk_tokens;
   };
   const TreeCase long_prompt = testing::few_shot_case(16000, 64, 200, 16, 7);
-  const TreeCase short_prompt = testing::few_shot_case(4000, 50, 200, 16, 8);
-  EXPECT_EQ(chunk_of(long_prompt, config), 512) << "off by default";
-  config.max_chunk_tokens = 2048;
+  const TreeCase b50 = testing::few_shot_case(4000, 50, 200, 16, 8);
+  const TreeCase b30 = testing::few_shot_case(4000, 30, 200, 16, 9);
+  AttentionPlanConfig off = config;
+  off.max_chunk_tokens = 0;
+  EXPECT_EQ(chunk_of(long_prompt, off), 512) << "0 turns growth off";
+  ASSERT_EQ(config.max_chunk_tokens, 2048) << "on by default";
   EXPECT_EQ(chunk_of(long_prompt, config), 2048);
-  EXPECT_EQ(chunk_of(short_prompt, config), 512);
+  EXPECT_EQ(chunk_of(b50, config), 1024);
+  EXPECT_EQ(chunk_of(b30, config), 512);
   AttentionPlanConfig capped = config;
   capped.max_chunk_tokens = 1024;
   EXPECT_EQ(chunk_of(long_prompt, capped), 1024);
-  // GQA 1 (8 slots a kv head): the 4000-token prompt's 14000 tokens of work are 1750 a slot,
-  // above the 1024 tokens of one wave of 1024-token items, below 2048.
+  // GQA 1 (8 slots a kv head). FastTree's N=1,4,16 tree: growth would make its 1024-token
+  // root one item, longer than all the rest (H100: 32 us against 27), so it stays at 512.
   AttentionPlanConfig gqa1 = tree_attention_plan_config(32, 32, 128, 132);
-  gqa1.max_chunk_tokens = 2048;
-  EXPECT_EQ(chunk_of(short_prompt, gqa1), 1024);
+  ASSERT_EQ(gqa1.num_sms, 8);
+  EXPECT_EQ(chunk_of(testing::fasttree_case({1, 4, 16}, {1024, 256, 64}, 16, 2), gqa1), 512);
+  EXPECT_EQ(chunk_of(b50, gqa1), 1024);
   // 256 one-token queries over 4000 tokens are 16 query tiles: 32 items of 2048 fill one wave
-  // of the 33 slots, as 128 of 512 fill four. 257 make 17 tiles, 34 items of 2048: a second
-  // wave of long items, so the chunk stays.
+  // of the 33 slots, as 128 of 512 fill four. 257 make 17 tiles, 34 items of 2048 or 68 of
+  // 1024: a last wave of 1 or 2 long items, so the chunk stays.
   EXPECT_EQ(chunk_of(testing::few_shot_case(4000, 256, 1, 16, 9), config), 2048);
   EXPECT_EQ(chunk_of(testing::few_shot_case(4000, 257, 1, 16, 9), config), 512);
 }
