@@ -9,6 +9,7 @@
 //
 // usage: bench_tree_attention [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush]
 //                             [--chunk TOKENS] [--max-chunk TOKENS] [--min-split TOKENS]
+//                             [--pack-max TOKENS]  (AttentionPlanConfig::pack_max_tokens)
 //                             [--items-per-sm X]   (--max-chunk: chunk growth's cap,
 //                             AttentionPlanConfig::max_chunk_tokens; 0 = no growth, default
 //                             4 x the chunk)
@@ -55,6 +56,7 @@ struct Options {
   int chunk = 0;       // 0: tree_attention_plan_config's default
   int max_chunk = -1;  // AttentionPlanConfig::max_chunk_tokens (0: no chunk growth; -1: config's)
   int min_split = 0;
+  int pack_max = 0;  // AttentionPlanConfig::pack_max_tokens (0: the config's)
   double items_per_sm = 0;
   AttentionPlanConfig::ItemOrder item_order = AttentionPlanConfig::ItemOrder::kKvMajor;
   // Token table layout the workspace allows (A/B): "fixed" (fixed stride, the default), "packed"
@@ -250,6 +252,7 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   if (opt.chunk > 0) config.kv_chunk_tokens = opt.chunk;
   if (opt.max_chunk >= 0) config.max_chunk_tokens = opt.max_chunk;
   if (opt.min_split > 0) config.min_split_tokens = opt.min_split;
+  if (opt.pack_max > 0) config.pack_max_tokens = opt.pack_max;
   config.item_order = opt.item_order;
   if (opt.items_per_sm > 0)
     config.num_sms = std::max(1, int32_t(opt.items_per_sm * num_sms / num_kv_heads));
@@ -370,6 +373,8 @@ int main_impl(int argc, char** argv) {
       opt.flush_l2 = false;
     } else if (a == "--chunk") {
       opt.chunk = std::atoi(next().c_str());
+    } else if (a == "--pack-max") {
+      opt.pack_max = std::atoi(next().c_str());
     } else if (a == "--max-chunk") {
       opt.max_chunk = std::atoi(next().c_str());
     } else if (a == "--min-split") {
@@ -419,7 +424,8 @@ int main_impl(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: %s [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush] "
-          "[--chunk TOKENS] [--max-chunk TOKENS] [--min-split TOKENS] [--items-per-sm X] "
+          "[--chunk TOKENS] [--max-chunk TOKENS] [--pack-max TOKENS] [--min-split TOKENS] "
+          "[--items-per-sm X] "
           "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] [--grid] "
           "[--few-shot P,B,S] [--trace PATH]\n",
           argv[0]);
