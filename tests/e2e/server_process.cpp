@@ -104,8 +104,17 @@ std::string read_file(const std::string& path) {
 }  // namespace
 
 RunResult run_treeserve_to_exit(const std::vector<std::string>& args, int timeout_s) {
+  // As ServerProcess: a carried model stands in for the build's default one (GPU runs), so
+  // the checks past model loading (tensor parallel on the cpu backend, binding the listen
+  // address) are the ones that fail, not a missing build/tiny-llama.
+  std::vector<std::string> full = args;
+  const char* model = std::getenv("TREESERVE_E2E_MODEL");
+  if (model != nullptr && std::find(full.begin(), full.end(), "--model") == full.end()) {
+    full.push_back("--model");
+    full.push_back(model);
+  }
   std::string log = temp_log_path();
-  pid_t pid = spawn(args, log);
+  pid_t pid = spawn(full, log);
   RunResult r;
   r.exit_code = wait_exit(pid, timeout_s);
   if (r.exit_code == -1) {
