@@ -263,6 +263,9 @@ __global__ void __launch_bounds__(1024)
                       int32_t nkv, int32_t d, int32_t page_size, T* __restrict__ q_out, T* k_pool,
                       T* v_pool) {
   pdl_wait();
+  // The next kernel (tree attention's stage 1, a programmatic launch) may start now: its
+  // blocks read their plan until their own griddepcontrol.wait, which waits for this grid.
+  detail::pdl_trigger();
   const int64_t r = blockIdx.x;
   const int32_t half = d / 2, per_head = d / 8;
   const int64_t stride = int64_t(nh + 2 * nkv) * d;

@@ -103,6 +103,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   int32_t* warp_sums = seg_page + kSegBatch;
   int32_t* tok = warp_sums + 2 * kWarps;  // [max_item_tokens]
 
+  // Everything above reads only the plan and the token table, written before the previous
+  // kernel started; Q and the K/V pages (this step's tokens) are that kernel's output.
+  pdl_wait();
+
   // Q tile: row r = local query r / gqa, q head kv_head * gqa + r % gqa; pad rows are zero.
   // Two threads per row, alternating 16-byte chunks, so each copy instruction reads 32
   // contiguous bytes of 16 rows.
@@ -384,9 +388,14 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
   }
   // A plan without items (a sequence-parallel shard's) still has its queries written.
   if (items > 0) {
-    const dim3 grid1(items * params.num_kv_heads);
-    tree_attention_stage1<D, T><<<grid1, kThreads, smem, stream>>>(params);
-    TS_RETURN_IF_ERROR(cuda_status("tree_attention_stage1 launch"));
+    // Programmatic dependent launch too: a block reads its plan record, query rows and first
+    // token-table entries while the previous kernel (the engine's RoPE + KV append, which
+    // triggers at its start) drains, and waits for it before loading Q, K and V.
+    const cudaError_t e1 = launch_pdl(dim3(items * params.num_kv_heads), dim3(kThreads),
+                                      size_t(smem), stream, tree_attention_stage1<D, T>, params);
+    if (e1 != cudaSuccess) {
+      return Internal(std::string("tree_attention_stage1 launch: ") + cudaGetErrorString(e1));
+    }
   }
   const int64_t pairs = int64_t(queries) * params.num_q_heads;
   const int blocks = int((pairs + kWarps - 1) / kWarps);
