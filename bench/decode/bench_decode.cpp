@@ -161,9 +161,12 @@ class Runner {
     }
   }
 
-  // Mean milliseconds of `steps` decode steps (each branch +1 token, or a token tree).
+  // Mean milliseconds of `steps` decode steps (each branch +1 token, or a token tree). A step
+  // over 1.5x the median (a host stall, a graph captured mid-run) is named on stderr: the
+  // mean includes it.
   double measure(Workload& w, int steps, bool profile_last = false) {
     double total = 0;
+    std::vector<double> step_ms;
     for (int s = 0; s < steps + 1; ++s) {  // the first step warms up
       batch_.clear();
       std::vector<ViewQuery> q;
@@ -196,11 +199,25 @@ class Runner {
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (profile) cudaProfilerStop();
-      if (s > 0) total += ms;
+      if (s > 0) {
+        total += ms;
+        step_ms.push_back(ms);
+      }
       if (w.drafts > 0) {
         for (BranchId b : w.branches) {
           std::vector<SlotMove> none;
           check(kv_->accept(b, {}, &none));  // reject all: the next step starts the same
+        }
+      }
+    }
+    if (!step_ms.empty()) {
+      std::vector<double> sorted = step_ms;
+      std::sort(sorted.begin(), sorted.end());
+      const double median = sorted[sorted.size() / 2];
+      for (size_t i = 0; i < step_ms.size(); ++i) {
+        if (step_ms[i] > 1.5 * median) {
+          std::fprintf(stderr, "bench_decode: %s: step %zu took %.3f ms (median %.3f ms)\n",
+                       w.name.c_str(), i + 1, step_ms[i], median);
         }
       }
     }
