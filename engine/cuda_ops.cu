@@ -262,16 +262,18 @@ __global__ void __launch_bounds__(1024)
                       const float* __restrict__ inv_freq, const int64_t* kv_slots, int32_t nh,
                       int32_t nkv, int32_t d, int32_t page_size, T* __restrict__ q_out, T* k_pool,
                       T* v_pool) {
+  const int64_t r = blockIdx.x;
+  // The step's metadata (uploaded before the step's first kernel) is read while the QKV GEMM
+  // drains; its output only after the wait.
+  const float pos = float(positions[r]);
+  const int64_t slot_id = kv_slots[r];
   pdl_wait();
   // The next kernel (tree attention's stage 1, a programmatic launch) may start now: its
   // blocks read their plan until their own griddepcontrol.wait, which waits for this grid.
   detail::pdl_trigger();
-  const int64_t r = blockIdx.x;
   const int32_t half = d / 2, per_head = d / 8;
   const int64_t stride = int64_t(nh + 2 * nkv) * d;
   const T* row = qkv + r * stride;
-  const float pos = float(positions[r]);
-  const int64_t slot_id = kv_slots[r];
   const int64_t page = slot_id / page_size;
   const int32_t slot = int32_t(slot_id % page_size);
   const int64_t page_elems = int64_t(nkv) * page_size * d;
