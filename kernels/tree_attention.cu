@@ -62,11 +62,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   it.kv_head = p.heads_first ? blockIdx.x % p.num_kv_heads : blockIdx.x / grid_items;
   it.gqa = p.gqa;
 
-  // The prologue's one round trip: the header (graph launches), the item's record, the batch
-  // row of this thread's query-tile row and, in the fixed-stride table mode, the entry of
-  // token tid all lie at addresses known from the block index, so their loads go out together
-  // (detail/tree_attention_layout.h). Loads for a block past the plan's items read stale but
-  // in-bounds words, and the block exits before using them.
+  // The prologue: the header (graph launches), the item's record and the batch row of this
+  // thread's query-tile row lie at addresses known from the block index, so their loads go
+  // out together (detail/tree_attention_layout.h), and before the wait for the previous
+  // kernel: they come from the plan upload, a copy. Loads for a block past the plan's items
+  // read stale but in-bounds words, and the block exits before using them.
   static_assert(kThreads == 2 * kTileRows, "two threads per query-tile row");
   static_assert(kThreads <= 128, "the table stride is a multiple of 128 tokens");
   const int32_t* rec = plan + kHeaderWords + int64_t(item) * kItemRecordWords;
@@ -75,8 +75,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   const int q_row = tid >> 1;  // this thread's query-tile row
   const int q_local = q_row / it.gqa;
   const int32_t q_batch_row = rec[kRecQueryRows + q_local];
-  const int32_t first_entry =
-      item < p.table_items ? p.token_table[int64_t(item) * p.table_stride + tid] : 0;
   const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
   if (item >= h.w[kNumItems]) return;
   it.query_begin = rec_a.x;
@@ -103,9 +101,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   int32_t* warp_sums = seg_page + kSegBatch;
   int32_t* tok = warp_sums + 2 * kWarps;  // [max_item_tokens]
 
-  // Everything above reads only the plan and the token table, written before the previous
-  // kernel started; Q and the K/V pages (this step's tokens) are that kernel's output.
+  // Everything above reads only the uploaded plan. Q and the K/V pages (this step's tokens)
+  // are the previous kernel's output, and the token table is a kernel's (fill_token_table,
+  // which may be the previous one where a launch follows its upload directly), so they are
+  // read after the wait. In the fixed-stride mode the entry of token tid goes out with Q.
   pdl_wait();
+  const int32_t first_entry =
+      item < p.table_items ? p.token_table[int64_t(item) * p.table_stride + tid] : 0;
 
   // Q tile: row r = local query r / gqa, q head kv_head * gqa + r % gqa; pad rows are zero.
   // Two threads per row, alternating 16-byte chunks, so each copy instruction reads 32

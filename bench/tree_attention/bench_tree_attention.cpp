@@ -9,10 +9,10 @@
 //
 // usage: bench_tree_attention [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush]
 //                             [--chunk TOKENS] [--max-chunk TOKENS] [--min-split TOKENS]
+//                             (--max-chunk: chunk growth's cap, AttentionPlanConfig::
+//                             max_chunk_tokens; 0 = no growth, default 4 x the chunk)
 //                             [--pack-max TOKENS]  (AttentionPlanConfig::pack_max_tokens)
-//                             [--items-per-sm X]   (--max-chunk: chunk growth's cap,
-//                             AttentionPlanConfig::max_chunk_tokens; 0 = no growth, default
-//                             4 x the chunk)
+//                             [--items-per-sm X]
 //                             [--order kv|mixed|plan|longest|interleaved]   (launch order of the
 //                             items)
 //                             [--table fixed|packed|none]  (token table layout the workspace
