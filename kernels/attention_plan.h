@@ -41,7 +41,7 @@ struct AttentionPlanConfig {
   int32_t min_items_per_sm = 1;
   int32_t min_split_tokens = 128;
   // Chunk growth, where the plan has at least num_sms * min_items_per_sm items of
-  // kv_chunk_tokens: chunks of 1x, 2x or 4x kv_chunk_tokens (at most max_chunk_tokens),
+  // kv_chunk_tokens: chunks of 1x, 2x, 3x or 4x kv_chunk_tokens (at most max_chunk_tokens),
   // whichever gives the shortest simulated span: the items, each costing a block's fixed part
   // (2.75 KV tiles) plus its KV tiles, list-scheduled longest first on num_sms slots (ties:
   // the smaller chunk). Fewer, longer items cost fewer block prologues, partials and merges,

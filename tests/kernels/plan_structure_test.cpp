@@ -207,7 +207,7 @@ TEST(PlanStructure, KvMajorOrderPutsTheQueryTilesOfAChunkSideBySide) {
 }
 
 // Chunk growth (AttentionPlanConfig::max_chunk_tokens) on the kernel's config at GQA 4 (33
-// item slots a kv head): the chunk among 512, 1024 and 2048 whose items, list-scheduled
+// item slots a kv head): the chunk among 512, 1024, 1536 and 2048 whose items, list-scheduled
 // longest first at a block's fixed cost plus their KV tiles, end soonest. The cases are the
 // ones measured on an H100 (README, 2026-11-26): a 16000-token prompt under 64 branches of 200
 // (4 query tiles) runs fastest with 2048 (81 us against 109 at 512), a 4000-token prompt under
@@ -247,10 +247,16 @@ TEST(PlanStructure, ChunksGrowWhereTheSimulatedSpanShrinks) {
   EXPECT_EQ(chunk_of(testing::fasttree_case({1, 4, 16}, {1024, 256, 64}, 16, 2), gqa1), 512);
   EXPECT_EQ(chunk_of(b50, gqa1), 1024);
   // 256 one-token queries over 4000 tokens are 16 query tiles: 32 items of 2048 fill one wave
-  // of the 33 slots, as 128 of 512 fill four. 257 make 17 tiles, 34 items of 2048 or 68 of
-  // 1024: a last wave of 1 or 2 long items, so the chunk stays.
+  // of the 33 slots, as 128 of 512 fill four. 257 make 17 tiles: 34 items of 2048 or 68 of
+  // 1024 leave a last wave of 1 or 2 long items, 51 of 1536 (3 chunks of 1344) make two
+  // waves, shorter than five of 512.
   EXPECT_EQ(chunk_of(testing::few_shot_case(4000, 256, 1, 16, 9), config), 2048);
-  EXPECT_EQ(chunk_of(testing::few_shot_case(4000, 257, 1, 16, 9), config), 512);
+  EXPECT_EQ(chunk_of(testing::few_shot_case(4000, 257, 1, 16, 9), config), 1536);
+  // The engine's verify step for a 128-token tree (129 queries, H100: 8.79 -> 8.55 ms a step
+  // with 1536 over 512, two rounds each).
+  EXPECT_EQ(
+      chunk_of(testing::speculative_case(4000, testing::medusa_like_paths(128), 16, 10), config),
+      1536);
 }
 
 TEST(PlanStructure, KvMixedOrderSpreadsNarrowItemsAmongWideOnes) {
