@@ -390,9 +390,9 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
   }
   // A plan without items (a sequence-parallel shard's) still has its queries written.
   if (items > 0) {
-    // Programmatic dependent launch too: a block reads its plan record, query rows and first
-    // token-table entries while the previous kernel (the engine's RoPE + KV append, which
-    // triggers at its start) drains, and waits for it before loading Q, K and V.
+    // Programmatic dependent launch too: a block reads its plan record and query rows while
+    // the previous kernel (the engine's RoPE + KV append, which triggers at its start) drains,
+    // and waits for it before loading the token table, Q, K and V.
     const cudaError_t e1 = launch_pdl(dim3(items * params.num_kv_heads), dim3(kThreads),
                                       size_t(smem), stream, tree_attention_stage1<D, T>, params);
     if (e1 != cudaSuccess) {
