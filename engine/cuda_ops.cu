@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "engine/cuda_ops.h"
@@ -437,18 +438,91 @@ __device__ RowMax row_max_and_sum(const float* x, int64_t vocab) {
 constexpr int64_t kArgmaxSlice = 8192;
 constexpr int kArgmaxThreads = 512;
 
-__global__ void argmax_slices_kernel(const float* logits, int64_t stride, int64_t vocab,
-                                     int32_t slices, float* maxes, float* sums, int32_t* ids) {
+// A running (max, lowest id of the max, sum of exp(x - max)) over some logits; -inf logits add
+// nothing to the sum (a slice of only -inf keeps sum 0), NaN ones are never the max.
+struct OnlineMax {
+  float max = -INFINITY;
+  int32_t id = INT32_MAX;
+  float sum = 0.0f;
+  __device__ __forceinline__ void add(float v, int32_t i) {
+    if (v > max) {
+      sum = (max == -INFINITY ? 0.0f : sum * __expf(max - v)) + 1.0f;
+      max = v;
+      id = i;
+    } else {
+      if (v == max && i < id) id = i;
+      if (v != -INFINITY) sum += __expf(v - max);
+    }
+  }
+  __device__ __forceinline__ void merge(const OnlineMax& o) {
+    const float m = fmaxf(max, o.max);
+    const float a = max == -INFINITY ? 0.0f : sum * __expf(max - m);
+    const float b = o.max == -INFINITY ? 0.0f : o.sum * __expf(o.max - m);
+    id = o.max > max ? o.id : max > o.max ? id : min(id, o.id);
+    max = m;
+    sum = a + b;
+  }
+};
+
+// One pass over the slice: a thread's logits come in 16-byte loads, all issued before the
+// first is used, where the slice is whole and aligned (the LM head's rows: vocab % 4 == 0);
+// scalar loads otherwise. Then a warp and a block reduction of the running states.
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_slices_kernel(const float* logits, int64_t stride, int64_t vocab, int32_t slices,
+                         float* maxes, float* sums, int32_t* ids) {
+  constexpr int kVecs = int(kArgmaxSlice / (4 * kArgmaxThreads));  // float4 loads a thread
+  static_assert(kVecs * 4 * kArgmaxThreads == kArgmaxSlice, "whole float4 passes per slice");
   pdl_wait();
   const int64_t r = blockIdx.x;
   const int64_t begin = int64_t(blockIdx.y) * kArgmaxSlice;
   const int64_t len = vocab - begin < kArgmaxSlice ? vocab - begin : kArgmaxSlice;
-  const RowMax m = row_max_and_sum(logits + r * stride + begin, len > 0 ? len : 0);
+  const float* x = logits + r * stride + begin;
+  OnlineMax st;
+  if (len == kArgmaxSlice && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {
+    float4 v[kVecs];
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      v[k] = reinterpret_cast<const float4*>(x)[threadIdx.x + k * kArgmaxThreads];
+    }
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int32_t i = int32_t(begin) + 4 * int32_t(threadIdx.x + k * kArgmaxThreads);
+      st.add(v[k].x, i);
+      st.add(v[k].y, i + 1);
+      st.add(v[k].z, i + 2);
+      st.add(v[k].w, i + 3);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < len; i += kArgmaxThreads) st.add(x[i], int32_t(begin + i));
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    OnlineMax other;
+    other.max = __shfl_xor_sync(0xffffffffu, st.max, o);
+    other.id = __shfl_xor_sync(0xffffffffu, st.id, o);
+    other.sum = __shfl_xor_sync(0xffffffffu, st.sum, o);
+    st.merge(other);
+  }
+  __shared__ float w_max[kArgmaxThreads / 32], w_sum[kArgmaxThreads / 32];
+  __shared__ int32_t w_id[kArgmaxThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    w_max[warp] = st.max;
+    w_id[warp] = st.id;
+    w_sum[warp] = st.sum;
+  }
+  __syncthreads();
   if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxThreads / 32; ++w) {
+      OnlineMax other;
+      other.max = w_max[w];
+      other.id = w_id[w];
+      other.sum = w_sum[w];
+      st.merge(other);
+    }
     const int64_t at = r * slices + blockIdx.y;
-    maxes[at] = m.max;
-    sums[at] = m.sum;
-    ids[at] = m.id == INT32_MAX ? INT32_MAX : int32_t(begin + m.id);
+    maxes[at] = st.max;
+    sums[at] = st.sum;
+    ids[at] = st.id;
   }
 }
 

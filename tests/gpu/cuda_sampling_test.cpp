@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -251,23 +252,28 @@ namespace {
 
 // The greedy path's argmax + log-softmax (cuda::argmax_logprob, sliced over the vocabulary
 // and merged per row) against a double-precision host computation: Llama-3's 128,256-entry
-// rows (16 slices), maxima tied across slices (the lowest id wins), a vocab limit that cuts a
-// slice, and rows whose maximum sits in the last, partial slice.
-TEST(DeviceArgmax, SlicedArgmaxAndLogprobMatchHost) {
-  REQUIRE_GPU();
-  const int64_t stride = 128256, n = 7;
+// rows (16 slices; whole slices are read in 16-byte loads), maxima tied across slices and
+// inside one slice between threads (the lowest id wins), a vocab limit that cuts a slice, rows
+// whose maximum sits in the last, partial slice, -inf logits, and an odd row stride (rows
+// not 16-byte aligned: scalar loads).
+void check_sliced_argmax(int64_t stride, std::initializer_list<int64_t> vocabs) {
+  const int64_t n = 7;
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.f, 3.f);
   std::vector<float> flat(size_t(n * stride));
   for (float& x : flat) x = normal(rng);
   auto row = [&](int64_t r) { return flat.data() + r * stride; };
   row(1)[9000] = 40.f;  // tie across slices 1 and 12: lowest id
-  row(1)[100000] = 40.f;
-  row(2)[128255] = 41.f;  // in the last, partial slice
-  row(3)[8191] = 42.f;    // slice boundaries
+  row(1)[30000] = 40.f;
+  row(2)[stride - 1] = 41.f;  // in the last, partial slice
+  row(3)[8191] = 42.f;        // slice boundaries
   row(3)[8192] = 42.f;
-  row(4)[127000] = 50.f;  // past the vocab limit below: ignored
-  for (const int64_t vocab : {stride, int64_t(120000)}) {
+  row(4)[stride - 100] = 50.f;  // past the vocab limit below: ignored
+  row(5)[2052] = 45.f;          // tie inside slice 0: thread 1's second load, thread 5's first
+  row(5)[20] = 45.f;
+  row(6)[0] = -INFINITY;  // -inf logits add nothing
+  row(6)[8200] = -INFINITY;
+  for (const int64_t vocab : vocabs) {
     float* d_logits = nullptr;
     int32_t* d_ids = nullptr;
     float* d_lp = nullptr;
@@ -301,6 +307,12 @@ TEST(DeviceArgmax, SlicedArgmaxAndLogprobMatchHost) {
     cudaFree(d_lp);
     cudaFree(d_scratch);
   }
+}
+
+TEST(DeviceArgmax, SlicedArgmaxAndLogprobMatchHost) {
+  REQUIRE_GPU();
+  check_sliced_argmax(128256, {128256, 120000});
+  check_sliced_argmax(32001, {32001, 20000});
 }
 
 }  // namespace
