@@ -279,9 +279,9 @@ int32_t PlanBuilder::choose_chunk_tokens() const {
     if (c_.max_chunk_tokens <= base) return base;  // no growth
     int32_t best = base;
     int64_t best_span = simulated_span(base);
-    for (int32_t half_factor : {4, 6, 8}) {  // 2x, 3x, 4x, in whole KV tiles
-      const int32_t chunk = (max_tiles * half_factor / 2) * tile;
-      if (chunk <= base || chunk > c_.max_chunk_tokens) continue;
+    for (int32_t factor : {2, 3, 4}) {
+      const int32_t chunk = base * factor;
+      if (chunk > c_.max_chunk_tokens) break;
       const int64_t span = simulated_span(chunk);
       if (span < best_span) {
         best = chunk;

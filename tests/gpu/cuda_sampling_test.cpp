@@ -263,7 +263,7 @@ void check_sliced_argmax(int64_t stride, std::initializer_list<int64_t> vocabs) 
   std::vector<float> flat(size_t(n * stride));
   for (float& x : flat) x = normal(rng);
   auto row = [&](int64_t r) { return flat.data() + r * stride; };
-  row(1)[9000] = 40.f;  // tie across slices 1 and 12: lowest id
+  row(1)[9000] = 40.f;  // tie across slices 1 and 3: lowest id
   row(1)[30000] = 40.f;
   row(2)[stride - 1] = 41.f;  // in the last, partial slice
   row(3)[8191] = 42.f;        // slice boundaries
