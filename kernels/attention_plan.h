@@ -109,6 +109,7 @@ struct AttentionPlanScratch {
   std::vector<int32_t> item_order, permuted;  // AttentionPlanConfig::item_order reordering
   std::vector<int64_t> item_cost;
   std::vector<int64_t> span_item_cost, span_slot_load;  // chunk growth's simulated span
+  std::vector<int64_t> chunk_row_offset;  // a chunk query's mask row (-1: its item unmasked)
 };
 
 struct AttentionPlan {

@@ -397,27 +397,68 @@ void PlanBuilder::emit_group(int32_t u, int32_t chunk) {
   }
 }
 
-void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tokens) {
-  // Keep the group's queries that see something of this chunk; note who sees only part.
-  s_.chunk_queries.clear();
-  s_.chunk_visible.clear();
-  for (int32_t q : s_.group_queries) {
-    int32_t visible = 0;
-    for (int32_t g = seg_begin; g < seg_end; ++g) visible += visible_in_segment(q, g);
-    if (visible == 0) continue;
-    s_.chunk_queries.push_back(q);
-    s_.chunk_visible.push_back(visible);
+// Sets bits [a, b) of a mask row.
+void set_mask_bits(uint32_t* row, int32_t a, int32_t b) {
+  while (a < b) {
+    const int32_t lo = a & 31, n = std::min(32 - lo, b - a);
+    row[a >> 5] |= (n == 32 ? ~0u : ((1u << n) - 1u) << lo);
+    a += n;
   }
+}
+
+void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tokens) {
+  // Keep the group's queries that see something of this chunk; note who sees only part. A
+  // segment of node m is seen whole by the queries whose leaf is a strict descendant of m and
+  // in part (visible_in_segment) by those whose leaf is m: query ids [first_query[m + 1],
+  // first_query[subtree_end[m]]) and [first_query[m], first_query[m + 1]), contiguous as the
+  // queries are sorted by leaf. So each segment costs two binary searches in the group's
+  // (ascending) queries plus its leaf's queries, not a test per query (speculative trees:
+  // hundreds of one-token segments x hundreds of queries per chunk).
+  const std::vector<int32_t>& group = s_.group_queries;
+  const int32_t ng = int32_t(group.size());
+  auto position = [](const std::vector<int32_t>& ids, int32_t begin, int32_t end, int32_t id) {
+    return int32_t(std::lower_bound(ids.begin() + begin, ids.begin() + end, id) - ids.begin());
+  };
+  std::vector<int32_t>& vis = s_.chunk_visible;
+  vis.assign(size_t(ng) + 1, 0);
+  for (int32_t g = seg_begin; g < seg_end; ++g) {
+    const int32_t m = out_->seg_node[g];
+    const int32_t lo = position(group, 0, ng, s_.first_query[m + 1]);
+    const int32_t hi = position(group, lo, ng, s_.first_query[s_.subtree_end[m]]);
+    vis[size_t(lo)] += out_->seg_num_tokens[g];  // difference array: [lo, hi) see it whole
+    vis[size_t(hi)] -= out_->seg_num_tokens[g];
+  }
+  for (int32_t i = 1; i < ng; ++i) vis[size_t(i)] += vis[size_t(i) - 1];
+  for (int32_t g = seg_begin; g < seg_end; ++g) {
+    const int32_t m = out_->seg_node[g];
+    for (int32_t i = position(group, 0, ng, s_.first_query[m]);
+         i < ng && group[size_t(i)] < s_.first_query[m + 1]; ++i) {
+      vis[size_t(i)] += visible_in_segment(group[size_t(i)], g);
+    }
+  }
+  s_.chunk_queries.clear();
+  int32_t kept = 0;
+  for (int32_t i = 0; i < ng; ++i) {
+    if (vis[size_t(i)] == 0) continue;
+    s_.chunk_queries.push_back(group[size_t(i)]);
+    vis[size_t(kept++)] = vis[size_t(i)];
+  }
+  vis.resize(size_t(kept));
+  const std::vector<int32_t>& chunk_queries = s_.chunk_queries;
   const int32_t words = AttentionPlan::mask_words_per_row(num_tokens);
-  const int32_t nq = int32_t(s_.chunk_queries.size());
+  const int32_t nq = kept;
+  // Items: one per query tile; a masked one gets zeroed rows, at row_offset[i] for query i.
+  std::vector<int64_t>& row_offset = s_.chunk_row_offset;
+  row_offset.assign(size_t(nq), -1);
+  bool any_masked = false;
   for (int32_t t0 = 0; t0 < nq; t0 += tile_queries_) {
     const int32_t t1 = std::min(nq, t0 + tile_queries_);
     bool masked = false;
-    for (int32_t i = t0; i < t1; ++i) masked |= s_.chunk_visible[i] < num_tokens;
+    for (int32_t i = t0; i < t1; ++i) masked |= vis[size_t(i)] < num_tokens;
     out_->item_segment_begin.push_back(seg_begin);
     out_->item_segment_end.push_back(seg_end);
     out_->item_query_begin.push_back(out_->num_partials());
-    for (int32_t i = t0; i < t1; ++i) out_->item_queries.push_back(s_.chunk_queries[i]);
+    for (int32_t i = t0; i < t1; ++i) out_->item_queries.push_back(chunk_queries[size_t(i)]);
     out_->item_query_end.push_back(out_->num_partials());
     out_->item_num_tokens.push_back(num_tokens);
     out_->max_item_tokens = std::max(out_->max_item_tokens, num_tokens);
@@ -425,18 +466,32 @@ void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tok
       out_->item_mask_offset.push_back(-1);
       continue;
     }
+    any_masked = true;
     const size_t offset = out_->mask_words.size();
     out_->item_mask_offset.push_back(int32_t(offset));
     out_->mask_words.resize(offset + size_t(t1 - t0) * words, 0u);
-    for (int32_t i = t0; i < t1; ++i) {
-      uint32_t* row = out_->mask_words.data() + offset + size_t(i - t0) * words;
-      int32_t pos = 0;  // token offset of the segment inside the chunk
-      for (int32_t g = seg_begin; g < seg_end; ++g) {
-        const int32_t vis = visible_in_segment(s_.chunk_queries[i], g);
-        for (int32_t t = pos; t < pos + vis; ++t) row[t >> 5] |= 1u << (t & 31);
-        pos += out_->seg_num_tokens[g];
-      }
+    for (int32_t i = t0; i < t1; ++i)
+      row_offset[size_t(i)] = int64_t(offset) + int64_t(i - t0) * words;
+  }
+  if (!any_masked) return;
+  // Mask bits, segment by segment: the rows of the queries that see it (as above), in every
+  // masked tile at once.
+  uint32_t* mask = out_->mask_words.data();
+  int32_t pos = 0;  // token offset of the segment inside the chunk
+  for (int32_t g = seg_begin; g < seg_end; ++g) {
+    const int32_t m = out_->seg_node[g], len = out_->seg_num_tokens[g];
+    const int32_t lo = position(chunk_queries, 0, nq, s_.first_query[m + 1]);
+    const int32_t hi = position(chunk_queries, lo, nq, s_.first_query[s_.subtree_end[m]]);
+    for (int32_t i = lo; i < hi; ++i) {
+      if (row_offset[size_t(i)] >= 0) set_mask_bits(mask + row_offset[size_t(i)], pos, pos + len);
     }
+    for (int32_t i = position(chunk_queries, 0, nq, s_.first_query[m]);
+         i < nq && chunk_queries[size_t(i)] < s_.first_query[m + 1]; ++i) {
+      if (row_offset[size_t(i)] < 0) continue;
+      const int32_t v = visible_in_segment(chunk_queries[size_t(i)], g);
+      set_mask_bits(mask + row_offset[size_t(i)], pos, pos + v);
+    }
+    pos += len;
   }
 }
 

@@ -94,23 +94,24 @@ Status validate_attention_view(const AttentionView& view, int64_t num_pages,
 
   for (int32_t q = 0; q < num_queries; ++q) {
     const AttentionQuery& query = view.queries[q];
-    const std::string name = "queries[" + std::to_string(q) + "]";
+    // Built only for an error, not for every query of every valid view.
+    auto name = [q] { return "queries[" + std::to_string(q) + "]"; };
     if (query.leaf < 0 || query.leaf >= num_nodes) {
-      return InvalidArgument(name + ".leaf = " + std::to_string(query.leaf) + " is out of range");
+      return InvalidArgument(name() + ".leaf = " + std::to_string(query.leaf) + " is out of range");
     }
     const int32_t leaf_len = view.nodes[query.leaf].num_tokens;
     if (query.leaf_tokens < 1 || query.leaf_tokens > leaf_len) {
-      return InvalidArgument(name + ".leaf_tokens = " + std::to_string(query.leaf_tokens) +
+      return InvalidArgument(name() + ".leaf_tokens = " + std::to_string(query.leaf_tokens) +
                              " is out of range [1, " + std::to_string(leaf_len) + "]");
     }
     if (query.row < 0) {
-      return InvalidArgument(name + ".row = " + std::to_string(query.row) + " must be >= 0");
+      return InvalidArgument(name() + ".row = " + std::to_string(query.row) + " must be >= 0");
     }
     if (q > 0) {
       const AttentionQuery& prev = view.queries[q - 1];
       if (prev.leaf > query.leaf ||
           (prev.leaf == query.leaf && prev.leaf_tokens > query.leaf_tokens)) {
-        return InvalidArgument(name + ": queries are not sorted by (leaf, leaf_tokens)");
+        return InvalidArgument(name() + ": queries are not sorted by (leaf, leaf_tokens)");
       }
     }
   }
