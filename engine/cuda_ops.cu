@@ -377,8 +377,6 @@ __global__ void move_slots_kernel(T* k_all, T* v_all, int64_t layer_elems, int64
   }
 }
 
-// The block's row x[0, vocab): its max, the lowest id holding it (INT32_MAX when vocab == 0)
-// and sum(exp(x - max)); every thread gets them.
 // The warp's largest (value, id), the lowest id on ties, in every lane.
 __device__ __forceinline__ void warp_argmax(float* best, int32_t* best_id) {
   for (int o = 16; o > 0; o >>= 1) {
@@ -389,47 +387,6 @@ __device__ __forceinline__ void warp_argmax(float* best, int32_t* best_id) {
       *best_id = oi;
     }
   }
-}
-
-struct RowMax {
-  float max;
-  int32_t id;
-  float sum;
-};
-__device__ RowMax row_max_and_sum(const float* x, int64_t vocab) {
-  float best = -INFINITY;
-  int32_t best_id = INT32_MAX;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = x[i];
-    if (v > best || (v == best && int32_t(i) < best_id)) {
-      best = v;
-      best_id = int32_t(i);
-    }
-  }
-  warp_argmax(&best, &best_id);
-  __shared__ float warp_best[32];
-  __shared__ int32_t warp_id[32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    warp_best[warp] = best;
-    warp_id[warp] = best_id;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < int(blockDim.x / 32); ++w) {
-      if (warp_best[w] > warp_best[0] ||
-          (warp_best[w] == warp_best[0] && warp_id[w] < warp_id[0])) {
-        warp_best[0] = warp_best[w];
-        warp_id[0] = warp_id[w];
-      }
-    }
-  }
-  __syncthreads();
-  RowMax r{warp_best[0], warp_id[0], 0.0f};
-  float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += __expf(x[i] - r.max);
-  r.sum = block_sum(sum);
-  return r;
 }
 
 // The greedy path's argmax and log-softmax in two launches: slices of kArgmaxSlice logits
@@ -464,6 +421,38 @@ struct OnlineMax {
   }
 };
 
+// The block's running states merged (kThreads threads, all calling); the result is thread
+// 0's.
+template <int kThreads>
+__device__ __forceinline__ OnlineMax block_online_max(OnlineMax st) {
+  for (int o = 16; o > 0; o >>= 1) {
+    OnlineMax other;
+    other.max = __shfl_xor_sync(0xffffffffu, st.max, o);
+    other.id = __shfl_xor_sync(0xffffffffu, st.id, o);
+    other.sum = __shfl_xor_sync(0xffffffffu, st.sum, o);
+    st.merge(other);
+  }
+  __shared__ float w_max[kThreads / 32], w_sum[kThreads / 32];
+  __shared__ int32_t w_id[kThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    w_max[warp] = st.max;
+    w_id[warp] = st.id;
+    w_sum[warp] = st.sum;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) {
+      OnlineMax other;
+      other.max = w_max[w];
+      other.id = w_id[w];
+      other.sum = w_sum[w];
+      st.merge(other);
+    }
+  }
+  return st;
+}
+
 // One pass over the slice: a thread's logits come in 16-byte loads, all issued before the
 // first is used, where the slice is whole and aligned (the LM head's rows: vocab % 4 == 0);
 // scalar loads otherwise. Then a warp and a block reduction of the running states.
@@ -495,30 +484,8 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   } else {
     for (int64_t i = threadIdx.x; i < len; i += kArgmaxThreads) st.add(x[i], int32_t(begin + i));
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    OnlineMax other;
-    other.max = __shfl_xor_sync(0xffffffffu, st.max, o);
-    other.id = __shfl_xor_sync(0xffffffffu, st.id, o);
-    other.sum = __shfl_xor_sync(0xffffffffu, st.sum, o);
-    st.merge(other);
-  }
-  __shared__ float w_max[kArgmaxThreads / 32], w_sum[kArgmaxThreads / 32];
-  __shared__ int32_t w_id[kArgmaxThreads / 32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    w_max[warp] = st.max;
-    w_id[warp] = st.id;
-    w_sum[warp] = st.sum;
-  }
-  __syncthreads();
+  st = block_online_max<kArgmaxThreads>(st);
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kArgmaxThreads / 32; ++w) {
-      OnlineMax other;
-      other.max = w_max[w];
-      other.id = w_id[w];
-      other.sum = w_sum[w];
-      st.merge(other);
-    }
     const int64_t at = r * slices + blockIdx.y;
     maxes[at] = st.max;
     sums[at] = st.sum;
@@ -558,14 +525,32 @@ __global__ void argmax_merge_kernel(int64_t n, int32_t slices, const float* maxe
 
 // One block per row of a vocabulary shard (tensor parallel): the shard's max, its argmax as a
 // global id (id_offset + local index, lowest on ties) and sum(exp(x - max)) over the row's
-// first `vocab` entries. vocab == 0 gives (-inf, INT32_MAX, 0). The host merges the shards.
-__global__ void argmax_partial_kernel(const float* logits, int64_t stride, int64_t vocab,
-                                      int64_t id_offset, float* maxes, float* sums, int32_t* ids) {
-  const RowMax r = row_max_and_sum(logits + int64_t(blockIdx.x) * stride, vocab);
+// first `vocab` entries, in one pass (OnlineMax; 16-byte loads where the row allows).
+// vocab == 0 gives (-inf, INT32_MAX, 0). The host merges the shards.
+constexpr int kArgmaxPartialThreads = 1024;
+__global__ void __launch_bounds__(kArgmaxPartialThreads)
+    argmax_partial_kernel(const float* logits, int64_t stride, int64_t vocab, int64_t id_offset,
+                          float* maxes, float* sums, int32_t* ids) {
+  const float* x = logits + int64_t(blockIdx.x) * stride;
+  OnlineMax st;
+  int64_t i = threadIdx.x;
+  if ((reinterpret_cast<uintptr_t>(x) & 15) == 0) {
+    const int64_t vecs = vocab / 4;
+    for (int64_t k = threadIdx.x; k < vecs; k += kArgmaxPartialThreads) {
+      const float4 v = reinterpret_cast<const float4*>(x)[k];
+      st.add(v.x, int32_t(4 * k));
+      st.add(v.y, int32_t(4 * k + 1));
+      st.add(v.z, int32_t(4 * k + 2));
+      st.add(v.w, int32_t(4 * k + 3));
+    }
+    i = 4 * vecs + threadIdx.x;  // the last vocab % 4 logits
+  }
+  for (; i < vocab; i += kArgmaxPartialThreads) st.add(x[i], int32_t(i));
+  st = block_online_max<kArgmaxPartialThreads>(st);
   if (threadIdx.x == 0) {
-    maxes[blockIdx.x] = r.max;
-    sums[blockIdx.x] = r.sum;
-    ids[blockIdx.x] = r.id == INT32_MAX ? INT32_MAX : int32_t(id_offset + r.id);
+    maxes[blockIdx.x] = st.max;
+    sums[blockIdx.x] = st.sum;
+    ids[blockIdx.x] = st.id == INT32_MAX ? INT32_MAX : int32_t(id_offset + st.id);
   }
 }
 
@@ -790,7 +775,8 @@ void argmax_partial(const float* logits, int64_t n, int64_t stride, int64_t voca
                     int64_t id_offset, float* maxes, float* sums, int32_t* ids,
                     cudaStream_t stream) {
   if (n == 0) return;
-  argmax_partial_kernel<<<n, 1024, 0, stream>>>(logits, stride, vocab, id_offset, maxes, sums, ids);
+  argmax_partial_kernel<<<n, kArgmaxPartialThreads, 0, stream>>>(logits, stride, vocab, id_offset,
+                                                                 maxes, sums, ids);
 }
 
 void convert_weights(Dtype dt, SrcDtype src_dt, const void* src, int64_t n, void* dst,

@@ -3,7 +3,8 @@
 // the host's kept set (top-k, then top-p), equal to the host's draw without top-k (both walk
 // id order with the same uniform) but for rare fixed-point rounding at a boundary; empirical
 // frequencies matching the distribution; ties, non-finite rows, the vocab limit, and
-// identical results on repeated launches. Also the greedy path's sliced argmax (cuda_ops).
+// identical results on repeated launches. Also the greedy path's sliced argmax and the tensor-
+// parallel shard summary (cuda_ops).
 #include "engine/cuda_sampling.h"
 
 #include <cuda_runtime.h>
@@ -15,6 +16,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/cuda_backend.h"
@@ -313,6 +315,73 @@ TEST(DeviceArgmax, SlicedArgmaxAndLogprobMatchHost) {
   REQUIRE_GPU();
   check_sliced_argmax(128256, {128256, 120000});
   check_sliced_argmax(32001, {32001, 20000});
+}
+
+// A vocabulary shard's summary (cuda::argmax_partial, tensor parallelism) against a host
+// computation: max, lowest argmax as a global id, sum exp(x - max); ties inside a 16-byte load
+// and between threads, a shard of only -inf logits (sum 0, not NaN), an empty shard, a vocab
+// that is not a multiple of 4 (scalar tail), and an odd row stride (rows not 16-byte aligned).
+TEST(DeviceArgmax, ShardSummaryMatchesHost) {
+  REQUIRE_GPU();
+  for (const int64_t stride : {int64_t(64128), int64_t(32001)}) {
+    const int64_t n = 5, id_offset = 64128;
+    std::mt19937 rng(9);
+    std::normal_distribution<float> normal(0.f, 3.f);
+    std::vector<float> flat(size_t(n * stride));
+    for (float& x : flat) x = normal(rng);
+    auto row = [&](int64_t r) { return flat.data() + r * stride; };
+    row(0)[4097] = 30.f;  // tie inside one float4 and with another thread's: lowest id
+    row(0)[4098] = 30.f;
+    row(0)[9] = 30.f;
+    row(1)[stride - 1] = 33.f;  // the row's last logit (the scalar tail when vocab % 4 != 0)
+    for (int64_t v = 0; v < stride; ++v) row(2)[v] = -INFINITY;
+    row(3)[100] = std::numeric_limits<float>::quiet_NaN();  // never the max; poisons the sum
+    for (const int64_t vocab : {stride, stride - 3, int64_t(0)}) {
+      float *d_logits = nullptr, *d_maxes = nullptr, *d_sums = nullptr;
+      int32_t* d_ids = nullptr;
+      ASSERT_EQ(cudaMalloc(&d_logits, flat.size() * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&d_maxes, n * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&d_sums, n * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&d_ids, n * 4), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d_logits, flat.data(), flat.size() * 4, cudaMemcpyHostToDevice),
+                cudaSuccess);
+      cuda::argmax_partial(d_logits, n, stride, vocab, id_offset, d_maxes, d_sums, d_ids, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> maxes(n), sums(n);
+      std::vector<int32_t> ids(n);
+      ASSERT_EQ(cudaMemcpy(maxes.data(), d_maxes, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(sums.data(), d_sums, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(ids.data(), d_ids, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (int64_t r = 0; r < n; ++r) {
+        const float* x = row(r);
+        float best = -INFINITY;
+        int64_t best_id = -1;
+        for (int64_t v = 0; v < vocab; ++v) {
+          if (x[v] > best || (best_id < 0 && x[v] == best)) {
+            best = x[v];
+            best_id = v;
+          }
+        }
+        double sum = 0;
+        for (int64_t v = 0; v < vocab && best != -INFINITY; ++v) {
+          sum += std::exp(double(x[v]) - double(best));
+        }
+        SCOPED_TRACE("stride " + std::to_string(stride) + " vocab " + std::to_string(vocab) +
+                     " row " + std::to_string(r));
+        EXPECT_EQ(maxes[size_t(r)], best);
+        EXPECT_EQ(ids[size_t(r)], best_id < 0 ? INT32_MAX : int32_t(id_offset + best_id));
+        if (std::isnan(sum)) {
+          EXPECT_TRUE(std::isnan(sums[size_t(r)]));
+        } else {
+          EXPECT_NEAR(sums[size_t(r)], sum, 1e-4 * sum + 1e-6);
+        }
+      }
+      cudaFree(d_logits);
+      cudaFree(d_maxes);
+      cudaFree(d_sums);
+      cudaFree(d_ids);
+    }
+  }
 }
 
 }  // namespace
