@@ -357,11 +357,14 @@ TEST_P(TensorParallel, Llama3ShapeSampledStepsDrawAsOneGpu) {
   run_sampled(&p, 2e-2f, 32);
 }
 
-// The tiny model's logits are well spread (std ~3): no near ties are expected.
+// The tiny model's logits are well spread (std ~3), but over 192 greedy rows a top two within
+// TP's rounding (~1e-3) of each other still turns up now and then: 1 near tie in 1 of 4 runs
+// on 2 H200s (2026-11-26; GEMM algorithms are picked per process). At most 2 are allowed, as
+// for the 8B shape; a differing argmax whose top two are further apart than tol always fails.
 TEST_P(TensorParallel, TinyForkedTreeMatchesOneGpu) {
   REQUIRE_DEVICES(GetParam());
   Pair p = load_tiny(GetParam());
-  run_forked_tree(&p, 2e-2f, 0);
+  run_forked_tree(&p, 2e-2f, 2);
 }
 
 TEST_P(TensorParallel, TinySpeculativeAcceptMatchesOneGpu) {
