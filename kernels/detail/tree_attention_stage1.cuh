@@ -20,11 +20,12 @@ namespace treeserve::detail::ta {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileRows = kTreeAttentionTileRows;  // 16 rows per warp
-// 64-token tiles, double-buffered: 2 blocks (8 warps) per SM at ~86 KB of shared memory and
-// 177 registers (head_dim 128, no spills). Measured on H100 (mma.sync, before wgmma) the same
-// as 32-token tiles 4 deep for the tree plans, and faster for decode-shaped items (4-way token
-// split needs 64-token tiles); 32-token tiles 3 deep at 3 blocks per SM (168 registers) were
-// 5-20% slower. wgmma's scores tile (m64n64) and swz() assume 64.
+// 64-token tiles, double-buffered: 2 blocks (8 warps) per SM at ~90 KB of shared memory and
+// 218 registers (head_dim 128, no spills; ptxas, 2026-11-26). Measured on H100 (mma.sync,
+// before wgmma) the same as 32-token tiles 4 deep for the tree plans, and faster for
+// decode-shaped items (4-way token split needs 64-token tiles); 32-token tiles 3 deep at 3
+// blocks per SM (168 registers) were 5-20% slower. wgmma's scores tile (m64n64) and swz()
+// assume 64.
 constexpr int kKvTile = 64;  // tokens per K/V tile
 // Two stages at 2 blocks per SM beat 3, 4 and 6 stages at 1 block per SM on every bench case
 // (H100, with wgmma: e.g. few-shot b=50 GQA 4 46 vs 59 us): a block is mostly ramp (plan,
