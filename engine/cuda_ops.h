@@ -103,8 +103,9 @@ void argmax_logprob(const float* logits, int64_t n, int64_t stride, int64_t voca
 
 // Per row of a vocabulary shard's logits (float [n][stride]), over its first vocab entries
 // (0 allowed): maxes[r], sums[r] = sum exp(x - max) (0 where every logit is -inf),
-// ids[r] = id_offset + argmax (lowest on ties; INT32_MAX when vocab == 0). Shards merge to argmax_logprob's result: the largest
-// max (lowest id on ties) and -log(sum_s sums[s] * exp(maxes[s] - max)).
+// ids[r] = id_offset + argmax (lowest on ties; INT32_MAX when vocab == 0). Shards merge to
+// argmax_logprob's result: the largest max (lowest id on ties) and -log(sum_s sums[s] *
+// exp(maxes[s] - max)).
 void argmax_partial(const float* logits, int64_t n, int64_t stride, int64_t vocab,
                     int64_t id_offset, float* maxes, float* sums, int32_t* ids,
                     cudaStream_t stream);
