@@ -458,7 +458,8 @@ void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tok
     out_->item_segment_begin.push_back(seg_begin);
     out_->item_segment_end.push_back(seg_end);
     out_->item_query_begin.push_back(out_->num_partials());
-    for (int32_t i = t0; i < t1; ++i) out_->item_queries.push_back(chunk_queries[size_t(i)]);
+    out_->item_queries.insert(out_->item_queries.end(), chunk_queries.begin() + t0,
+                              chunk_queries.begin() + t1);
     out_->item_query_end.push_back(out_->num_partials());
     out_->item_num_tokens.push_back(num_tokens);
     out_->max_item_tokens = std::max(out_->max_item_tokens, num_tokens);

@@ -83,12 +83,20 @@ Status validate_attention_view(const AttentionView& view, int64_t num_pages,
                              std::to_string(want_depth));
     }
   }
+  // The pages' range in one branch-free pass; the offending entry is looked up only on error.
+  int32_t lowest = 0, highest = 0;
   for (int32_t p = 0; p < num_view_pages; ++p) {
-    const int32_t id = view.pages[p];
-    if (id < 0 || (num_pages > 0 && id >= num_pages)) {
-      return InvalidArgument("pages[" + std::to_string(p) + "] = " + std::to_string(id) +
-                             ": page index out of range of the pool (" + std::to_string(num_pages) +
-                             " pages)");
+    lowest = std::min(lowest, view.pages[p]);
+    highest = std::max(highest, view.pages[p]);
+  }
+  if (lowest < 0 || (num_pages > 0 && highest >= num_pages)) {
+    for (int32_t p = 0; p < num_view_pages; ++p) {
+      const int32_t id = view.pages[p];
+      if (id < 0 || (num_pages > 0 && id >= num_pages)) {
+        return InvalidArgument("pages[" + std::to_string(p) + "] = " + std::to_string(id) +
+                               ": page index out of range of the pool (" +
+                               std::to_string(num_pages) + " pages)");
+      }
     }
   }
 
