@@ -471,8 +471,9 @@ void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tok
     const size_t offset = out_->mask_words.size();
     out_->item_mask_offset.push_back(int32_t(offset));
     out_->mask_words.resize(offset + size_t(t1 - t0) * words, 0u);
-    for (int32_t i = t0; i < t1; ++i)
+    for (int32_t i = t0; i < t1; ++i) {
       row_offset[size_t(i)] = int64_t(offset) + int64_t(i - t0) * words;
+    }
   }
   if (!any_masked) return;
   // Mask bits, segment by segment: the rows of the queries that see it (as above), in every
