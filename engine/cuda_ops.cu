@@ -411,6 +411,13 @@ struct OnlineMax {
       if (v != -INFINITY) sum += __expf(v - max);
     }
   }
+  // Logits i, i + 1, i + 2, i + 3 from one 16-byte load.
+  __device__ __forceinline__ void add4(const float4& v, int32_t i) {
+    add(v.x, i);
+    add(v.y, i + 1);
+    add(v.z, i + 2);
+    add(v.w, i + 3);
+  }
   __device__ __forceinline__ void merge(const OnlineMax& o) {
     const float m = fmaxf(max, o.max);
     const float a = max == -INFINITY ? 0.0f : sum * __expf(max - m);
@@ -475,11 +482,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
     }
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
-      const int32_t i = int32_t(begin) + 4 * int32_t(threadIdx.x + k * kArgmaxThreads);
-      st.add(v[k].x, i);
-      st.add(v[k].y, i + 1);
-      st.add(v[k].z, i + 2);
-      st.add(v[k].w, i + 3);
+      st.add4(v[k], int32_t(begin) + 4 * int32_t(threadIdx.x + k * kArgmaxThreads));
     }
   } else {
     for (int64_t i = threadIdx.x; i < len; i += kArgmaxThreads) st.add(x[i], int32_t(begin + i));
@@ -537,11 +540,7 @@ __global__ void __launch_bounds__(kArgmaxPartialThreads)
   if ((reinterpret_cast<uintptr_t>(x) & 15) == 0) {
     const int64_t vecs = vocab / 4;
     for (int64_t k = threadIdx.x; k < vecs; k += kArgmaxPartialThreads) {
-      const float4 v = reinterpret_cast<const float4*>(x)[k];
-      st.add(v.x, int32_t(4 * k));
-      st.add(v.y, int32_t(4 * k + 1));
-      st.add(v.z, int32_t(4 * k + 2));
-      st.add(v.w, int32_t(4 * k + 3));
+      st.add4(reinterpret_cast<const float4*>(x)[k], int32_t(4 * k));
     }
     i = 4 * vecs + threadIdx.x;  // the last vocab % 4 logits
   }

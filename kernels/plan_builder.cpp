@@ -35,6 +35,12 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // FastTree eq. 3: padding of the last tile of n elements; 0 for an empty dimension.
 int64_t pad(int64_t tile, int64_t n) { return n <= 0 ? 0 : tile - ((n - 1) % tile + 1); }
 
+// DeFT-Flatten's even split: the tokens of each chunk (but the last) when `total` tokens are
+// cut into ceil(total / chunk) chunks of equal length, rounded up to whole KV tiles.
+int64_t even_chunk_tokens(int64_t total, int64_t chunk, int64_t tile) {
+  return ceil_div(ceil_div(total, ceil_div(total, chunk)), tile) * tile;
+}
+
 // FastTree section 4.2, with GQA: a query occupies gqa_group_size rows of a tile.
 class CostModel {
  public:
@@ -243,8 +249,7 @@ int64_t PlanBuilder::simulated_span(int32_t chunk) const {
     if (s_.unit_remaining[u] == 0) continue;
     const int64_t len = s_.unit_len[u];
     const int64_t query_tiles = ceil_div(s_.unit_remaining[u], tile_queries_);
-    const int64_t num_chunks = ceil_div(len, chunk);
-    const int64_t per = ceil_div(ceil_div(len, num_chunks), tile) * tile;
+    const int64_t per = even_chunk_tokens(len, chunk, tile);
     for (int64_t begin = 0; begin < len; begin += per) {
       const int64_t tokens = std::min(per, len - begin);
       cost.insert(cost.end(), size_t(query_tiles), kBlockQuarterTiles + 4 * ceil_div(tokens, tile));
@@ -370,8 +375,7 @@ void PlanBuilder::emit_group(int32_t u, int32_t chunk) {
   int64_t total = 0;
   for (int32_t n : s_.chain_runs) total += view_.nodes[n].num_tokens;
   // Even split into multiples of the KV tile (DeFT-Flatten evenly block-wise).
-  const int64_t num_chunks = ceil_div(total, chunk);
-  const int64_t per = ceil_div(ceil_div(total, num_chunks), c_.kv_tile_tokens) * c_.kv_tile_tokens;
+  const int64_t per = even_chunk_tokens(total, chunk, c_.kv_tile_tokens);
   size_t run = 0;
   int32_t run_offset = 0;  // tokens of chain_runs[run] already emitted
   for (int64_t begin = 0; begin < total; begin += per) {

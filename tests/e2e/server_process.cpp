@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "tests/e2e/health.grpc.pb.h"
 
@@ -101,20 +102,25 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// args plus --model TREESERVE_E2E_MODEL where that is set and args name no model: a model
+// carried elsewhere (e.g. to a GPU machine) stands in for the build's default one.
+std::vector<std::string> with_carried_model(std::vector<std::string> args) {
+  const char* model = std::getenv("TREESERVE_E2E_MODEL");
+  if (model != nullptr && std::find(args.begin(), args.end(), "--model") == args.end()) {
+    args.push_back("--model");
+    args.push_back(model);
+  }
+  return args;
+}
+
 }  // namespace
 
 RunResult run_treeserve_to_exit(const std::vector<std::string>& args, int timeout_s) {
-  // As ServerProcess: a carried model stands in for the build's default one (GPU runs), so
-  // the checks past model loading (tensor parallel on the cpu backend, binding the listen
-  // address) are the ones that fail, not a missing build/tiny-llama.
-  std::vector<std::string> full = args;
-  const char* model = std::getenv("TREESERVE_E2E_MODEL");
-  if (model != nullptr && std::find(full.begin(), full.end(), "--model") == full.end()) {
-    full.push_back("--model");
-    full.push_back(model);
-  }
+  // As ServerProcess: with a carried model, the checks past model loading (tensor parallel on
+  // the cpu backend, binding the listen address) are the ones that fail, not a missing
+  // build/tiny-llama.
   std::string log = temp_log_path();
-  pid_t pid = spawn(full, log);
+  pid_t pid = spawn(with_carried_model(args), log);
   RunResult r;
   r.exit_code = wait_exit(pid, timeout_s);
   if (r.exit_code == -1) {
@@ -127,12 +133,7 @@ RunResult run_treeserve_to_exit(const std::vector<std::string>& args, int timeou
 }
 
 ServerProcess::ServerProcess(std::vector<std::string> args) {
-  // A model carried elsewhere (e.g. to a GPU machine) serves every test's server.
-  const char* model = std::getenv("TREESERVE_E2E_MODEL");
-  if (model != nullptr && std::find(args.begin(), args.end(), "--model") == args.end()) {
-    args.push_back("--model");
-    args.push_back(model);
-  }
+  args = with_carried_model(std::move(args));
   address_ = "127.0.0.1:" + std::to_string(pick_free_port());
   args.push_back("--listen");
   args.push_back(address_);
