@@ -59,6 +59,10 @@ struct CudaBackendOptions {
   // the plan may grow its KV chunks to, in tokens; 0: no growth. At most the workspace's
   // longest item (2048, the default).
   int32_t attention_max_chunk_tokens = 2048;
+  // Tree attention runs plans of only decode-shaped items (plain sequences, small trees, the
+  // prefix-unaware baseline) in its decode kernel (TreeAttentionLimits::decode_kernel); false:
+  // stage 1 runs every plan (A/B).
+  bool attention_decode_kernel = true;
 };
 
 // Number of usable CUDA devices (0 when there is no driver or device).

@@ -22,6 +22,9 @@
 //    end. Both read the same 128-byte-swizzled tiles (swz);
 //  - the partial O (fp32, normalised) and its LSE (base 2) go to the workspace, at the slot
 //    the reduction map gives them (each query's partials contiguous).
+// The decode kernel (TreeAttentionLimits::decode_kernel, on by default) runs a plan whose
+// items are all decode-shaped (at most 16 rows) instead of stage 1: the same split loop in a
+// smaller kernel (3 blocks an SM), writing the partials the same way.
 // Stage 2, one warp per (query, q head): log-sum-exp merge of the query's contiguous partials
 // in reduction-map order, written to out in the model dtype (or, launch_tree_attention_state,
 // as the query's float32 (O, LSE) state). It is launched as a programmatic dependent grid: it
@@ -34,6 +37,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/detail/pdl_launch.cuh"
@@ -215,6 +219,151 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   pdl_trigger();
 }
 
+// The decode kernel: a plan whose items are all decode-shaped (at most 16 query-tile rows:
+// typically one query's gqa heads against its branch's tokens; the header's kDecodeKernel),
+// one block of 4 warps per (item, kv head) as stage 1's split path (attend<D, T, 4>: each warp
+// scores a quarter of every 64-token tile, the four states merged at the end), in a kernel of
+// its own: a 16-row query tile and no shared token table (each thread reads the entries of the
+// rows it copies from the global table, two tiles ahead, into registers), so it takes ~69 KB
+// of shared memory and at most 168 registers, and 3 blocks fit an SM where stage 1 fits 2.
+// Measured on H100 (2026-11-26): the prefix-unaware baseline's plans 17-21% faster (few-shot
+// b=50 GQA 4 168.7 -> 139.7 us). Run beside stage 1 on a second stream for the decode-shaped
+// items of mixed plans it was slower on every tree (few-shot b=50 36.1 -> 39.2 us), so mixed
+// plans stay in stage 1.
+constexpr int kDecodeMinBlocksPerSm = 3;
+constexpr int kDecodeQRows = kDecodeItemRows;
+template <int D>
+constexpr int decode_smem_bytes() {
+  return (2 * kStages * kKvTile + kDecodeQRows) * D * 2 + 1024;  // + 1 KB to align the tiles
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
+    tree_attention_decode(Stage1Params p) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  constexpr int kSplit = kKvTile / 16 < kWarps ? kKvTile / 16 : kWarps;
+  static_assert(kDecodeQRows == 16 * (kWarps / kSplit), "one 16-row slab, split over the warps");
+  const int32_t* plan = p.plan;
+  const int tid = threadIdx.x;
+  const uint64_t start_ns = p.trace != nullptr && tid == 0 ? global_ns() : 0;
+  const int grid_items = gridDim.x / p.num_kv_heads;
+  const int item = p.heads_first ? blockIdx.x / p.num_kv_heads : blockIdx.x % grid_items;
+  if (item >= p.max_items) return;
+  ItemTile it;
+  it.kv_head = p.heads_first ? blockIdx.x % p.num_kv_heads : blockIdx.x / grid_items;
+  it.gqa = p.gqa;
+  // The record, this thread's query row and the header (graph launches) go out together.
+  static_assert(kThreads == 8 * kDecodeQRows, "8 threads per query-tile row");
+  const int32_t* rec = plan + kHeaderWords + int64_t(item) * kItemRecordWords;
+  const int4 rec_a = *reinterpret_cast<const int4*>(rec);
+  const int4 rec_b = *reinterpret_cast<const int4*>(rec + 4);
+  const int q_row = tid >> 3;
+  const int q_local = q_row / it.gqa;
+  const int32_t q_batch_row = rec[kRecQueryRows + q_local];
+  const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
+  if (item >= h.w[kNumItems]) return;
+  it.query_begin = rec_a.x;
+  it.num_rows = (rec_a.y - rec_a.x) * it.gqa;
+  it.num_tokens = rec_a.z;
+  it.num_tiles = (it.num_tokens + kKvTile - 1) / kKvTile;
+  it.mask_offset = rec_a.w;
+  it.words_per_row = (it.num_tokens + 31) >> 5;
+  it.partial_slot = plan + h.w[kPartialSlot];
+  const uint32_t* mask_words = reinterpret_cast<const uint32_t*>(plan + h.w[kMaskWords]);
+  // The upload picks this kernel only where it fills a token table (fixed stride or packed).
+  const int32_t* entries =
+      p.token_table +
+      (h.w[kTokenTable] == kTableFixedStride ? int64_t(item) * p.table_stride : int64_t(rec_b.x));
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  T* s_k = reinterpret_cast<T*>(smem);  // [kStages][kKvTile][D], then V, then Q's 16 rows
+  T* s_v = s_k + kStages * kKvTile * D;
+  T* s_q = s_v + kStages * kKvTile * D;
+
+  // Q, K, V and the token table are earlier kernels' output (a programmatic launch waits here).
+  pdl_wait();
+
+  // Each thread copies 4 chunks of a token row per pass (as stage 1's load_tile) and keeps
+  // the table entries of its rows for the next two tiles in registers: the entries of tile
+  // t + 2 are read when tile t's copies go out, so no copy waits for a table read after the
+  // first.
+  constexpr int kTpr = kChunks / 4;              // threads per token row
+  constexpr int kRowsPerPass = kThreads / kTpr;  // 32 (head_dim 128) or 64 (head_dim 64)
+  constexpr int kPasses = kKvTile / kRowsPerPass;
+  static_assert(kKvTile % kRowsPerPass == 0, "whole passes per tile");
+  const int num_tokens = it.num_tokens;
+  int32_t ent0[kPasses], ent1[kPasses];  // entries of the next tile to copy, and the one after
+  auto fetch = [&](int tile, int32_t(&ent)[kPasses]) {
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int t = tile * kKvTile + pass * kRowsPerPass + tid / kTpr;
+      ent[pass] = t < num_tokens ? __ldg(entries + t) : 0;
+    }
+  };
+  fetch(0, ent0);
+  fetch(1, ent1);
+
+  // Q tile (16 rows): row r = local query r / gqa, q head kv_head * gqa + r % gqa; pad rows
+  // are zero.
+  {
+    const T* q = static_cast<const T*>(p.q);
+    const bool valid = q_row < it.num_rows;
+    const T* src = q;
+    if (valid) {
+      const int head = it.kv_head * it.gqa + (q_row - q_local * it.gqa);
+      src = q + (int64_t(q_batch_row) * p.num_q_heads + head) * D;
+    }
+#pragma unroll
+    for (int c = tid & 7; c < kChunks; c += 8) {
+      cp_async_16(smem_u32(s_q + swz<D, kDecodeQRows>(q_row, c)), valid ? src + c * 8 : q, valid);
+    }
+  }
+
+  const int rows_per_page = p.num_kv_heads * p.page_size;
+  const int head_row = it.kv_head * p.page_size;
+  const T* k_pool = static_cast<const T*>(p.k);
+  const T* v_pool = static_cast<const T*>(p.v);
+  // Copies tile `tile` (the split loop asks for them in order) into buffer `stage`.
+  auto load_tile = [&](int tile, int stage, bool, bool) {
+    T* dk = s_k + stage * kKvTile * D;
+    T* dv = s_v + stage * kKvTile * D;
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int r = pass * kRowsPerPass + tid / kTpr;
+      const int t = tile * kKvTile + r;
+      const bool valid = t < num_tokens;
+      const int32_t e = ent0[pass];
+      const int64_t row = valid ? int64_t((e >> 8) * rows_per_page + head_row + (e & 0xff)) * D : 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = tid % kTpr + kTpr * j;
+        const int64_t off = valid ? row + c * 8 : 0;
+        cp_async_16(smem_u32(dk + swz<D>(r, c)), k_pool + off, valid);
+        cp_async_16(smem_u32(dv + swz<D>(r, c)), v_pool + off, valid);
+      }
+      ent0[pass] = ent1[pass];
+    }
+    fetch(tile + 2, ent1);
+  };
+  if (it.num_tiles > 0) load_tile(0, 0, true, true);
+  cp_async_commit();  // group 0: Q with the first tile
+  attend<D, T, kSplit, kDecodeQRows>(p, it, mask_words, s_q, s_k, s_v, load_tile);
+  if (p.trace != nullptr && tid == 0) {
+    TreeAttentionBlockTrace r;
+    r.start_ns = start_ns;
+    r.end_ns = global_ns();
+    asm volatile("mov.u32 %0, %smid;" : "=r"(r.sm));
+    r.block = blockIdx.x;
+    r.item = item;
+    r.kv_head = it.kv_head;
+    r.rows = it.num_rows;
+    r.tokens = it.num_tokens;
+    p.trace[int64_t(item) * p.num_kv_heads + it.kv_head] = r;
+  }
+  pdl_trigger();
+}
+
 // The upload's token table: one block per item writes (page << 8) | slot for each of its
 // tokens from i * table_stride (fixed-stride mode) or its record's table_begin (packed) on
 // (detail/tree_attention_layout.h).
@@ -347,22 +496,21 @@ Status cuda_status(const char* what) {
   return Internal(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-// Stage 1's opt-in to more than 48 KB of dynamic shared memory. The attribute belongs to the
-// kernel in one device's context, so it is set once per device (tensor parallelism launches
-// on several), before any launch there — so never during a graph capture, whose eager first
-// step comes first.
-template <int D, typename T>
-cudaError_t allow_large_smem() {
+// Stage 1's and the decode kernel's opt-in to more than 48 KB of dynamic shared memory. The
+// attribute belongs to the kernel in one device's context, so it is set once per (kernel,
+// device) (tensor parallelism launches on several), before any launch there — so never during
+// a graph capture, whose eager first step comes first.
+cudaError_t allow_large_smem(const void* kernel) {
   static std::mutex mutex;
-  static std::vector<int> done;  // devices where the attribute is set
+  static std::vector<std::pair<const void*, int>> done;  // (kernel, device) pairs set
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;
   std::lock_guard<std::mutex> lock(mutex);
-  if (std::find(done.begin(), done.end(), device) != done.end()) return cudaSuccess;
-  e = cudaFuncSetAttribute(tree_attention_stage1<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           227 * 1024);
-  if (e == cudaSuccess) done.push_back(device);
+  const std::pair<const void*, int> key(kernel, device);
+  if (std::find(done.begin(), done.end(), key) != done.end()) return cudaSuccess;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+  if (e == cudaSuccess) done.push_back(key);
   return e;
 }
 
@@ -373,14 +521,19 @@ struct MergeTarget {
   float* state_lse = nullptr;
 };
 
+Status launch_error(const char* what, cudaError_t e) {
+  return Internal(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
 template <int D, typename T>
 Status launch(const Stage1Params& params, const MergeTarget& target,
               const TreeAttentionWorkspace& ws, cudaStream_t stream, TreeAttentionGrid grid) {
   const TreeAttentionLimits& limits = ws.limits();
   const int smem = stage1_smem_bytes_fixed<D>() + limits.max_item_tokens * 4;
-  const cudaError_t attr = allow_large_smem<D, T>();
-  if (attr != cudaSuccess) {
-    return Internal(std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr));
+  for (const void* kernel : {reinterpret_cast<const void*>(tree_attention_stage1<D, T>),
+                             reinterpret_cast<const void*>(tree_attention_decode<D, T>)}) {
+    const cudaError_t attr = allow_large_smem(kernel);
+    if (attr != cudaSuccess) return launch_error("cudaFuncSetAttribute", attr);
   }
   const int items = grid.items > 0 ? grid.items : ws.num_items();
   const int queries = grid.items > 0 ? grid.queries : ws.num_queries();
@@ -393,10 +546,16 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
     // Programmatic dependent launch too: a block reads its plan record and query rows while
     // the previous kernel (the engine's RoPE + KV append, which triggers at its start) drains,
     // and waits for it before loading the token table, Q, K and V.
-    const cudaError_t e1 = launch_pdl(dim3(items * params.num_kv_heads), dim3(kThreads),
-                                      size_t(smem), stream, tree_attention_stage1<D, T>, params);
+    const bool decode = grid.items > 0 ? grid.decode_kernel : ws.runs_decode_kernel();
+    const dim3 blocks_1(items * params.num_kv_heads);
+    const cudaError_t e1 =
+        decode ? launch_pdl(blocks_1, dim3(kThreads), size_t(decode_smem_bytes<D>()), stream,
+                            tree_attention_decode<D, T>, params)
+               : launch_pdl(blocks_1, dim3(kThreads), size_t(smem), stream,
+                            tree_attention_stage1<D, T>, params);
     if (e1 != cudaSuccess) {
-      return Internal(std::string("tree_attention_stage1 launch: ") + cudaGetErrorString(e1));
+      return launch_error(decode ? "tree_attention_decode launch" : "tree_attention_stage1 launch",
+                          e1);
     }
   }
   const int64_t pairs = int64_t(queries) * params.num_q_heads;
@@ -413,9 +572,7 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
           : launch_pdl(dim3(blocks), dim3(kThreads), 0, stream, tree_attention_merge_state<D>,
                        params.header, params.header_on_device, params.plan, partial_o, partial_lse,
                        target.state_o, target.state_lse, int(params.num_q_heads));
-  if (e != cudaSuccess) {
-    return Internal(std::string("tree_attention_merge launch: ") + cudaGetErrorString(e));
-  }
+  if (e != cudaSuccess) return launch_error("tree_attention_merge launch", e);
   return Status::Ok();
 }
 
@@ -453,6 +610,11 @@ Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int
                            std::to_string(grid.queries) + " queries is smaller than the plan's " +
                            std::to_string(workspace.num_items()) + " / " +
                            std::to_string(workspace.num_queries()));
+  }
+  if (grid.items > 0 && grid.decode_kernel && !workspace.runs_decode_kernel()) {
+    return InvalidArgument(
+        "launch grid with decode_kernel for a plan that is not all decode-shaped "
+        "(runs_decode_kernel() is false)");
   }
   params->header_on_device = grid.items > 0 ? 1 : 0;
   for (int i = 0; i < kHeaderWords; ++i) params->header.w[i] = workspace.plan_header()[i];

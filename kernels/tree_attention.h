@@ -53,12 +53,19 @@ struct TreeAttentionLimits {
   int32_t max_table_tokens = 1 << 21;
   int32_t max_num_q_heads = 32;  // partial (O, LSE) buffers are sized with these two
   int32_t max_head_dim = 128;
+  // Not a capacity: a plan whose items are all decode-shaped (at most 16 query-tile rows: a
+  // batch of plain sequences, trees of a few branches at GQA 4, the prefix-unaware baseline)
+  // runs in a kernel of its own (stage 1's split loop with a 16-row query tile and no shared
+  // token table: 3 blocks an SM instead of 2), where the upload fills a token table. Off:
+  // stage 1 runs every plan.
+  bool decode_kernel = true;
 
   void apply_to(AttentionPlanConfig* config) const;
 };
 
 // One stage 1 block's record (TreeAttentionWorkspace::enable_block_trace): %globaltimer
-// nanoseconds at its start and end, the SM it ran on, its grid index, and its item's shape.
+// nanoseconds at its start and end, the SM it ran on, its grid index, and its item's shape
+// (stage 1's blocks or the decode kernel's, whichever ran the plan).
 struct TreeAttentionBlockTrace {
   uint64_t start_ns = 0;
   uint64_t end_ns = 0;
@@ -109,6 +116,8 @@ class TreeAttentionWorkspace {
   // The fixed-stride layout: its stride, and the items it holds (0: no table).
   int32_t table_stride() const { return table_stride_; }
   int32_t table_items() const { return table_items_; }
+  // The last upload's plan runs in the decode kernel (see TreeAttentionLimits::decode_kernel).
+  bool runs_decode_kernel() const { return decode_kernel_; }
 
   // Diagnostics (bench_tree_attention --trace): once enabled, every stage 1 launch with this
   // workspace records one TreeAttentionBlockTrace per block that ran an item (thread 0 stamps
@@ -134,7 +143,7 @@ class TreeAttentionWorkspace {
   int32_t num_items_ = 0, num_queries_ = 0, num_partials_ = 0;
   int32_t gqa_group_size_ = 0, page_size_ = 0, max_item_tokens_ = 0;
   int32_t table_stride_ = 0, table_items_ = 0;
-  bool table_filled_ = false, table_fixed_ = false;
+  bool table_filled_ = false, table_fixed_ = false, decode_kernel_ = false;
 };
 
 // The fixed-stride token table's stride for items of at most max_item_tokens tokens: a whole
@@ -151,6 +160,10 @@ inline int32_t tree_attention_table_stride(int32_t max_item_tokens) {
 struct TreeAttentionGrid {
   int32_t items = 0;
   int32_t queries = 0;
+  // The launch runs the decode kernel instead of stage 1: only for uploads whose
+  // runs_decode_kernel() is true, the one it is captured with (checked) and every one it is
+  // replayed after (the engine keys its graphs on it). A stage 1 grid runs any plan.
+  bool decode_kernel = false;
 };
 
 // A capacity for a count: the next of 64, 72, 80, .. 128, 144, .. (8 steps per power of two),
@@ -169,9 +182,10 @@ inline int32_t tree_attention_grid_bucket(int32_t n) {
 // out:    [num_rows][num_q_heads][head_dim]   only the plan's query rows are written
 // All in dtype; head_dim 64 or 128; num_q_heads / num_kv_heads must equal the plan's
 // gqa_group_size and page_size the plan's. sm_scale multiplies q.k (usually 1/sqrt(head_dim)).
-// Enqueues two kernels on stream (only the merge for a plan without items: its queries get
-// zeros); returns INVALID_ARGUMENT for unsupported shapes or a grid smaller than the uploaded
-// plan, INTERNAL with CUDA's message if a launch fails.
+// Enqueues two kernels on stream, stage 1 or the decode kernel and the merge (only the merge
+// for a plan without items: its queries get zeros); returns INVALID_ARGUMENT for unsupported
+// shapes, a grid smaller than the uploaded plan or one with decode_kernel for a plan that
+// stage 1 must run, INTERNAL with CUDA's message if a launch fails.
 Status launch_tree_attention(const void* q, const void* k_pool, const void* v_pool, void* out,
                              TreeAttentionDtype dtype, int32_t num_q_heads, int32_t num_kv_heads,
                              int32_t head_dim, int32_t page_size, float sm_scale,

@@ -66,7 +66,7 @@ void TreeAttentionWorkspace::release() {
   if (block_trace_ != nullptr) cudaFree(block_trace_);
   staging_done_ = host_staging_ = device_plan_ = partial_o_ = partial_lse_ = token_table_ = nullptr;
   block_trace_ = nullptr;
-  table_filled_ = table_fixed_ = false;
+  table_filled_ = table_fixed_ = decode_kernel_ = false;
   table_stride_ = table_items_ = 0;
   plan_words_ = 0;
   num_items_ = num_queries_ = num_partials_ = 0;
@@ -238,6 +238,15 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
     mode = kTablePacked;
   }
   words[kTokenTable] = mode;
+  // The decode kernel runs the plan when all its items are decode-shaped (it reads its tokens
+  // from the table).
+  bool decode_kernel = limits_.decode_kernel && mode != kTableNone && ni > 0;
+  for (size_t i = 0; decode_kernel && i < ni; ++i) {
+    decode_kernel =
+        int64_t(plan.item_query_end[i] - plan.item_query_begin[i]) * plan.gqa_group_size <=
+        kDecodeItemRows;
+  }
+  words[kDecodeKernel] = decode_kernel ? 1 : 0;
   std::memcpy(header_, words, sizeof(header_));
 
   e = cudaMemcpyAsync(device_plan_, host_staging_, size_t(cursor) * 4, cudaMemcpyHostToDevice,
@@ -250,6 +259,7 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
   }
   table_filled_ = mode != kTableNone;
   table_fixed_ = mode == kTableFixedStride;
+  decode_kernel_ = decode_kernel;
   e = cudaEventRecord(static_cast<cudaEvent_t>(staging_done_), stream);
   if (e != cudaSuccess) return cuda_error("cudaEventRecord(staging)", e);
   num_items_ = plan.num_items();

@@ -17,11 +17,14 @@
 // split count a shape was tuned for (1: unsplit).
 // --max-chunk N sets CudaBackendOptions::attention_max_chunk_tokens (tree attention's chunk
 // growth; 0: off; default 2048, the engine's).
+// --no-decode-kernel sets CudaBackendOptions::attention_decode_kernel false (tree attention's
+// stage 1 runs every plan, also the all-decode-shaped ones; A/B).
 //
 //   bench_decode [--config configs/models/llama-3-8b.json] [--steps 16] [--json FILE]
 //                [--workloads fewshot,sampled,spec,tot] [--kv-gib 6] [--tensor-parallel N]
 //                [--fewshot-branches 20,30,50] [--profile-last-step] [--graphs|--no-graphs]
 //                [--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N] [--max-chunk N]
+//                [--no-decode-kernel]
 // --profile-last-step wraps each workload's last step in cudaProfilerStart/Stop, for
 // `ncu --profile-from-start off` (per-kernel times of one step).
 #include <cuda_profiler_api.h>
@@ -59,7 +62,8 @@ struct Args {
   bool gemm_tune = true;
   bool nccl_only = false;  // tensor parallel: every all-reduce through NCCL (no peer-to-peer)
   int gemm_split_k = 0;    // CudaBackendOptions::gemm_split_k
-  int max_chunk = CudaBackendOptions{}.attention_max_chunk_tokens;  // --max-chunk
+  int max_chunk = CudaBackendOptions{}.attention_max_chunk_tokens;    // --max-chunk
+  bool decode_kernel = CudaBackendOptions{}.attention_decode_kernel;  // --no-decode-kernel
 };
 
 double copy_bandwidth_bytes_per_s() {
@@ -371,13 +375,14 @@ int run(const Args& args) {
                                   : std::to_string(args.gemm_split_k) + " parts";
   std::printf(
       "device: %s, copy bandwidth %.2f TB/s, tensor parallel %d%s, CUDA graphs %s, GEMM "
-      "autotune %s, GEMM split-K %s, attention chunk growth up to %d tokens (0: off)\n",
+      "autotune %s, GEMM split-K %s, attention chunk growth up to %d tokens (0: off), attention "
+      "decode kernel %s\n",
       prop.name, bw / 1e12, args.tensor_parallel,
       args.tensor_parallel == 1 ? ""
       : args.nccl_only          ? " (all-reduce: NCCL)"
                        : " (all-reduce: peer-to-peer fused with the norm, NCCL for the embedding)",
       args.cuda_graphs ? "on" : "off", args.gemm_tune ? "on" : "off", split_k.c_str(),
-      args.max_chunk);
+      args.max_chunk, args.decode_kernel ? "on" : "off");
   if (cuda_device_count() < args.tensor_parallel) {
     std::fprintf(stderr, "bench_decode: --tensor-parallel %d needs %d devices, found %d\n",
                  args.tensor_parallel, args.tensor_parallel, cuda_device_count());
@@ -415,6 +420,7 @@ int run(const Args& args) {
     opt.gemm_autotune = args.gemm_tune && pass != 3;
     opt.gemm_split_k = args.gemm_split_k;
     opt.attention_max_chunk_tokens = args.max_chunk;
+    opt.attention_decode_kernel = args.decode_kernel;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
     auto backend = create_cuda_backend_random(*config, opt, 42);
@@ -550,7 +556,9 @@ int run(const Args& args) {
         << ", \"tensor_parallel\": " << args.tensor_parallel
         << ", \"gemm_autotune\": " << (args.gemm_tune ? "true" : "false")
         << ", \"gemm_split_k\": " << args.gemm_split_k
-        << ", \"attention_max_chunk_tokens\": " << args.max_chunk << ", \"results\": [";
+        << ", \"attention_max_chunk_tokens\": " << args.max_chunk
+        << ", \"attention_decode_kernel\": " << (args.decode_kernel ? "true" : "false")
+        << ", \"results\": [";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       out << (i ? ", " : "") << "{\"name\": \"" << r.name << "\", \"rows\": " << r.rows
@@ -608,12 +616,15 @@ int main(int argc, char** argv) {
       args.gemm_split_k = std::stoi(next());
     else if (a == "--max-chunk")
       args.max_chunk = std::stoi(next());
+    else if (a == "--no-decode-kernel")
+      args.decode_kernel = false;
     else {
       std::fprintf(stderr,
                    "usage: bench_decode [--config F] [--steps N] [--json F] "
                    "[--workloads fewshot,sampled,spec,tot] [--kv-gib G] [--tensor-parallel N] "
                    "[--fewshot-branches 20,30,50] [--profile-last-step] [--graphs|--no-graphs] "
-                   "[--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N] [--max-chunk N]\n");
+                   "[--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N] [--max-chunk N] "
+                   "[--no-decode-kernel]\n");
       return 2;
     }
   }

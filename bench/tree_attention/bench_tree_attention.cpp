@@ -19,6 +19,8 @@
 //                                                          allows; A/B; --no-token-table = none)
 //                             [--grid]   (bucketed grids reading the header on the device, as
 //                                         the engine's CUDA graphs launch)
+//                             [--no-decode-kernel]  (stage 1 runs every plan: A/B of
+//                                                   TreeAttentionLimits::decode_kernel)
 //                             [--few-shot P,B,S]...  (only these cases: a P-token prompt with
 //                                                     B branches of S tokens; repeatable)
 //                             [--trace PATH]  (after timing, one more flushed launch of each
@@ -62,7 +64,8 @@ struct Options {
   // Token table layout the workspace allows (A/B): "fixed" (fixed stride, the default), "packed"
   // (sized so only the packed layout fits) or "none" (stage 1 resolves its tokens itself).
   std::string table = "fixed";
-  bool grid_launch = false;  // launch as the engine's CUDA graphs do (TreeAttentionGrid)
+  bool decode_kernel = true;  // TreeAttentionLimits::decode_kernel
+  bool grid_launch = false;   // launch as the engine's CUDA graphs do (TreeAttentionGrid)
   std::vector<std::array<int32_t, 3>> few_shot;  // --few-shot P,B,S: custom cases only
   std::string trace_path;                        // --trace: stage 1 block trace CSV
 };
@@ -129,8 +132,9 @@ std::vector<Case> make_cases() {
 }
 
 TreeAttentionLimits limits_for(const AttentionPlan& plan, int32_t num_q_heads,
-                               const std::string& table) {
+                               const std::string& table, bool decode_kernel) {
   TreeAttentionLimits l;
+  l.decode_kernel = decode_kernel;
   int64_t tokens = 0;
   for (int32_t n : plan.item_num_tokens) tokens += n;
   l.max_work_items = std::max(1, plan.num_items());
@@ -270,8 +274,8 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   CHECK_OK(problem.init(c.tree, num_q_heads, num_kv_heads, kHeadDim, TreeAttentionDtype::kFloat16,
                         1234, 2.f));
   TreeAttentionWorkspace ws, ws_base;
-  CHECK_OK(ws.init(limits_for(plan, num_q_heads, opt.table)));
-  CHECK_OK(ws_base.init(limits_for(baseline, num_q_heads, opt.table)));
+  CHECK_OK(ws.init(limits_for(plan, num_q_heads, opt.table, opt.decode_kernel)));
+  CHECK_OK(ws_base.init(limits_for(baseline, num_q_heads, opt.table, opt.decode_kernel)));
   CHECK_OK(ws.upload(plan, nullptr));
   CHECK_OK(ws_base.upload(baseline, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -305,7 +309,7 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   auto grid_for = [&](const TreeAttentionWorkspace& w) {
     if (!opt.grid_launch) return TreeAttentionGrid{};
     return TreeAttentionGrid{tree_attention_grid_bucket(w.num_items()),
-                             tree_attention_grid_bucket(w.num_queries())};
+                             tree_attention_grid_bucket(w.num_queries()), w.runs_decode_kernel()};
   };
   const TreeAttentionGrid grid = grid_for(ws), grid_base = grid_for(ws_base);
   r.median_us =
@@ -381,6 +385,8 @@ int main_impl(int argc, char** argv) {
       opt.min_split = std::atoi(next().c_str());
     } else if (a == "--items-per-sm") {
       opt.items_per_sm = std::atof(next().c_str());
+    } else if (a == "--no-decode-kernel") {
+      opt.decode_kernel = false;
     } else if (a == "--no-token-table") {
       opt.table = "none";
     } else if (a == "--table") {
@@ -421,14 +427,14 @@ int main_impl(int argc, char** argv) {
         return 2;
       }
     } else {
-      std::fprintf(
-          stderr,
-          "usage: %s [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush] "
-          "[--chunk TOKENS] [--max-chunk TOKENS] [--pack-max TOKENS] [--min-split TOKENS] "
-          "[--items-per-sm X] "
-          "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] [--grid] "
-          "[--few-shot P,B,S] [--trace PATH]\n",
-          argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush] "
+                   "[--chunk TOKENS] [--max-chunk TOKENS] [--pack-max TOKENS] [--min-split TOKENS] "
+                   "[--items-per-sm X] "
+                   "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] "
+                   "[--grid] [--no-decode-kernel] "
+                   "[--few-shot P,B,S] [--trace PATH]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -441,8 +447,10 @@ int main_impl(int argc, char** argv) {
   const double copy_bw = copy_bandwidth(10);
   std::printf("device: %s, %d SMs, L2 %.0f MB; d2d copy bandwidth %.3f TB/s (read + write)\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_bw / 1e12);
-  std::printf("fp16, head_dim 128, one layer, page 16, L2 %s before each rep, median of %d\n\n",
-              opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps);
+  std::printf(
+      "fp16, head_dim 128, one layer, page 16, L2 %s before each rep, median of %d; decode "
+      "kernel %s\n\n",
+      opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps, opt.decode_kernel ? "on" : "off");
   std::printf("%-34s %5s %5s %6s %8s %8s %7s %8s %8s %6s %5s %9s %7s %9s %9s\n", "case", "heads",
               "q", "items", "uniqMB", "planMB", "plan_us", "us", "bound", "TB/s", "%cp", "base_us",
               "speedup", "max_err", "base_err");

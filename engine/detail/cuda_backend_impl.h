@@ -225,6 +225,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   struct GraphKey {
     int64_t rows = 0, n_logits = 0;
     int32_t items = 0, queries = 0;
+    bool decode_kernel = false;  // attention runs the decode kernel (all items decode-shaped)
     std::array<const void*, 12> buffers{};
     bool operator==(const GraphKey&) const = default;
   };

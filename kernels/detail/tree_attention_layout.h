@@ -53,9 +53,16 @@ enum PlanHeader : int32_t {
   kQueryRows,
   kPageTable,
   kMaskWords,
-  kPartialSlot,       // [num_partials] where stage 1 stores partial p: queries' partials contiguous
+  kPartialSlot,  // [num_partials] where stage 1 stores partial p: queries' partials contiguous
+  // 1: the decode kernel runs this plan (every item decode-shaped, a token table, and
+  // TreeAttentionLimits::decode_kernel on); 0: stage 1.
+  kDecodeKernel,
   kHeaderWords = 32,  // header padded so the records start 128-byte aligned
 };
+
+// Items of at most this many query-tile rows (queries x gqa) are decode-shaped: a plan of only
+// such items runs in the decode kernel (kDecodeKernel).
+constexpr int32_t kDecodeItemRows = 16;
 
 enum TokenTableMode : int32_t { kTableNone = 0, kTablePacked = 1, kTableFixedStride = 2 };
 

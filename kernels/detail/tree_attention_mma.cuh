@@ -194,9 +194,10 @@ TS_WGMMA_DEFINE(__nv_bfloat16, "bf16")
 // 1024-byte aligned).
 constexpr int kSwzRows = 64;                   // rows of every swizzled tile (Q, K, V)
 constexpr int kSwzHalfBytes = kSwzRows * 128;  // one 64-column half of a tile
-template <int D>
+// kRows: the tile's rows (the decode kernel's query tile has 16; it is never a wgmma operand).
+template <int D, int kRows = kSwzRows>
 __device__ __forceinline__ int swz(int row, int chunk) {
-  return (chunk >> 3) * (kSwzRows * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
+  return (chunk >> 3) * (kRows * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
 }
 
 }  // namespace treeserve::detail::ta

@@ -366,8 +366,9 @@ __device__ __forceinline__ void wgmma_main_loop(const Stage1Params& p, const Ite
 // Main loop and epilogue of stage 1. kSplit warps share each 16-row slab and split every
 // 64-token tile between them (kKvTile / kSplit tokens each), so an item with few rows (a
 // decode branch: gqa rows) still spreads its MMAs over all four warps (and the SM's four
-// schedulers); their softmax states are merged through shared memory at the end.
-template <int D, typename T, int kSplit, typename LoadTile>
+// schedulers); their softmax states are merged through shared memory at the end. kQRows: the
+// rows of s_q's swizzled tile (64; 16 in the decode kernel, whose items are one slab).
+template <int D, typename T, int kSplit, int kQRows = kTileRows, typename LoadTile>
 __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it,
                                        const uint32_t* mask_words, T* s_q, T* s_k, T* s_v,
                                        LoadTile&& load_tile) {
@@ -396,6 +397,7 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
 
   // Whole 64-row tiles (one slab per warp) multiply with wgmma where the build targets sm_90a:
   // the block's 4 warps are one warpgroup, and all of them take part (pad rows are zero).
+  static_assert(kQRows == kTileRows || kQRows == 16 * (kWarps / kSplit), "one slab a warp set");
   if constexpr (TS_WGMMA != 0 && kSplit == 1) {
     wgmma_main_loop<D, T>(p, it, row_mask, s_q, s_k, s_v, load_tile, o_acc, row_max, row_sum);
   } else {
@@ -420,7 +422,7 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
           uint32_t qa[4];
           {
             const int r = slab * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-            ldmatrix_x4(qa, smem_u32(s_q + swz<D>(r, 2 * kk + (lane >> 4))));
+            ldmatrix_x4(qa, smem_u32(s_q + swz<D, kQRows>(r, 2 * kk + (lane >> 4))));
           }
 #pragma unroll
           for (int jj = 0; jj < kN / 2; ++jj) {

@@ -263,6 +263,146 @@ TEST(TreeAttentionGpu, BlockTraceRecordsEveryBlockOnce) {
   EXPECT_TRUE(trace.empty());
 }
 
+// TreeAttentionLimits::decode_kernel: a plan of only decode-shaped items (at most 16 rows: the
+// baseline's at gqa <= 16, a tree of 4 branches at gqa 4) runs in the decode kernel, any other
+// (a tree with a shared prompt, the baseline's at gqa 32) in stage 1; with it off, or without
+// a token table, stage 1 runs every plan. Every way matches the CPU executor, and the two
+// kernels each other.
+TEST(TreeAttentionGpu, DecodeKernelRunsAllDecodeShapedPlans) {
+  SKIP_WITHOUT_GPU();
+  TreeAttentionLimits on_limits, off_limits;
+  off_limits.decode_kernel = false;
+  TreeAttentionWorkspace on, off;
+  ASSERT_TRUE(on.init(on_limits).ok());
+  ASSERT_TRUE(off.init(off_limits).ok());
+  TreeAttentionWorkspace& no_table = small_table_workspace(0);
+  struct Run {
+    const TreeCase& tree;
+    Shape shape;
+    bool baseline;
+    bool decode_shaped;  // every item of the plan has at most 16 rows
+  };
+  const TreeCase many = testing::few_shot_case(1200, 9, 150, 16, 12);
+  const TreeCase four = testing::few_shot_case(2100, 4, 300, 16, 13);
+  const std::vector<Run> runs = {
+      {many, Shape{2, 4, 128}, true, true},
+      {many, Shape{1, 16, 64}, true, true},
+      {many, Shape{2, 1, 128}, true, true},
+      {many, Shape{2, 8, 128, TreeAttentionDtype::kBFloat16}, true, true},
+      {four, Shape{2, 4, 128}, false, true},
+      {four, Shape{1, 4, 64, TreeAttentionDtype::kBFloat16}, false, true},
+      {many, Shape{2, 4, 128}, false, false},
+      {many, Shape{1, 32, 64}, true, false},
+  };
+  for (const Run& run : runs) {
+    const Shape& shape = run.shape;
+    const AttentionPlanConfig config = config_for(shape);
+    AttentionPlan plan;
+    ASSERT_TRUE((run.baseline ? build_baseline_plan(run.tree.view, config, &plan)
+                              : build_attention_plan(run.tree.view, config, &plan))
+                    .ok());
+    bool all_decode_shaped = plan.num_items() > 0;
+    for (int32_t i = 0; i < plan.num_items(); ++i) {
+      all_decode_shaped &= (plan.item_query_end[size_t(i)] - plan.item_query_begin[size_t(i)]) *
+                               plan.gqa_group_size <=
+                           16;
+    }
+    const std::string what = describe(shape) + (run.baseline ? " baseline" : " tree") + " of " +
+                             std::to_string(run.tree.view.queries.size()) + " queries";
+    EXPECT_EQ(all_decode_shaped, run.decode_shaped) << what;
+    const float tolerance =
+        shape.dtype == TreeAttentionDtype::kBFloat16 ? kBf16Tolerance : kFp16Tolerance;
+    GpuAttentionProblem problem;
+    ASSERT_TRUE(problem
+                    .init(run.tree, shape.num_kv_heads * shape.gqa, shape.num_kv_heads,
+                          shape.head_dim, shape.dtype, 17, 2.f)
+                    .ok());
+    std::vector<float> cpu, gpu[3];
+    ASSERT_TRUE(problem.reference_plan(plan, &cpu).ok());
+    TreeAttentionWorkspace* spaces[3] = {&on, &off, &no_table};
+    for (int w = 0; w < 3; ++w) {
+      ASSERT_TRUE(problem.reset_out().ok());
+      const Status s = problem.launch(plan, spaces[w], nullptr);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      ASSERT_TRUE(problem.download_out(&gpu[w]).ok());
+      EXPECT_LE(problem.max_abs_diff(gpu[w], cpu), tolerance) << what << " workspace " << w;
+      EXPECT_TRUE(problem.untouched_rows_kept(gpu[w])) << what << " workspace " << w;
+    }
+    EXPECT_EQ(on.runs_decode_kernel(), all_decode_shaped) << what;
+    EXPECT_FALSE(off.runs_decode_kernel()) << what;
+    EXPECT_FALSE(no_table.runs_decode_kernel()) << what;
+    EXPECT_LE(problem.max_abs_diff(gpu[0], gpu[1]), tolerance) << what;
+  }
+}
+
+// A graph captured with the decode kernel (TreeAttentionGrid::decode_kernel) replays later
+// all-decode-shaped plans correctly; a decode-kernel grid for a plan stage 1 must run is
+// refused, while a stage 1 grid runs an all-decode-shaped plan too.
+TEST(TreeAttentionGpu, DecodeKernelGraphReplaysLaterPlans) {
+  SKIP_WITHOUT_GPU();
+  const TreeCase tree = testing::few_shot_case(1500, 12, 90, 16, 6);
+  const Shape shape{2, 4, 128};
+  TreeAttentionLimits limits;
+  limits.max_work_items = 512;
+  limits.max_partials = 1024;
+  TreeAttentionWorkspace ws;
+  ASSERT_TRUE(ws.init(limits).ok());
+  GpuAttentionProblem problem;
+  ASSERT_TRUE(problem.init(tree, 8, 2, 128, shape.dtype, 5, 2.f).ok());
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  AttentionPlan tree_plan, first;
+  ASSERT_TRUE(build_attention_plan(tree.view, config_for(shape), &tree_plan).ok());
+  ASSERT_TRUE(build_baseline_plan(tree.view, config_for(shape), &first).ok());
+  const TreeAttentionGrid grid{512, tree_attention_grid_bucket(int32_t(tree.view.queries.size())),
+                               true};
+  ASSERT_TRUE(ws.upload(tree_plan, stream).ok());
+  ASSERT_FALSE(ws.runs_decode_kernel());
+  EXPECT_EQ(problem.launch_uploaded(ws, stream, grid).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(ws.upload(first, stream).ok());
+  ASSERT_TRUE(ws.runs_decode_kernel());
+  TreeAttentionGrid stage1_grid = grid;
+  stage1_grid.decode_kernel = false;
+  {
+    ASSERT_TRUE(problem.reset_out().ok());
+    const Status s = problem.launch_uploaded(ws, stream, stage1_grid);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<float> gpu, cpu;
+    ASSERT_TRUE(problem.download_out(&gpu).ok());
+    ASSERT_TRUE(problem.reference_plan(first, &cpu).ok());
+    EXPECT_LE(problem.max_abs_diff(gpu, cpu), kFp16Tolerance) << "stage 1 grid";
+  }
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const Status launched = problem.launch_uploaded(ws, stream, grid);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(launched.ok()) << launched.ToString();
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  // The baseline's plans at other chunk sizes and split targets (head-major, fewer items).
+  for (int32_t chunk : {0, 256, 1024, 64}) {
+    AttentionPlanConfig config = config_for(shape);
+    if (chunk > 0) config.kv_chunk_tokens = chunk;
+    if (chunk == 64) config.num_sms = 4;
+    AttentionPlan plan;
+    ASSERT_TRUE(build_baseline_plan(tree.view, config, &plan).ok());
+    ASSERT_LE(plan.num_items(), grid.items) << "chunk " << chunk;
+    ASSERT_TRUE(problem.reset_out().ok());
+    ASSERT_TRUE(ws.upload(plan, stream).ok());
+    ASSERT_TRUE(ws.runs_decode_kernel());
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<float> gpu, cpu;
+    ASSERT_TRUE(problem.download_out(&gpu).ok());
+    ASSERT_TRUE(problem.reference_plan(plan, &cpu).ok());
+    EXPECT_LE(problem.max_abs_diff(gpu, cpu), kFp16Tolerance) << "chunk " << chunk;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 TEST(TreeAttentionGpu, BaselinePlanMatchesNaive) {
   SKIP_WITHOUT_GPU();
   std::vector<TreeCase> trees;
