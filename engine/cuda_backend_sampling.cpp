@@ -41,9 +41,10 @@ Status CudaBackend::enqueue_sampling(const StepBatch& batch, const float* rows) 
                       size_t(n) * sizeof(cuda::DeviceSamplingRow), cudaMemcpyHostToDevice, stream_),
       "sampling params upload");
   const int64_t limit = batch.drawable_vocab(config_.vocab_size);
-  cuda::sample_rows(rows, n, config_.vocab_size, limit,
-                    sample_params_.as<cuda::DeviceSamplingRow>(),
-                    sample_out_.as<cuda::DeviceSample>(), stream_);
+  TS_CUDA(static_cast<cudaError_t>(cuda::sample_rows(
+              rows, n, config_.vocab_size, limit, sample_params_.as<cuda::DeviceSamplingRow>(),
+              sample_out_.as<cuda::DeviceSample>(), stream_)),
+          "sampling launch");
   return Status::Ok();
 }
 

@@ -1,26 +1,45 @@
-// Device token sampling (see cuda_sampling.h). One block of 1024 threads per logit row; the
-// row is re-read from L2 by each pass:
+// Device token sampling (see cuda_sampling.h). Each logit row is sampled by a cluster of
+// kCluster blocks of 512 threads (sm_90 thread-block clusters; one block on older GPUs),
+// which split the row between them and combine their partial results through distributed
+// shared memory; every pass re-reads the row from L2:
 //   1. max (lowest id on ties) and the log-softmax normaliser;
 //   2. top-k: radix select (four 8-bit digit passes, integer counts) of the k-th best key,
 //      ties at the threshold kept lowest ids first;
 //   3. top-p: the same radix select weighted by the kept tokens' 2^-40 fixed-point weights,
 //      for the smallest best-first set whose weight reaches top_p of the kept total;
-//   4. the draw: the kept weights' prefix sums in id order (block scan), walked to u * total;
+//   4. the draw: the kept weights' prefix sums in id order (cluster scan), walked to
+//      u * total;
 //   5. logprob alternatives: radix select of the N-th best key, then the N sorted.
 // Keys are the floats' order-preserving bit patterns (NaN counts as -inf), so "best" is
-// higher logit, then lower id, as on the host.
+// higher logit, then lower id, as on the host. A cluster's blocks compute every selection
+// from the same combined histograms and sums, so they agree; integer sums make the results
+// independent of how the row is split.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "engine/cuda_sampling.h"
 
 namespace treeserve::cuda {
 namespace {
 
-constexpr int kThreads = 1024;
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
+// Blocks a row is split over where the GPU has thread-block clusters (sm_90): 8 is the
+// portable cluster size. 50 rows are 400 blocks of 512 threads (3 an SM by registers: about
+// one wave on an H100). Measured on H100 (2026-11-26; a sampled few-shot b=50 step of the
+// random-weight bench model, whose rows are flat): 50 rows in 376-396 us against 471 us with
+// one 1024-thread block a row. ncu: ~58 instructions per element and pass at 0.4 issued a
+// cycle per scheduler, so what is left is fewer or cheaper passes, not more threads.
+constexpr int kCluster = 8;
 constexpr float kMinTemperature = 1e-5f;       // engine/sampling.cpp's greedy bound
 constexpr float kFixedOne = 1099511627776.0f;  // 2^40: weights (<= 1) in fixed point
 
@@ -47,18 +66,61 @@ __device__ __forceinline__ double uniform(uint64_t seed, uint64_t stream_key, in
 }
 
 struct Shared {
-  unsigned long long hist[256];
+  unsigned long long hist[256];    // this block's digit histogram (read by the cluster)
+  unsigned long long merged[256];  // the cluster's
   unsigned long long warp_u64[kWarps];
   float warp_f[kWarps];
   int32_t warp_i[kWarps];
+  // This block's part of a cluster-wide reduction, read by every block after a cluster sync.
+  float x_f;
+  int32_t x_i;
+  unsigned long long x_u64;
   unsigned long long sel_cum;
   int32_t sel_bucket;
-  int32_t cut;
-  int32_t token;
   int32_t num_top;
   int32_t top_ids[kDeviceMaxLogprobs];
 };
 
+// The row's cluster: this block's rank and the cluster's size (1 without clusters).
+struct Cluster {
+  int rank = 0;
+  int size = 1;
+  // The cluster's threads as one range: this thread's index and their count.
+  __device__ int thread() const { return rank * kThreads + int(threadIdx.x); }
+  __device__ int threads() const { return size * kThreads; }
+};
+
+__device__ Cluster this_cluster() {
+  Cluster c;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const cg::cluster_group g = cg::this_cluster();
+  c.rank = int(g.block_rank());
+  c.size = int(g.num_blocks());
+#endif
+  return c;
+}
+
+// Every thread of every block of the cluster has arrived (and its shared-memory writes are
+// visible to the cluster).
+__device__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::this_cluster().sync();
+#else
+  __syncthreads();
+#endif
+}
+
+// Block `rank`'s copy of this block's shared struct.
+__device__ const Shared* peer(const Shared& s, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cg::this_cluster().map_shared_rank(&s, rank);
+#else
+  (void)rank;
+  return &s;
+#endif
+}
+
+// Sum over the block (every thread gets it).
 __device__ float block_sum(float v, Shared& s) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
@@ -66,7 +128,7 @@ __device__ float block_sum(float v, Shared& s) {
   if (lane == 0) s.warp_f[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    v = s.warp_f[lane];
+    v = lane < kWarps ? s.warp_f[lane] : 0.0f;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0) s.warp_f[0] = v;
@@ -77,7 +139,18 @@ __device__ float block_sum(float v, Shared& s) {
   return total;
 }
 
-// Block-wide exclusive prefix sum in thread order; *total gets the sum.
+// Sum over the cluster, blocks added in rank order (every thread gets it).
+__device__ float cluster_sum(float v, Shared& s, const Cluster& c) {
+  v = block_sum(v, s);
+  if (threadIdx.x == 0) s.x_f = v;
+  cluster_sync();
+  float total = 0.0f;
+  for (int r = 0; r < c.size; ++r) total += peer(s, r)->x_f;
+  cluster_sync();  // x_f may be rewritten after this
+  return total;
+}
+
+// Block-wide exclusive prefix sum in thread order; *total gets the block's sum.
 __device__ unsigned long long block_scan(unsigned long long v, Shared& s,
                                          unsigned long long* total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -90,15 +163,15 @@ __device__ unsigned long long block_scan(unsigned long long v, Shared& s,
   if (lane == 31) s.warp_u64[warp] = incl;
   __syncthreads();
   if (warp == 0) {
-    const unsigned long long w = s.warp_u64[lane];
+    const unsigned long long w = lane < kWarps ? s.warp_u64[lane] : 0ull;
     unsigned long long wi = w;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const unsigned long long x = __shfl_up_sync(0xffffffffu, wi, o);
       if (lane >= o) wi += x;
     }
-    s.warp_u64[lane] = wi - w;  // exclusive prefix of the warp totals
-    if (lane == 31) s.sel_cum = wi;
+    if (lane < kWarps) s.warp_u64[lane] = wi - w;  // exclusive prefix of the warp totals
+    if (lane == kWarps - 1) s.sel_cum = wi;
   }
   __syncthreads();
   const unsigned long long before = s.warp_u64[warp] + incl - v;
@@ -107,34 +180,71 @@ __device__ unsigned long long block_scan(unsigned long long v, Shared& s,
   return before;
 }
 
-// The best (value, id): higher value, then lower id.
-__device__ void block_argmax(float* value, int32_t* id, Shared& s) {
+// Cluster-wide exclusive prefix sum in Cluster::thread() order; *total gets the cluster's sum.
+__device__ unsigned long long cluster_scan(unsigned long long v, Shared& s, const Cluster& c,
+                                           unsigned long long* total) {
+  unsigned long long block_total = 0;
+  const unsigned long long before = block_scan(v, s, &block_total);
+  if (threadIdx.x == 0) s.x_u64 = block_total;
+  cluster_sync();
+  unsigned long long offset = 0, sum = 0;
+  for (int r = 0; r < c.size; ++r) {
+    const unsigned long long t = peer(s, r)->x_u64;
+    if (r < c.rank) offset += t;
+    sum += t;
+  }
+  cluster_sync();  // x_u64 may be rewritten after this
+  *total = sum;
+  return offset + before;
+}
+
+// The better of two (value, id): higher value, then lower id.
+__device__ __forceinline__ void keep_better(float* v, int32_t* i, float ov, int32_t oi) {
+  if (ov > *v || (ov == *v && oi < *i)) *v = ov, *i = oi;
+}
+
+// The best (value, id) over the cluster: higher value, then lower id (every thread gets it).
+__device__ void cluster_argmax(float* value, int32_t* id, Shared& s, const Cluster& c) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float v = *value;
   int32_t i = *id;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
+    keep_better(&v, &i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
   }
   if (lane == 0) s.warp_f[warp] = v, s.warp_i[warp] = i;
   __syncthreads();
   if (warp == 0) {
-    v = s.warp_f[lane];
-    i = s.warp_i[lane];
+    v = lane < kWarps ? s.warp_f[lane] : -INFINITY;
+    i = lane < kWarps ? s.warp_i[lane] : INT_MAX;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-      const int32_t oi = __shfl_xor_sync(0xffffffffu, i, o);
-      if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
+      keep_better(&v, &i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
     }
-    if (lane == 0) s.warp_f[0] = v, s.warp_i[0] = i;
+    if (lane == 0) s.x_f = v, s.x_i = i;
   }
+  cluster_sync();
+  v = -INFINITY;
+  i = INT_MAX;
+  for (int r = 0; r < c.size; ++r) {
+    const Shared* o = peer(s, r);
+    keep_better(&v, &i, o->x_f, o->x_i);
+  }
+  cluster_sync();  // x_f, x_i may be rewritten after this
+  *value = v;
+  *id = i;
+}
+
+// The smallest id any block of the cluster proposes (INT_MAX from a block without one).
+__device__ int32_t cluster_min(int32_t proposal, Shared& s, const Cluster& c) {
+  if (threadIdx.x == 0) s.x_i = INT_MAX;
   __syncthreads();
-  *value = s.warp_f[0];
-  *id = s.warp_i[0];
-  __syncthreads();
+  if (proposal != INT_MAX) atomicMin(&s.x_i, proposal);
+  cluster_sync();
+  int32_t m = INT_MAX;
+  for (int r = 0; r < c.size; ++r) m = min(m, peer(s, r)->x_i);
+  cluster_sync();  // x_i may be rewritten after this
+  return m;
 }
 
 // The threshold of the best-first set that reaches `target` of amount(i) (0 for tokens not
@@ -144,7 +254,8 @@ __device__ void block_argmax(float* value, int32_t* id, Shared& s) {
 // When the amounts never reach target, everything in play is kept.
 template <typename Amount>
 __device__ void select_best_first(const float* row, int vocab, unsigned long long target,
-                                  Amount amount, Shared& s, uint32_t* tau, int32_t* cut) {
+                                  Amount amount, Shared& s, const Cluster& c, uint32_t* tau,
+                                  int32_t* cut) {
   const int tid = threadIdx.x;
   uint32_t prefix = 0, mask = 0;
   unsigned long long rem = target;
@@ -152,7 +263,7 @@ __device__ void select_best_first(const float* row, int vocab, unsigned long lon
     for (int b = tid; b < 256; b += kThreads) s.hist[b] = 0;
     __syncthreads();
     // Whole-warp iterations (the first digit's warp reductions need every lane).
-    for (int base = 0; base < vocab; base += kThreads) {
+    for (int base = c.rank * kThreads; base < vocab; base += c.threads()) {
       const int i = base + tid;
       unsigned long long a = 0;
       uint32_t bucket = 0;
@@ -178,18 +289,25 @@ __device__ void select_best_first(const float* row, int vocab, unsigned long lon
         }
       } else if (a != 0) {
         // Lower digits scatter over the buckets: a reduction per distinct bucket would run
-        // one after another (ncu: 36% of the kernel), plain atomics rarely collide. Integer
-        // sums, so the order does not change the result.
+        // one after another (ncu: 36% of the kernel), plain atomics rarely collide (summing
+        // the lanes of a bucket first where a warp's fall in at most 4 buckets measured 1.6x
+        // slower on flat rows). Integer sums, so the order does not change the result.
         atomicAdd(&s.hist[bucket], a);
       }
     }
-    __syncthreads();
+    cluster_sync();  // every block's histogram is complete
+    for (int b = tid; b < 256; b += kThreads) {
+      unsigned long long sum = 0;
+      for (int r = 0; r < c.size; ++r) sum += peer(s, r)->hist[b];
+      s.merged[b] = sum;
+    }
+    cluster_sync();  // every block has read the histograms (they are cleared next pass)
     if (tid == 0) {
       unsigned long long cum = 0;
       int b = 255;
       for (; b > 0; --b) {
-        if (cum + s.hist[b] >= rem) break;
-        cum += s.hist[b];
+        if (cum + s.merged[b] >= rem) break;
+        cum += s.merged[b];
       }
       s.sel_bucket = b;
       s.sel_cum = cum;
@@ -200,18 +318,18 @@ __device__ void select_best_first(const float* row, int vocab, unsigned long lon
     mask |= 0xffu << shift;
     __syncthreads();
   }
-  // Ties at prefix, in id order: contiguous id ranges per thread, block scan of their sums.
-  const int per = (vocab + kThreads - 1) / kThreads;
-  const int begin = min(vocab, tid * per), end = min(vocab, begin + per);
+  // Ties at prefix, in id order: contiguous id ranges per cluster thread, a cluster scan of
+  // their sums; the block holding the last one needed proposes it.
+  const int per = (vocab + c.threads() - 1) / c.threads();
+  const int begin = min(vocab, c.thread() * per), end = min(vocab, begin + per);
   unsigned long long local = 0;
   for (int i = begin; i < end; ++i) {
     const uint32_t key = order_key(row[i]);
     if (key == prefix) local += amount(i, key);
   }
-  if (tid == 0) s.cut = vocab;  // default: every tie
-  __syncthreads();
   unsigned long long total = 0;
-  const unsigned long long before = block_scan(local, s, &total);
+  const unsigned long long before = cluster_scan(local, s, c, &total);
+  int32_t proposal = INT_MAX;
   if (rem > 0 && before < rem && before + local >= rem) {
     unsigned long long acc = before;
     for (int i = begin; i < end; ++i) {
@@ -219,40 +337,39 @@ __device__ void select_best_first(const float* row, int vocab, unsigned long lon
       if (key != prefix) continue;
       acc += amount(i, key);
       if (acc >= rem) {
-        s.cut = i;
+        proposal = i;
         break;
       }
     }
   }
-  __syncthreads();
+  const int32_t m = cluster_min(proposal, s, c);
   *tau = prefix;
-  *cut = s.cut;
-  __syncthreads();
+  *cut = m == INT_MAX ? vocab : m;  // default: every tie
 }
 
 __global__ void __launch_bounds__(kThreads)
     sample_rows_kernel(const float* __restrict__ logits, int64_t row_stride, int vocab,
                        const DeviceSamplingRow* __restrict__ params, DeviceSample* out) {
   __shared__ Shared s;
+  const Cluster c = this_cluster();
   const int tid = threadIdx.x;
-  const float* row = logits + int64_t(blockIdx.x) * row_stride;
-  const DeviceSamplingRow p = params[blockIdx.x];
+  const int64_t row_index = int64_t(blockIdx.x) / c.size;
+  const float* row = logits + row_index * row_stride;
+  const DeviceSamplingRow p = params[row_index];
 
   // 1. Max (lowest id on ties) and the log-softmax normaliser of the unmodified logits.
   float best = -INFINITY;
-  int32_t best_id = 0x7fffffff;
-  for (int i = tid; i < vocab; i += kThreads) {
-    const float v = clean(row[i]);
-    if (v > best || (v == best && i < best_id)) best = v, best_id = i;
-  }
-  block_argmax(&best, &best_id, s);
+  int32_t best_id = INT_MAX;
+  for (int i = c.thread(); i < vocab; i += c.threads())
+    keep_better(&best, &best_id, clean(row[i]), i);
+  cluster_argmax(&best, &best_id, s, c);
   const float max = best;
   const bool finite = isfinite(max);
   float z = 0.0f;
   if (finite) {
-    for (int i = tid; i < vocab; i += kThreads) z += __expf(clean(row[i]) - max);
+    for (int i = c.thread(); i < vocab; i += c.threads()) z += __expf(clean(row[i]) - max);
   }
-  z = block_sum(z, s);
+  z = cluster_sum(z, s, c);
   const float log_z = finite ? max + logf(z) : NAN;
 
   const int k = (p.top_k > 0 && p.top_k < vocab) ? p.top_k : vocab;
@@ -268,7 +385,7 @@ __global__ void __launch_bounds__(kThreads)
     if (k < vocab) {
       select_best_first(
           row, vocab, static_cast<unsigned long long>(k),
-          [](int, uint32_t) -> unsigned long long { return 1; }, s, &tau_k, &cut_k);
+          [](int, uint32_t) -> unsigned long long { return 1; }, s, c, &tau_k, &cut_k);
     }
     auto in_k = [&](int i, uint32_t key) { return key > tau_k || (key == tau_k && i <= cut_k); };
     // 3. Top-p over the top-k tokens' weights.
@@ -276,12 +393,12 @@ __global__ void __launch_bounds__(kThreads)
     int32_t cut_p = vocab;
     if (p.top_p < 1.0f) {
       unsigned long long local = 0;
-      for (int i = tid; i < vocab; i += kThreads) {
+      for (int i = c.thread(); i < vocab; i += c.threads()) {
         const float v = row[i];
         if (in_k(i, order_key(v))) local += weight(v);
       }
       unsigned long long total = 0;
-      block_scan(local, s, &total);
+      cluster_scan(local, s, c, &total);
       unsigned long long target =
           static_cast<unsigned long long>(ceil(double(p.top_p) * double(total)));
       if (target == 0) target = 1;
@@ -290,25 +407,24 @@ __global__ void __launch_bounds__(kThreads)
           [&](int i, uint32_t key) -> unsigned long long {
             return in_k(i, key) ? weight(row[i]) : 0ull;
           },
-          s, &tau_p, &cut_p);
+          s, c, &tau_p, &cut_p);
     }
     auto kept = [&](int i, uint32_t key) {
       return in_k(i, key) && (key > tau_p || (key == tau_p && i <= cut_p));
     };
-    // 4. The draw, in id order.
-    const int per = (vocab + kThreads - 1) / kThreads;
-    const int begin = min(vocab, tid * per), end = min(vocab, begin + per);
+    // 4. The draw, in id order: the block holding the token the uniform lands on proposes it.
+    const int per = (vocab + c.threads() - 1) / c.threads();
+    const int begin = min(vocab, c.thread() * per), end = min(vocab, begin + per);
     unsigned long long local = 0;
     for (int i = begin; i < end; ++i) {
       const float v = row[i];
       if (kept(i, order_key(v))) local += weight(v);
     }
-    if (tid == 0) s.token = best_id;  // if rounding leaves the target unreached
-    __syncthreads();
     unsigned long long total = 0;
-    const unsigned long long before = block_scan(local, s, &total);
+    const unsigned long long before = cluster_scan(local, s, c, &total);
     const double u = uniform(p.seed, p.stream_key, p.position);
     const unsigned long long target = static_cast<unsigned long long>(u * double(total));
+    int32_t proposal = INT_MAX;
     if (before <= target && target < before + local) {
       unsigned long long acc = before;
       for (int i = begin; i < end; ++i) {
@@ -316,41 +432,44 @@ __global__ void __launch_bounds__(kThreads)
         if (!kept(i, order_key(v))) continue;
         acc += weight(v);
         if (acc > target) {
-          s.token = i;
+          proposal = i;
           break;
         }
       }
     }
-    __syncthreads();
-    token = s.token;
-    __syncthreads();
+    const int32_t drawn = cluster_min(proposal, s, c);
+    token = drawn == INT_MAX ? best_id : drawn;  // if rounding leaves the target unreached
   }
 
-  // 5. The N best alternatives, best first.
+  // 5. The N best alternatives, best first: each block collects its own, the first gathers.
   const int n_top = min(p.logprobs, min(kDeviceMaxLogprobs, vocab));
+  if (tid == 0) s.num_top = 0;
+  __syncthreads();
   if (n_top > 0) {
     uint32_t tau = 0;
     int32_t cut = vocab;
     select_best_first(
         row, vocab, static_cast<unsigned long long>(n_top),
-        [](int, uint32_t) -> unsigned long long { return 1; }, s, &tau, &cut);
-    if (tid == 0) s.num_top = 0;
-    __syncthreads();
-    for (int i = tid; i < vocab; i += kThreads) {
+        [](int, uint32_t) -> unsigned long long { return 1; }, s, c, &tau, &cut);
+    for (int i = c.thread(); i < vocab; i += c.threads()) {
       const uint32_t key = order_key(row[i]);
       if (key > tau || (key == tau && i <= cut)) {
         const int at = atomicAdd(&s.num_top, 1);
         if (at < kDeviceMaxLogprobs) s.top_ids[at] = i;
       }
     }
-    __syncthreads();
   }
-  if (tid == 0) {
+  cluster_sync();  // every block's alternatives are collected
+  if (c.rank == 0 && tid == 0) {
     DeviceSample r;
     r.token = token;
     r.logprob = clean(row[token]) - log_z;
-    r.num_top = n_top > 0 ? min(s.num_top, n_top) : 0;
-    for (int a = 0; a < r.num_top; ++a) r.top_ids[a] = s.top_ids[a];
+    r.num_top = 0;
+    for (int b = 0; b < c.size && n_top > 0; ++b) {
+      const Shared* o = peer(s, b);
+      const int have = min(o->num_top, kDeviceMaxLogprobs);
+      for (int a = 0; a < have && r.num_top < n_top; ++a) r.top_ids[r.num_top++] = o->top_ids[a];
+    }
     // Insertion sort, best first.
     for (int a = 1; a < r.num_top; ++a) {
       const int32_t id = r.top_ids[a];
@@ -365,17 +484,49 @@ __global__ void __launch_bounds__(kThreads)
       r.top_ids[b + 1] = id;
     }
     for (int a = 0; a < r.num_top; ++a) r.top_logprobs[a] = clean(row[r.top_ids[a]]) - log_z;
-    out[blockIdx.x] = r;
+    out[row_index] = r;
   }
+  cluster_sync();  // no block leaves while the first still reads its shared memory
+}
+
+// The cluster size for the current device: kCluster where it has thread-block clusters
+// (compute capability 9.0 or later), else 1. Cached per device.
+int cluster_size() {
+  static std::mutex mutex;
+  static std::vector<std::pair<int, int>> known;  // (device, size)
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& [d, size] : known) {
+    if (d == device) return size;
+  }
+  int major = 0;
+  const bool ok =
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess;
+  const int size = ok && major >= 9 ? kCluster : 1;
+  known.emplace_back(device, size);
+  return size;
 }
 
 }  // namespace
 
-void sample_rows(const float* logits, int64_t n, int64_t row_stride, int64_t vocab,
-                 const DeviceSamplingRow* params, DeviceSample* out, cudaStream_t stream) {
-  if (n <= 0 || vocab <= 0) return;
-  sample_rows_kernel<<<unsigned(n), kThreads, 0, stream>>>(logits, row_stride, int(vocab), params,
-                                                           out);
+int sample_rows(const float* logits, int64_t n, int64_t row_stride, int64_t vocab,
+                const DeviceSamplingRow* params, DeviceSample* out, cudaStream_t stream) {
+  if (n <= 0 || vocab <= 0) return cudaSuccess;
+  const int cluster = cluster_size();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(n * cluster));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = unsigned(cluster);
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = cluster > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, sample_rows_kernel, logits, row_stride, int(vocab), params,
+                            out);
 }
 
 }  // namespace treeserve::cuda

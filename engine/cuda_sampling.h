@@ -43,8 +43,9 @@ struct DeviceSample {
 };
 
 // For rows i in [0, n): samples from logits + i * row_stride (float), considering ids
-// [0, vocab) only, with params[i]; writes out[i]. One block per row.
-void sample_rows(const float* logits, int64_t n, int64_t row_stride, int64_t vocab,
-                 const DeviceSamplingRow* params, DeviceSample* out, cudaStream_t stream);
+// [0, vocab) only, with params[i]; writes out[i]. A cluster of 8 blocks per row on GPUs with
+// thread-block clusters (sm_90), else one block. Returns the launch's cudaError_t (0: enqueued).
+int sample_rows(const float* logits, int64_t n, int64_t row_stride, int64_t vocab,
+                const DeviceSamplingRow* params, DeviceSample* out, cudaStream_t stream);
 
 }  // namespace treeserve::cuda

@@ -58,7 +58,9 @@ std::vector<cuda::DeviceSample> run_device(const std::vector<Row>& rows, int64_t
   EXPECT_EQ(cudaMalloc(&d_out, rows.size() * sizeof(cuda::DeviceSample)), cudaSuccess);
   cudaMemcpy(d_logits, flat.data(), flat.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(d_params, params.data(), params.size() * sizeof(params[0]), cudaMemcpyHostToDevice);
-  cuda::sample_rows(d_logits, int64_t(rows.size()), stride, vocab, d_params, d_out, nullptr);
+  EXPECT_EQ(
+      cuda::sample_rows(d_logits, int64_t(rows.size()), stride, vocab, d_params, d_out, nullptr),
+      0);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<cuda::DeviceSample> out(rows.size());
   cudaMemcpy(out.data(), d_out, out.size() * sizeof(out[0]), cudaMemcpyDeviceToHost);
@@ -373,7 +375,9 @@ TEST(DeviceArgmax, ShardSummaryMatchesHost) {
         EXPECT_EQ(ids[size_t(r)], best_id < 0 ? INT32_MAX : int32_t(id_offset + best_id));
         // A NaN logit's effect on the sum is not specified (OnlineMax drops it when a later
         // logit becomes the first finite maximum), as in the sliced argmax.
-        if (!std::isnan(sum)) EXPECT_NEAR(sums[size_t(r)], sum, 1e-4 * sum + 1e-6);
+        if (!std::isnan(sum)) {
+          EXPECT_NEAR(sums[size_t(r)], sum, 1e-4 * sum + 1e-6);
+        }
       }
       cudaFree(d_logits);
       cudaFree(d_maxes);
