@@ -544,8 +544,17 @@ void PlanBuilder::reorder_items() {
       key[size_t(i)] = -int64_t(p.item_num_tokens[size_t(i)]) * (c_.query_tile_rows + rows);
     }
   }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return key[size_t(a)] < key[size_t(b)]; });
+  // Plans are often built in kv-major order already (groups are emitted root first): then
+  // the stable sort is the identity, and for the plain orders nothing moves.
+  const bool sorted = std::is_sorted(key.begin(), key.end());
+  if (sorted && (c_.item_order == AttentionPlanConfig::ItemOrder::kKvMajor ||
+                 c_.item_order == AttentionPlanConfig::ItemOrder::kLongestFirst)) {
+    return;
+  }
+  if (!sorted) {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return key[size_t(a)] < key[size_t(b)]; });
+  }
   std::vector<int32_t>& tmp = s_.permuted;
   if (c_.item_order == AttentionPlanConfig::ItemOrder::kInterleaved) {
     tmp.resize(size_t(n));
