@@ -57,13 +57,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   const int32_t* plan = p.plan;
   const int tid = threadIdx.x;
   const uint64_t start_ns = p.trace != nullptr && tid == 0 ? global_ns() : 0;
-  // One-dimensional grid of items x kv heads (TreeAttentionGrid launches: grid.items items),
-  // in the order the plan asks for (AttentionPlan::heads_first).
-  const int grid_items = gridDim.x / p.num_kv_heads;
-  const int item = p.heads_first ? blockIdx.x / p.num_kv_heads : blockIdx.x % grid_items;
-  if (item >= p.max_items) return;  // a bucketed grid past the workspace's records
+  int item = 0;
   ItemTile it;
-  it.kv_head = p.heads_first ? blockIdx.x % p.num_kv_heads : blockIdx.x / grid_items;
+  block_item(p, &item, &it.kv_head);
+  if (item >= p.max_items) return;  // a bucketed grid past the workspace's records
   it.gqa = p.gqa;
 
   // The prologue: the header (graph launches), the item's record and the batch row of this
@@ -81,13 +78,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   const int32_t q_batch_row = rec[kRecQueryRows + q_local];
   const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
   if (item >= h.w[kNumItems]) return;
-  it.query_begin = rec_a.x;
-  it.num_rows = (rec_a.y - rec_a.x) * it.gqa;
-  it.num_tokens = rec_a.z;
-  it.num_tiles = (it.num_tokens + kKvTile - 1) / kKvTile;
-  it.mask_offset = rec_a.w;
-  it.words_per_row = (it.num_tokens + 31) >> 5;
-  it.partial_slot = plan + h.w[kPartialSlot];
+  read_item_tile(it, rec_a, plan, h);
   const uint32_t* mask_words = reinterpret_cast<const uint32_t*>(plan + h.w[kMaskWords]);
   const int table_mode = h.w[kTokenTable];
   const int page_size = p.page_size;
@@ -118,12 +109,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   // contiguous bytes of 16 rows.
   {
     const T* q = static_cast<const T*>(p.q);
-    const bool valid = q_row < it.num_rows;
-    const T* src = q;
-    if (valid) {
-      const int head = it.kv_head * it.gqa + (q_row - q_local * it.gqa);
-      src = q + (int64_t(q_batch_row) * p.num_q_heads + head) * D;
-    }
+    const T* src = q_row_source<D, T>(p, it, q_row, q_batch_row);
+    const bool valid = src != nullptr;
 #pragma unroll
     for (int j = 0; j < kChunks / 2; ++j) {
       const int c = (tid & 1) + 2 * j;
@@ -203,18 +190,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   } else {
     attend<D, T, 1>(p, it, mask_words, s_q, s_k, s_v, load_tile);
   }
-  if (p.trace != nullptr && tid == 0) {
-    TreeAttentionBlockTrace r;
-    r.start_ns = start_ns;
-    r.end_ns = global_ns();
-    asm volatile("mov.u32 %0, %smid;" : "=r"(r.sm));
-    r.block = blockIdx.x;
-    r.item = item;
-    r.kv_head = it.kv_head;
-    r.rows = it.num_rows;
-    r.tokens = it.num_tokens;
-    p.trace[int64_t(item) * p.num_kv_heads + it.kv_head] = r;
-  }
+  record_block_trace(p, start_ns, item, it);
   // The merge grid (programmatic dependent launch) may start once every block got here.
   pdl_trigger();
 }
@@ -246,11 +222,10 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
   const int32_t* plan = p.plan;
   const int tid = threadIdx.x;
   const uint64_t start_ns = p.trace != nullptr && tid == 0 ? global_ns() : 0;
-  const int grid_items = gridDim.x / p.num_kv_heads;
-  const int item = p.heads_first ? blockIdx.x / p.num_kv_heads : blockIdx.x % grid_items;
-  if (item >= p.max_items) return;
+  int item = 0;
   ItemTile it;
-  it.kv_head = p.heads_first ? blockIdx.x % p.num_kv_heads : blockIdx.x / grid_items;
+  block_item(p, &item, &it.kv_head);
+  if (item >= p.max_items) return;
   it.gqa = p.gqa;
   // The record, this thread's query row and the header (graph launches) go out together.
   static_assert(kThreads == 8 * kDecodeQRows, "8 threads per query-tile row");
@@ -262,13 +237,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
   const int32_t q_batch_row = rec[kRecQueryRows + q_local];
   const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
   if (item >= h.w[kNumItems]) return;
-  it.query_begin = rec_a.x;
-  it.num_rows = (rec_a.y - rec_a.x) * it.gqa;
-  it.num_tokens = rec_a.z;
-  it.num_tiles = (it.num_tokens + kKvTile - 1) / kKvTile;
-  it.mask_offset = rec_a.w;
-  it.words_per_row = (it.num_tokens + 31) >> 5;
-  it.partial_slot = plan + h.w[kPartialSlot];
+  read_item_tile(it, rec_a, plan, h);
   const uint32_t* mask_words = reinterpret_cast<const uint32_t*>(plan + h.w[kMaskWords]);
   // The upload picks this kernel only where it fills a token table (fixed stride or packed).
   const int32_t* entries =
@@ -308,12 +277,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
   // are zero.
   {
     const T* q = static_cast<const T*>(p.q);
-    const bool valid = q_row < it.num_rows;
-    const T* src = q;
-    if (valid) {
-      const int head = it.kv_head * it.gqa + (q_row - q_local * it.gqa);
-      src = q + (int64_t(q_batch_row) * p.num_q_heads + head) * D;
-    }
+    const T* src = q_row_source<D, T>(p, it, q_row, q_batch_row);
+    const bool valid = src != nullptr;
 #pragma unroll
     for (int c = tid & 7; c < kChunks; c += 8) {
       cp_async_16(smem_u32(s_q + swz<D, kDecodeQRows>(q_row, c)), valid ? src + c * 8 : q, valid);
@@ -349,18 +314,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
   if (it.num_tiles > 0) load_tile(0, 0, true, true);
   cp_async_commit();  // group 0: Q with the first tile
   attend<D, T, kSplit, kDecodeQRows>(p, it, mask_words, s_q, s_k, s_v, load_tile);
-  if (p.trace != nullptr && tid == 0) {
-    TreeAttentionBlockTrace r;
-    r.start_ns = start_ns;
-    r.end_ns = global_ns();
-    asm volatile("mov.u32 %0, %smid;" : "=r"(r.sm));
-    r.block = blockIdx.x;
-    r.item = item;
-    r.kv_head = it.kv_head;
-    r.rows = it.num_rows;
-    r.tokens = it.num_tokens;
-    p.trace[int64_t(item) * p.num_kv_heads + it.kv_head] = r;
-  }
+  record_block_trace(p, start_ns, item, it);
   pdl_trigger();
 }
 

@@ -168,6 +168,55 @@ struct ItemTile {
   const int32_t* partial_slot;  // where partial (query_begin + local query) is stored
 };
 
+// The block's work item (index of its record) and kv head in the one-dimensional grid of
+// items x kv heads (TreeAttentionGrid launches: grid.items items), in the order the plan asks
+// for (AttentionPlan::heads_first).
+__device__ __forceinline__ void block_item(const Stage1Params& p, int* item, int* kv_head) {
+  const int grid_items = gridDim.x / p.num_kv_heads;
+  *item = p.heads_first ? blockIdx.x / p.num_kv_heads : blockIdx.x % grid_items;
+  *kv_head = p.heads_first ? blockIdx.x % p.num_kv_heads : blockIdx.x / grid_items;
+}
+
+// The item's counts from the first four words of its record (kRecQueryBegin..kRecMaskOffset)
+// and the header: everything of `it` but kv_head and gqa.
+__device__ __forceinline__ void read_item_tile(ItemTile& it, const int4& rec_a, const int32_t* plan,
+                                               const PlanHeaderArg& h) {
+  it.query_begin = rec_a.x;
+  it.num_rows = (rec_a.y - rec_a.x) * it.gqa;
+  it.num_tokens = rec_a.z;
+  it.num_tiles = (it.num_tokens + kKvTile - 1) / kKvTile;
+  it.mask_offset = rec_a.w;
+  it.words_per_row = (it.num_tokens + 31) >> 5;
+  it.partial_slot = plan + h.w[kPartialSlot];
+}
+
+// Where query-tile row `row` of the item (local query row / gqa, whose batch row is
+// batch_row; q head kv_head * gqa + row % gqa) starts in Stage1Params::q; null for a pad row.
+template <int D, typename T>
+__device__ __forceinline__ const T* q_row_source(const Stage1Params& p, const ItemTile& it, int row,
+                                                 int32_t batch_row) {
+  if (row >= it.num_rows) return nullptr;
+  const int head = it.kv_head * it.gqa + row % it.gqa;
+  return static_cast<const T*>(p.q) + (int64_t(batch_row) * p.num_q_heads + head) * D;
+}
+
+// Thread 0's block trace record (TreeAttentionWorkspace::enable_block_trace), once the block's
+// partials are written.
+__device__ __forceinline__ void record_block_trace(const Stage1Params& p, uint64_t start_ns,
+                                                   int item, const ItemTile& it) {
+  if (p.trace == nullptr || threadIdx.x != 0) return;
+  TreeAttentionBlockTrace r;
+  r.start_ns = start_ns;
+  r.end_ns = global_ns();
+  asm volatile("mov.u32 %0, %smid;" : "=r"(r.sm));
+  r.block = blockIdx.x;
+  r.item = item;
+  r.kv_head = it.kv_head;
+  r.rows = it.num_rows;
+  r.tokens = it.num_tokens;
+  p.trace[int64_t(item) * p.num_kv_heads + it.kv_head] = r;
+}
+
 // Online-softmax step of one tile for this thread's rows r0 and r0 + 8: s holds the raw
 // Q K^T scores of its kN n-tiles (tokens tile_begin + tok0 + 8 j + 2 (lane % 4) + {0, 1});
 // invisible tokens (past the item's end, or masked) are dropped, s becomes the probabilities

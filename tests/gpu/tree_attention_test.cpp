@@ -335,72 +335,93 @@ TEST(TreeAttentionGpu, DecodeKernelRunsAllDecodeShapedPlans) {
   }
 }
 
+// The graph tests' problem: a few-shot tree (8 q / 2 kv heads, head_dim 128) on a workspace of
+// 512 items, a stream, and the graph captured on it.
+class TreeAttentionGraph : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    TreeAttentionLimits limits;
+    limits.max_work_items = 512;
+    limits.max_partials = 1024;
+    ASSERT_TRUE(ws_.init(limits).ok());
+    ASSERT_TRUE(problem_.init(tree_, 8, 2, 128, shape_.dtype, 3, 2.f).ok());
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+  }
+  void TearDown() override {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) cudaGraphDestroy(graph_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  // Captures `grid`'s launch of the uploaded plan in a CUDA graph (exec_).
+  void capture(const TreeAttentionGrid& grid) {
+    ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const Status launched = problem_.launch_uploaded(ws_, stream_, grid);
+    ASSERT_EQ(cudaStreamEndCapture(stream_, &graph_), cudaSuccess);
+    ASSERT_TRUE(launched.ok()) << launched.ToString();
+    ASSERT_EQ(cudaGraphInstantiate(&exec_, graph_, 0), cudaSuccess);
+  }
+
+  // Waits for the stream and checks the output against the CPU executor's for plan.
+  void expect_output_matches(const AttentionPlan& plan, const std::string& what) {
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    std::vector<float> gpu, cpu;
+    ASSERT_TRUE(problem_.download_out(&gpu).ok());
+    ASSERT_TRUE(problem_.reference_plan(plan, &cpu).ok());
+    EXPECT_LE(problem_.max_abs_diff(gpu, cpu), kFp16Tolerance) << what;
+  }
+
+  // Uploads plan, replays the captured graph, and checks the output.
+  void expect_replay_matches(const AttentionPlan& plan, const std::string& what) {
+    ASSERT_TRUE(problem_.reset_out().ok());
+    ASSERT_TRUE(ws_.upload(plan, stream_).ok());
+    ASSERT_EQ(cudaGraphLaunch(exec_, stream_), cudaSuccess);
+    expect_output_matches(plan, what);
+  }
+
+  const TreeCase tree_ = testing::few_shot_case(1500, 12, 90, 16, 6);
+  const Shape shape_{2, 4, 128};
+  TreeAttentionWorkspace ws_;
+  GpuAttentionProblem problem_;
+  cudaStream_t stream_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 // A graph captured with the decode kernel (TreeAttentionGrid::decode_kernel) replays later
 // all-decode-shaped plans correctly; a decode-kernel grid for a plan stage 1 must run is
 // refused, while a stage 1 grid runs an all-decode-shaped plan too.
-TEST(TreeAttentionGpu, DecodeKernelGraphReplaysLaterPlans) {
-  SKIP_WITHOUT_GPU();
-  const TreeCase tree = testing::few_shot_case(1500, 12, 90, 16, 6);
-  const Shape shape{2, 4, 128};
-  TreeAttentionLimits limits;
-  limits.max_work_items = 512;
-  limits.max_partials = 1024;
-  TreeAttentionWorkspace ws;
-  ASSERT_TRUE(ws.init(limits).ok());
-  GpuAttentionProblem problem;
-  ASSERT_TRUE(problem.init(tree, 8, 2, 128, shape.dtype, 5, 2.f).ok());
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+TEST_F(TreeAttentionGraph, DecodeKernelGridReplaysLaterPlans) {
   AttentionPlan tree_plan, first;
-  ASSERT_TRUE(build_attention_plan(tree.view, config_for(shape), &tree_plan).ok());
-  ASSERT_TRUE(build_baseline_plan(tree.view, config_for(shape), &first).ok());
-  const TreeAttentionGrid grid{512, tree_attention_grid_bucket(int32_t(tree.view.queries.size())),
+  ASSERT_TRUE(build_attention_plan(tree_.view, config_for(shape_), &tree_plan).ok());
+  ASSERT_TRUE(build_baseline_plan(tree_.view, config_for(shape_), &first).ok());
+  const TreeAttentionGrid grid{512, tree_attention_grid_bucket(int32_t(tree_.view.queries.size())),
                                true};
-  ASSERT_TRUE(ws.upload(tree_plan, stream).ok());
-  ASSERT_FALSE(ws.runs_decode_kernel());
-  EXPECT_EQ(problem.launch_uploaded(ws, stream, grid).code(), StatusCode::kInvalidArgument);
-  ASSERT_TRUE(ws.upload(first, stream).ok());
-  ASSERT_TRUE(ws.runs_decode_kernel());
+  ASSERT_TRUE(ws_.upload(tree_plan, stream_).ok());
+  ASSERT_FALSE(ws_.runs_decode_kernel());
+  EXPECT_EQ(problem_.launch_uploaded(ws_, stream_, grid).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(ws_.upload(first, stream_).ok());
+  ASSERT_TRUE(ws_.runs_decode_kernel());
   TreeAttentionGrid stage1_grid = grid;
   stage1_grid.decode_kernel = false;
-  {
-    ASSERT_TRUE(problem.reset_out().ok());
-    const Status s = problem.launch_uploaded(ws, stream, stage1_grid);
-    ASSERT_TRUE(s.ok()) << s.ToString();
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    std::vector<float> gpu, cpu;
-    ASSERT_TRUE(problem.download_out(&gpu).ok());
-    ASSERT_TRUE(problem.reference_plan(first, &cpu).ok());
-    EXPECT_LE(problem.max_abs_diff(gpu, cpu), kFp16Tolerance) << "stage 1 grid";
-  }
-  cudaGraph_t graph;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const Status launched = problem.launch_uploaded(ws, stream, grid);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_TRUE(launched.ok()) << launched.ToString();
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_TRUE(problem_.reset_out().ok());
+  const Status staged = problem_.launch_uploaded(ws_, stream_, stage1_grid);
+  ASSERT_TRUE(staged.ok()) << staged.ToString();
+  expect_output_matches(first, "stage 1 grid");
+  capture(grid);
+  ASSERT_FALSE(HasFatalFailure());
   // The baseline's plans at other chunk sizes and split targets (head-major, fewer items).
   for (int32_t chunk : {0, 256, 1024, 64}) {
-    AttentionPlanConfig config = config_for(shape);
+    AttentionPlanConfig config = config_for(shape_);
     if (chunk > 0) config.kv_chunk_tokens = chunk;
     if (chunk == 64) config.num_sms = 4;
     AttentionPlan plan;
-    ASSERT_TRUE(build_baseline_plan(tree.view, config, &plan).ok());
+    ASSERT_TRUE(build_baseline_plan(tree_.view, config, &plan).ok());
     ASSERT_LE(plan.num_items(), grid.items) << "chunk " << chunk;
-    ASSERT_TRUE(problem.reset_out().ok());
-    ASSERT_TRUE(ws.upload(plan, stream).ok());
-    ASSERT_TRUE(ws.runs_decode_kernel());
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    std::vector<float> gpu, cpu;
-    ASSERT_TRUE(problem.download_out(&gpu).ok());
-    ASSERT_TRUE(problem.reference_plan(plan, &cpu).ok());
-    EXPECT_LE(problem.max_abs_diff(gpu, cpu), kFp16Tolerance) << "chunk " << chunk;
+    expect_replay_matches(plan, "chunk " + std::to_string(chunk));
+    EXPECT_TRUE(ws_.runs_decode_kernel()) << "chunk " << chunk;
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 TEST(TreeAttentionGpu, BaselinePlanMatchesNaive) {
@@ -438,58 +459,31 @@ TEST(TreeAttentionGpu, BaselinePlanMatchesNaive) {
 // A launch with a TreeAttentionGrid captured once in a CUDA graph stays correct when later
 // plans (other chunkings of the same problem, fewer items than the grid) are uploaded into the
 // same workspace and the graph replayed; a grid smaller than the plan is refused.
-TEST(TreeAttentionGpu, GraphGridReplaysLaterPlans) {
-  SKIP_WITHOUT_GPU();
-  const TreeCase tree = testing::few_shot_case(1500, 12, 90, 16, 6);
-  const Shape shape{2, 4, 128};
-  TreeAttentionLimits limits;
-  limits.max_work_items = 512;
-  limits.max_partials = 1024;
-  TreeAttentionWorkspace ws;
-  ASSERT_TRUE(ws.init(limits).ok());
-  GpuAttentionProblem problem;
-  ASSERT_TRUE(problem.init(tree, 8, 2, 128, shape.dtype, 3, 2.f).ok());
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+TEST_F(TreeAttentionGraph, GridReplaysLaterPlans) {
   AttentionPlan first;
-  ASSERT_TRUE(build_attention_plan(tree.view, config_for(shape), &first).ok());
-  ASSERT_TRUE(ws.upload(first, stream).ok());
-  cudaGraph_t graph;
-  const TreeAttentionGrid grid{512, tree_attention_grid_bucket(ws.num_queries())};
-  EXPECT_EQ(problem.launch_uploaded(ws, stream, TreeAttentionGrid{1, 1024}).code(),
+  ASSERT_TRUE(build_attention_plan(tree_.view, config_for(shape_), &first).ok());
+  ASSERT_TRUE(ws_.upload(first, stream_).ok());
+  const TreeAttentionGrid grid{512, tree_attention_grid_bucket(ws_.num_queries())};
+  EXPECT_EQ(problem_.launch_uploaded(ws_, stream_, TreeAttentionGrid{1, 1024}).code(),
             StatusCode::kInvalidArgument);
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const Status launched = problem.launch_uploaded(ws, stream, grid);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_TRUE(launched.ok()) << launched.ToString();
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  capture(grid);
+  ASSERT_FALSE(HasFatalFailure());
   // Other chunkings (heads-first plans), then the baseline's head-major plan (heads_first =
   // false: blocks past its items sit inside every head's range of the padded grid).
   for (int32_t chunk : {512, 128, 1024, 0}) {
-    AttentionPlanConfig config = config_for(shape);
+    AttentionPlanConfig config = config_for(shape_);
     AttentionPlan plan;
     if (chunk > 0) {
       config.kv_chunk_tokens = chunk;
-      ASSERT_TRUE(build_attention_plan(tree.view, config, &plan).ok());
+      ASSERT_TRUE(build_attention_plan(tree_.view, config, &plan).ok());
     } else {
-      ASSERT_TRUE(build_baseline_plan(tree.view, config, &plan).ok());
+      ASSERT_TRUE(build_baseline_plan(tree_.view, config, &plan).ok());
       ASSERT_FALSE(plan.heads_first);
     }
     ASSERT_LT(plan.num_items(), grid.items) << "chunk " << chunk;
     ASSERT_LE(plan.num_queries(), grid.queries);
-    ASSERT_TRUE(problem.reset_out().ok());
-    ASSERT_TRUE(ws.upload(plan, stream).ok());
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    std::vector<float> gpu, cpu;
-    ASSERT_TRUE(problem.download_out(&gpu).ok());
-    ASSERT_TRUE(problem.reference_plan(plan, &cpu).ok());
-    EXPECT_LE(problem.max_abs_diff(gpu, cpu), kFp16Tolerance) << "chunk " << chunk;
+    expect_replay_matches(plan, "chunk " + std::to_string(chunk));
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 // The workspace's longest item caps the plan's chunk growth (no device needed).
