@@ -423,42 +423,54 @@ void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tok
   auto position = [](const std::vector<int32_t>& ids, int32_t begin, int32_t end, int32_t id) {
     return int32_t(std::lower_bound(ids.begin() + begin, ids.begin() + end, id) - ids.begin());
   };
+  // The common case of a shared prefix: every segment's node is a strict ancestor of all the
+  // group's leaves, so every query sees the whole chunk (an O(1) test per segment on the
+  // group's smallest and largest query): all are kept and no tile is masked.
+  bool all_whole = ng > 0;
+  for (int32_t g = seg_begin; all_whole && g < seg_end; ++g) {
+    const int32_t m = out_->seg_node[g];
+    all_whole =
+        group.front() >= s_.first_query[m + 1] && group.back() < s_.first_query[s_.subtree_end[m]];
+  }
   std::vector<int32_t>& vis = s_.chunk_visible;
-  vis.assign(size_t(ng) + 1, 0);
-  for (int32_t g = seg_begin; g < seg_end; ++g) {
-    const int32_t m = out_->seg_node[g];
-    const int32_t lo = position(group, 0, ng, s_.first_query[m + 1]);
-    const int32_t hi = position(group, lo, ng, s_.first_query[s_.subtree_end[m]]);
-    vis[size_t(lo)] += out_->seg_num_tokens[g];  // difference array: [lo, hi) see it whole
-    vis[size_t(hi)] -= out_->seg_num_tokens[g];
-  }
-  for (int32_t i = 1; i < ng; ++i) vis[size_t(i)] += vis[size_t(i) - 1];
-  for (int32_t g = seg_begin; g < seg_end; ++g) {
-    const int32_t m = out_->seg_node[g];
-    for (int32_t i = position(group, 0, ng, s_.first_query[m]);
-         i < ng && group[size_t(i)] < s_.first_query[m + 1]; ++i) {
-      vis[size_t(i)] += visible_in_segment(group[size_t(i)], g);
+  int32_t nq = ng;
+  if (!all_whole) {
+    vis.assign(size_t(ng) + 1, 0);
+    for (int32_t g = seg_begin; g < seg_end; ++g) {
+      const int32_t m = out_->seg_node[g];
+      const int32_t lo = position(group, 0, ng, s_.first_query[m + 1]);
+      const int32_t hi = position(group, lo, ng, s_.first_query[s_.subtree_end[m]]);
+      vis[size_t(lo)] += out_->seg_num_tokens[g];  // difference array: [lo, hi) see it whole
+      vis[size_t(hi)] -= out_->seg_num_tokens[g];
     }
+    for (int32_t i = 1; i < ng; ++i) vis[size_t(i)] += vis[size_t(i) - 1];
+    for (int32_t g = seg_begin; g < seg_end; ++g) {
+      const int32_t m = out_->seg_node[g];
+      for (int32_t i = position(group, 0, ng, s_.first_query[m]);
+           i < ng && group[size_t(i)] < s_.first_query[m + 1]; ++i) {
+        vis[size_t(i)] += visible_in_segment(group[size_t(i)], g);
+      }
+    }
+    s_.chunk_queries.clear();
+    nq = 0;
+    for (int32_t i = 0; i < ng; ++i) {
+      if (vis[size_t(i)] == 0) continue;
+      s_.chunk_queries.push_back(group[size_t(i)]);
+      vis[size_t(nq++)] = vis[size_t(i)];
+    }
+    vis.resize(size_t(nq));
   }
-  s_.chunk_queries.clear();
-  int32_t kept = 0;
-  for (int32_t i = 0; i < ng; ++i) {
-    if (vis[size_t(i)] == 0) continue;
-    s_.chunk_queries.push_back(group[size_t(i)]);
-    vis[size_t(kept++)] = vis[size_t(i)];
-  }
-  vis.resize(size_t(kept));
-  const std::vector<int32_t>& chunk_queries = s_.chunk_queries;
+  const std::vector<int32_t>& chunk_queries = all_whole ? group : s_.chunk_queries;
   const int32_t words = AttentionPlan::mask_words_per_row(num_tokens);
-  const int32_t nq = kept;
   // Items: one per query tile; a masked one gets zeroed rows, at row_offset[i] for query i.
   std::vector<int64_t>& row_offset = s_.chunk_row_offset;
-  row_offset.assign(size_t(nq), -1);
   bool any_masked = false;
   for (int32_t t0 = 0; t0 < nq; t0 += tile_queries_) {
     const int32_t t1 = std::min(nq, t0 + tile_queries_);
     bool masked = false;
-    for (int32_t i = t0; i < t1; ++i) masked |= vis[size_t(i)] < num_tokens;
+    if (!all_whole) {
+      for (int32_t i = t0; i < t1; ++i) masked |= vis[size_t(i)] < num_tokens;
+    }
     out_->item_segment_begin.push_back(seg_begin);
     out_->item_segment_end.push_back(seg_end);
     out_->item_query_begin.push_back(out_->num_partials());
@@ -471,6 +483,7 @@ void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tok
       out_->item_mask_offset.push_back(-1);
       continue;
     }
+    if (!any_masked) row_offset.assign(size_t(nq), -1);
     any_masked = true;
     const size_t offset = out_->mask_words.size();
     out_->item_mask_offset.push_back(int32_t(offset));
