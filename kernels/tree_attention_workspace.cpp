@@ -252,7 +252,7 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
   e = cudaMemcpyAsync(device_plan_, host_staging_, size_t(cursor) * 4, cudaMemcpyHostToDevice,
                       stream);
   if (e != cudaSuccess) return cuda_error("cudaMemcpyAsync(plan)", e);
-  table_filled_ = table_fixed_ = false;
+  table_filled_ = table_fixed_ = decode_kernel_ = false;
   if (mode != kTableNone && ni > 0) {
     TS_RETURN_IF_ERROR(detail::enqueue_token_table_fill(device_plan_, header_, token_table_,
                                                         table_stride_, plan.num_items(), stream));
