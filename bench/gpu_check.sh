@@ -3,13 +3,15 @@
 #   bench/gpu_check.sh [tests|sanitize|e2e|bench|ncu|all] [BUILD_DIR]  (default: all build)
 # tests: every GPU test binary (label gpu: kernels, backend vs CPU, graphs vs eager, sampling);
 # sanitize: compute-sanitizer memcheck on the backend tests (graphs, forked trees, row
-#        kernels, sliced argmax), the sampling tests and three attention tests (token table,
-#        graph grids, workload shapes), racecheck on one attention test;
+#        kernels, sliced argmax), the sampling tests and the attention tests of long runs,
+#        graph grids, workload shapes and the decode kernel; racecheck on the attention's graph
+#        and decode-kernel tests and on two sampling tests (clusters share shared memory);
 # e2e:   the tree-API, tree-search and random-weights e2e suites against
 #        `treeserve --backend cuda` on the tiny model, with CUDA graphs off and on;
 # bench: bench_decode few-shot b=50 with CUDA graphs off and on (same binary, back to back),
-#        then every workload with graphs on (JSON), bench_tree_attention (JSON), and its
-#        few-shot cases split into the shared prompt alone and the branches alone;
+#        then every workload with graphs on (JSON), bench_tree_attention (JSON), again with
+#        --no-decode-kernel (the baseline's plans in stage 1), and its few-shot cases split
+#        into the shared prompt alone and the branches alone;
 # ncu:   per-kernel GPU times of one few-shot b=50 step (graphs on), summed per kernel.
 # Needs BUILD_DIR's binaries (bin/, tests/gpu/, tests/e2e/, bench/tree_attention/), its tiny
 # model (tiny-llama/) and lib/libtreeserve_spm.so; put the non-CUDA shared libraries the
@@ -48,8 +50,10 @@ if [ "$stage" = sanitize ] || [ "$stage" = all ]; then
   }
   san backend memcheck cuda_backend_gpu_tests '*Graph*:*ForkedTree*:*ArgmaxOnly*:*SingleSequenceMatchesCpuFp16*'
   san sampling memcheck cuda_sampling_gpu_tests '*'
-  san attention racecheck tree_attention_gpu_tests '*GraphGrid*'
-  san attention-mem memcheck tree_attention_gpu_tests '*LongRuns*:*GraphGrid*:*Workload*'
+  san sampling-race racecheck cuda_sampling_gpu_tests 'DeviceSampling.Greedy*:DeviceSampling.Sampled*'
+  san attention racecheck tree_attention_gpu_tests 'TreeAttentionGraph.*:*DecodeKernel*'
+  san attention-mem memcheck tree_attention_gpu_tests \
+    '*LongRuns*:TreeAttentionGraph.*:*Workload*:*DecodeKernel*'
 fi
 
 if [ "$stage" = e2e ] || [ "$stage" = all ]; then
@@ -79,6 +83,9 @@ if [ "$stage" = bench ] || [ "$stage" = all ]; then
   timeout 300 "$B/bench/tree_attention/bench_tree_attention" --json "$OUT/tree_attention.json" \
     > "$OUT/tree_attention.txt" 2>&1
   note "bench_tree_attention: exit $?"
+  timeout 300 "$B/bench/tree_attention/bench_tree_attention" --no-decode-kernel \
+    > "$OUT/tree_attention-no-decode-kernel.txt" 2>&1
+  note "bench_tree_attention --no-decode-kernel: exit $?"
   # Few-shot b=50 and P=16000 apart: the shared prompt alone (one-token branches) and the
   # branches alone (a 16-token prompt).
   timeout 200 "$B/bench/tree_attention/bench_tree_attention" --few-shot 4000,50,1 \
