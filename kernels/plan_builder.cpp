@@ -108,6 +108,13 @@ class PlanBuilder {
   void reorder_items();
   void emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tokens);
   int32_t visible_in_segment(int32_t query, int32_t seg) const;
+  // Positions in the ascending query ids[0, n) of the queries that see segment seg: those whose
+  // leaf is the segment's node (in part, visible_in_segment) are [leaf_begin, whole_begin),
+  // those whose leaf is a strict descendant of it (whole) are [whole_begin, whole_end).
+  struct SegmentViewers {
+    int32_t leaf_begin, whole_begin, whole_end;
+  };
+  SegmentViewers segment_viewers(const std::vector<int32_t>& ids, int32_t n, int32_t seg) const;
   Status build_reduction_map();
 
   int32_t queries_of(int32_t first, int32_t end) const {
@@ -370,6 +377,22 @@ int32_t PlanBuilder::visible_in_segment(int32_t query, int32_t seg) const {
   return std::clamp(q.leaf_tokens - out_->seg_token_begin[seg], 0, len);
 }
 
+PlanBuilder::SegmentViewers PlanBuilder::segment_viewers(const std::vector<int32_t>& ids, int32_t n,
+                                                         int32_t seg) const {
+  // Node m's queries are the ids [first_query[m], first_query[m + 1]) (leaf m) and
+  // [first_query[m + 1], first_query[subtree_end[m]]) (below it), contiguous as the queries are
+  // sorted by leaf: three binary searches in ids.
+  const int32_t m = out_->seg_node[seg];
+  auto position = [&](int32_t begin, int32_t id) {
+    return int32_t(std::lower_bound(ids.begin() + begin, ids.begin() + n, id) - ids.begin());
+  };
+  SegmentViewers v;
+  v.leaf_begin = position(0, s_.first_query[m]);
+  v.whole_begin = position(v.leaf_begin, s_.first_query[m + 1]);
+  v.whole_end = position(v.whole_begin, s_.first_query[s_.subtree_end[m]]);
+  return v;
+}
+
 void PlanBuilder::emit_group(int32_t u, int32_t chunk) {
   collect_group(u);
   int64_t total = 0;
@@ -411,18 +434,12 @@ void set_mask_bits(uint32_t* row, int32_t a, int32_t b) {
 }
 
 void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tokens) {
-  // Keep the group's queries that see something of this chunk; note who sees only part. A
-  // segment of node m is seen whole by the queries whose leaf is a strict descendant of m and
-  // in part (visible_in_segment) by those whose leaf is m: query ids [first_query[m + 1],
-  // first_query[subtree_end[m]]) and [first_query[m], first_query[m + 1]), contiguous as the
-  // queries are sorted by leaf. So each segment costs two binary searches in the group's
-  // (ascending) queries plus its leaf's queries, not a test per query (speculative trees:
-  // hundreds of one-token segments x hundreds of queries per chunk).
+  // Keep the group's queries that see something of this chunk; note who sees only part. Each
+  // segment costs three binary searches in the group's (ascending) queries plus its leaf's
+  // queries (segment_viewers), not a test per query (speculative trees: hundreds of one-token
+  // segments x hundreds of queries per chunk).
   const std::vector<int32_t>& group = s_.group_queries;
   const int32_t ng = int32_t(group.size());
-  auto position = [](const std::vector<int32_t>& ids, int32_t begin, int32_t end, int32_t id) {
-    return int32_t(std::lower_bound(ids.begin() + begin, ids.begin() + end, id) - ids.begin());
-  };
   // The common case of a shared prefix: every segment's node is a strict ancestor of all the
   // group's leaves, so every query sees the whole chunk (an O(1) test per segment on the
   // group's smallest and largest query): all are kept and no tile is masked.
@@ -436,21 +453,19 @@ void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tok
   int32_t nq = ng;
   if (!all_whole) {
     vis.assign(size_t(ng) + 1, 0);
+    // Each query's visible tokens as a difference array: + the segment's length over the
+    // whole viewers, + the part a leaf query sees at its own position.
     for (int32_t g = seg_begin; g < seg_end; ++g) {
-      const int32_t m = out_->seg_node[g];
-      const int32_t lo = position(group, 0, ng, s_.first_query[m + 1]);
-      const int32_t hi = position(group, lo, ng, s_.first_query[s_.subtree_end[m]]);
-      vis[size_t(lo)] += out_->seg_num_tokens[g];  // difference array: [lo, hi) see it whole
-      vis[size_t(hi)] -= out_->seg_num_tokens[g];
-    }
-    for (int32_t i = 1; i < ng; ++i) vis[size_t(i)] += vis[size_t(i) - 1];
-    for (int32_t g = seg_begin; g < seg_end; ++g) {
-      const int32_t m = out_->seg_node[g];
-      for (int32_t i = position(group, 0, ng, s_.first_query[m]);
-           i < ng && group[size_t(i)] < s_.first_query[m + 1]; ++i) {
-        vis[size_t(i)] += visible_in_segment(group[size_t(i)], g);
+      const SegmentViewers v = segment_viewers(group, ng, g);
+      vis[size_t(v.whole_begin)] += out_->seg_num_tokens[g];
+      vis[size_t(v.whole_end)] -= out_->seg_num_tokens[g];
+      for (int32_t i = v.leaf_begin; i < v.whole_begin; ++i) {
+        const int32_t part = visible_in_segment(group[size_t(i)], g);
+        vis[size_t(i)] += part;
+        vis[size_t(i) + 1] -= part;
       }
     }
+    for (int32_t i = 1; i < ng; ++i) vis[size_t(i)] += vis[size_t(i) - 1];
     s_.chunk_queries.clear();
     nq = 0;
     for (int32_t i = 0; i < ng; ++i) {
@@ -498,17 +513,15 @@ void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tok
   uint32_t* mask = out_->mask_words.data();
   int32_t pos = 0;  // token offset of the segment inside the chunk
   for (int32_t g = seg_begin; g < seg_end; ++g) {
-    const int32_t m = out_->seg_node[g], len = out_->seg_num_tokens[g];
-    const int32_t lo = position(chunk_queries, 0, nq, s_.first_query[m + 1]);
-    const int32_t hi = position(chunk_queries, lo, nq, s_.first_query[s_.subtree_end[m]]);
-    for (int32_t i = lo; i < hi; ++i) {
+    const int32_t len = out_->seg_num_tokens[g];
+    const SegmentViewers v = segment_viewers(chunk_queries, nq, g);
+    for (int32_t i = v.whole_begin; i < v.whole_end; ++i) {
       if (row_offset[size_t(i)] >= 0) set_mask_bits(mask + row_offset[size_t(i)], pos, pos + len);
     }
-    for (int32_t i = position(chunk_queries, 0, nq, s_.first_query[m]);
-         i < nq && chunk_queries[size_t(i)] < s_.first_query[m + 1]; ++i) {
+    for (int32_t i = v.leaf_begin; i < v.whole_begin; ++i) {
       if (row_offset[size_t(i)] < 0) continue;
-      const int32_t v = visible_in_segment(chunk_queries[size_t(i)], g);
-      set_mask_bits(mask + row_offset[size_t(i)], pos, pos + v);
+      const int32_t part = visible_in_segment(chunk_queries[size_t(i)], g);
+      set_mask_bits(mask + row_offset[size_t(i)], pos, pos + part);
     }
     pos += len;
   }
