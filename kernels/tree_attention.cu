@@ -196,14 +196,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
 }
 
 // The decode kernel: a plan whose items are all decode-shaped (at most 16 query-tile rows:
-// typically one query's gqa heads against its branch's tokens; the header's kDecodeKernel),
+// typically one query's gqa heads against its branch's tokens; the workspace's
+// runs_decode_kernel()),
 // one block of 4 warps per (item, kv head) as stage 1's split path (attend<D, T, 4>: each warp
 // scores a quarter of every 64-token tile, the four states merged at the end), in a kernel of
 // its own: a 16-row query tile and no shared token table (each thread reads the entries of the
 // rows it copies from the global table, two tiles ahead, into registers), so it takes ~69 KB
 // of shared memory and at most 168 registers, and 3 blocks fit an SM where stage 1 fits 2.
-// Measured on H100 (2026-11-26): the prefix-unaware baseline's plans 17-21% faster (few-shot
-// b=50 GQA 4 168.7 -> 139.7 us). Run beside stage 1 on a second stream for the decode-shaped
+// Measured on H100 (2026-11-26): the prefix-unaware baseline's plans 10-21% faster (few-shot
+// b=50 GQA 4 168.8 -> 144.3 us). Run beside stage 1 on a second stream for the decode-shaped
 // items of mixed plans it was slower on every tree (few-shot b=50 36.1 -> 39.2 us), so mixed
 // plans stay in stage 1.
 constexpr int kDecodeMinBlocksPerSm = 3;
@@ -444,10 +445,13 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0) state_lse[at] = run_sum > 0.f ? run_max + log2f(run_sum) : -INFINITY;
 }
 
+Status launch_error(const char* what, cudaError_t e) {
+  return Internal(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
 Status cuda_status(const char* what) {
   const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return Status::Ok();
-  return Internal(std::string(what) + ": " + cudaGetErrorString(e));
+  return e == cudaSuccess ? Status::Ok() : launch_error(what, e);
 }
 
 // Stage 1's and the decode kernel's opt-in to more than 48 KB of dynamic shared memory. The
@@ -474,10 +478,6 @@ struct MergeTarget {
   float* state_o = nullptr;
   float* state_lse = nullptr;
 };
-
-Status launch_error(const char* what, cudaError_t e) {
-  return Internal(std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 template <int D, typename T>
 Status launch(const Stage1Params& params, const MergeTarget& target,

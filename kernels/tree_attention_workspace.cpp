@@ -246,7 +246,6 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
         int64_t(plan.item_query_end[i] - plan.item_query_begin[i]) * plan.gqa_group_size <=
         kDecodeItemRows;
   }
-  words[kDecodeKernel] = decode_kernel ? 1 : 0;
   std::memcpy(header_, words, sizeof(header_));
 
   e = cudaMemcpyAsync(device_plan_, host_staging_, size_t(cursor) * 4, cudaMemcpyHostToDevice,

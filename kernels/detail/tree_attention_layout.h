@@ -53,15 +53,12 @@ enum PlanHeader : int32_t {
   kQueryRows,
   kPageTable,
   kMaskWords,
-  kPartialSlot,  // [num_partials] where stage 1 stores partial p: queries' partials contiguous
-  // 1: the decode kernel runs this plan (every item decode-shaped, a token table, and
-  // TreeAttentionLimits::decode_kernel on); 0: stage 1.
-  kDecodeKernel,
+  kPartialSlot,       // [num_partials] where stage 1 stores partial p: queries' partials contiguous
   kHeaderWords = 32,  // header padded so the records start 128-byte aligned
 };
 
 // Items of at most this many query-tile rows (queries x gqa) are decode-shaped: a plan of only
-// such items runs in the decode kernel (kDecodeKernel).
+// such items runs in the decode kernel (TreeAttentionWorkspace::runs_decode_kernel).
 constexpr int32_t kDecodeItemRows = 16;
 
 enum TokenTableMode : int32_t { kTableNone = 0, kTablePacked = 1, kTableFixedStride = 2 };
