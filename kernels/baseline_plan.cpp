@@ -44,6 +44,7 @@ AttentionPlanConfig tree_attention_plan_config(int32_t num_q_heads, int32_t num_
   c.num_sms = std::max(1, 2 * num_sms / std::max(1, num_kv_heads));
   c.min_split_tokens = 128;
   c.max_chunk_tokens = 4 * c.kv_chunk_tokens;  // chunk growth (AttentionPlanConfig)
+  c.balance_query_tiles = true;
   return c;
 }
 

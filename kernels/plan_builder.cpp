@@ -480,8 +480,10 @@ void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tok
   // Items: one per query tile; a masked one gets zeroed rows, at row_offset[i] for query i.
   std::vector<int64_t>& row_offset = s_.chunk_row_offset;
   bool any_masked = false;
-  for (int32_t t0 = 0; t0 < nq; t0 += tile_queries_) {
-    const int32_t t1 = std::min(nq, t0 + tile_queries_);
+  const int32_t num_tiles = int32_t(ceil_div(nq, tile_queries_));
+  for (int32_t ti = 0, t0 = 0, t1 = 0; ti < num_tiles; ++ti, t0 = t1) {
+    t1 = c_.balance_query_tiles ? t0 + int32_t(ceil_div(nq - t0, num_tiles - ti))
+                                : std::min(nq, t0 + tile_queries_);
     bool masked = false;
     if (!all_whole) {
       for (int32_t i = t0; i < t1; ++i) masked |= vis[size_t(i)] < num_tokens;

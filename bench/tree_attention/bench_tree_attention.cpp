@@ -12,6 +12,8 @@
 //                             (--max-chunk: chunk growth's cap, AttentionPlanConfig::
 //                             max_chunk_tokens; 0 = no growth, default 4 x the chunk)
 //                             [--pack-max TOKENS]  (AttentionPlanConfig::pack_max_tokens)
+//                             [--no-balance-tiles]  (full query tiles and a remainder:
+//                                                   AttentionPlanConfig::balance_query_tiles)
 //                             [--items-per-sm X]
 //                             [--order kv|mixed|plan|longest|interleaved]   (launch order of the
 //                             items)
@@ -58,7 +60,8 @@ struct Options {
   int chunk = 0;       // 0: tree_attention_plan_config's default
   int max_chunk = -1;  // AttentionPlanConfig::max_chunk_tokens (0: no chunk growth; -1: config's)
   int min_split = 0;
-  int pack_max = 0;  // AttentionPlanConfig::pack_max_tokens (0: the config's)
+  int pack_max = 0;           // AttentionPlanConfig::pack_max_tokens (0: the config's)
+  bool balance_tiles = true;  // AttentionPlanConfig::balance_query_tiles (--no-balance-tiles)
   double items_per_sm = 0;
   AttentionPlanConfig::ItemOrder item_order = AttentionPlanConfig::ItemOrder::kKvMajor;
   // Token table layout the workspace allows (A/B): "fixed" (fixed stride, the default), "packed"
@@ -257,6 +260,7 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   if (opt.max_chunk >= 0) config.max_chunk_tokens = opt.max_chunk;
   if (opt.min_split > 0) config.min_split_tokens = opt.min_split;
   if (opt.pack_max > 0) config.pack_max_tokens = opt.pack_max;
+  config.balance_query_tiles = opt.balance_tiles;  // (tree_attention_plan_config's: on)
   config.item_order = opt.item_order;
   if (opt.items_per_sm > 0)
     config.num_sms = std::max(1, int32_t(opt.items_per_sm * num_sms / num_kv_heads));
@@ -385,6 +389,8 @@ int main_impl(int argc, char** argv) {
       opt.min_split = std::atoi(next().c_str());
     } else if (a == "--items-per-sm") {
       opt.items_per_sm = std::atof(next().c_str());
+    } else if (a == "--no-balance-tiles") {
+      opt.balance_tiles = false;
     } else if (a == "--no-decode-kernel") {
       opt.decode_kernel = false;
     } else if (a == "--no-token-table") {
@@ -432,7 +438,7 @@ int main_impl(int argc, char** argv) {
                    "[--chunk TOKENS] [--max-chunk TOKENS] [--pack-max TOKENS] [--min-split TOKENS] "
                    "[--items-per-sm X] "
                    "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] "
-                   "[--grid] [--no-decode-kernel] "
+                   "[--grid] [--no-decode-kernel] [--no-balance-tiles] "
                    "[--few-shot P,B,S] [--trace PATH]\n",
                    argv[0]);
       return 2;

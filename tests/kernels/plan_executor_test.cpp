@@ -87,6 +87,7 @@ TEST(PlanExecutor, RandomTreesMatchNaive) {
     config.num_sms = 16;
     config.greedy_grouping = seed % 5 != 0;
     config.item_order = AttentionPlanConfig::ItemOrder(seed % 4);
+    config.balance_query_tiles = seed % 3 == 1;
     const int32_t head_dim = seed % 2 ? 64 : 128;
     const RunResult r = compare(c, config, seed % 4 == 0 ? 2 : 1, head_dim, seed);
     EXPECT_LE(r.max_abs_diff, kTolerance) << "seed " << seed;

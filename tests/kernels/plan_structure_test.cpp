@@ -54,6 +54,7 @@ TEST(PlanStructure, EveryVisiblePairCoveredExactlyOnce) {
     config.greedy_grouping = seed % 4 != 1;
     config.pack_subtrees = seed % 5 != 2;
     config.long_context_split = seed % 6 != 3;
+    config.balance_query_tiles = seed % 2 == 0;
     if (seed % 7 == 0) config = AttentionPlanConfig{};  // production defaults
     AttentionPlan plan;
     ASSERT_TRUE(build_attention_plan(c.view, config, &plan).ok()) << "seed " << seed;
@@ -374,6 +375,50 @@ TEST(PlanStructure, LongContextSplitFillsSms) {
   const TreeCase wide = testing::few_shot_case(1000, 200, 1000, 16, 2);
   ASSERT_TRUE(build_attention_plan(wide.view, AttentionPlanConfig{}, &plan).ok());
   EXPECT_EQ(plan.split_chunk_tokens, 1024);
+}
+
+// balance_query_tiles: the same number of query tiles per chunk, their sizes within one
+// query of each other, so a chunk read by 50 queries at 16 a tile has no 2-query remainder.
+TEST(PlanStructure, BalancedQueryTilesSplitEvenly) {
+  const TreeCase c = testing::few_shot_case(4000, 50, 200, 16, 3);
+  AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128);
+  ASSERT_TRUE(config.balance_query_tiles);
+  const int32_t per_tile = config.query_tile_rows / config.gqa_group_size;  // 16
+  for (const bool balanced : {false, true}) {
+    SCOPED_TRACE(balanced ? "balanced" : "full tiles");
+    config.balance_query_tiles = balanced;
+    AttentionPlan plan;
+    ASSERT_TRUE(build_attention_plan(c.view, config, &plan).ok());
+    expect_plan_covers_view(plan, c.view, config);
+    // The prompt's chunks (more than one query): tile sizes per chunk.
+    std::vector<std::pair<int32_t, std::vector<int32_t>>> chunks;  // (first segment, sizes)
+    for (int32_t i = 0; i < plan.num_items(); ++i) {
+      const int32_t n = plan.item_query_end[i] - plan.item_query_begin[i];
+      if (n == 1) continue;  // a branch's own item
+      auto it = std::find_if(chunks.begin(), chunks.end(),
+                             [&](const auto& e) { return e.first == plan.item_segment_begin[i]; });
+      if (it == chunks.end()) {
+        chunks.push_back({plan.item_segment_begin[i], {}});
+        it = chunks.end() - 1;
+      }
+      it->second.push_back(n);
+    }
+    ASSERT_FALSE(chunks.empty());
+    for (const auto& [seg, sizes] : chunks) {
+      ASSERT_EQ(sizes.size(), 4u) << "ceil(50 / 16) tiles, segment " << seg;
+      int32_t total = 0;
+      for (int32_t n : sizes) total += n;
+      EXPECT_EQ(total, 50);
+      const auto [lo, hi] = std::minmax_element(sizes.begin(), sizes.end());
+      if (balanced) {
+        EXPECT_LE(*hi - *lo, 1);
+        EXPECT_EQ(*lo, 12);
+      } else {
+        EXPECT_EQ(*hi, per_tile);
+        EXPECT_EQ(*lo, 2);  // 50 - 3 * 16
+      }
+    }
+  }
 }
 
 TEST(PlanStructure, MasksOnlyWherePartlyVisible) {
