@@ -63,11 +63,11 @@ struct AttentionPlanConfig {
   double cost_gamma = 256.0;
 
   // A chunk's queries spread evenly over its query tiles (50 queries at 16 a tile: 13, 13,
-  // 12, 12) instead of full tiles and a remainder (16, 16, 16, 2). Same tile count and padding
-  // in whole tiles, but no narrow remainder item: at GQA 4 one of 2 queries has 8 rows, so the
-  // kernel runs it on its slow one-slab path over the whole chunk (few-shot P=4000 + 50 x 200:
-  // such blocks took up to 29.7 us beside the wide ones' 26-30). tree_attention_plan_config
-  // sets it. H100, GQA 4 (2026-11-26, bench_tree_attention --balance-tiles, same binary):
+  // 12, 12) instead of full tiles and a remainder (16, 16, 16, 2). Same tile count, but no
+  // narrow remainder item: at GQA 4 a remainder of 2 queries is 8 rows, which the kernel runs
+  // on its slow one-slab path over the whole chunk (few-shot P=4000 + 50 x 200: those blocks
+  // took up to 29.7 us beside the wide ones' 26-30). tree_attention_plan_config sets it. H100,
+  // GQA 4 (2026-11-26, bench_tree_attention with and without --no-balance-tiles, same binary):
   // few-shot b=20 25.2 -> 24.3 us, every other case within the run-to-run spread.
   bool balance_query_tiles = false;
   bool greedy_grouping = true;     // false: every run is its own group (no folding)
