@@ -247,6 +247,34 @@ __device__ int32_t cluster_min(int32_t proposal, Shared& s, const Cluster& c) {
   return m;
 }
 
+// The first id, in id order, at which the running sum of amount(i) over [0, vocab) reaches
+// goal(total) (total: the sum over the whole row), or INT_MAX where it never does (a goal of 0
+// or past the total). Each cluster thread sums a contiguous id range, a cluster scan places
+// the ranges, and the block holding the id proposes it.
+template <typename Amount, typename Goal>
+__device__ int32_t cluster_first_reaching(int vocab, Amount amount, Goal goal, Shared& s,
+                                          const Cluster& c) {
+  const int per = (vocab + c.threads() - 1) / c.threads();
+  const int begin = min(vocab, c.thread() * per), end = min(vocab, begin + per);
+  unsigned long long local = 0;
+  for (int i = begin; i < end; ++i) local += amount(i);
+  unsigned long long total = 0;
+  const unsigned long long before = cluster_scan(local, s, c, &total);
+  const unsigned long long g = goal(total);
+  int32_t proposal = INT_MAX;
+  if (g > 0 && before < g && before + local >= g) {
+    unsigned long long acc = before;
+    for (int i = begin; i < end; ++i) {
+      acc += amount(i);
+      if (acc >= g) {
+        proposal = i;
+        break;
+      }
+    }
+  }
+  return cluster_min(proposal, s, c);
+}
+
 // The threshold of the best-first set that reaches `target` of amount(i) (0 for tokens not
 // in play): the key tau with sum(amount, key > tau) < target <= sum(amount, key >= tau), and
 // among the tokens at tau (in id order) the last one needed, *cut. Keeping key > tau, and
@@ -318,31 +346,14 @@ __device__ void select_best_first(const float* row, int vocab, unsigned long lon
     mask |= 0xffu << shift;
     __syncthreads();
   }
-  // Ties at prefix, in id order: contiguous id ranges per cluster thread, a cluster scan of
-  // their sums; the block holding the last one needed proposes it.
-  const int per = (vocab + c.threads() - 1) / c.threads();
-  const int begin = min(vocab, c.thread() * per), end = min(vocab, begin + per);
-  unsigned long long local = 0;
-  for (int i = begin; i < end; ++i) {
-    const uint32_t key = order_key(row[i]);
-    if (key == prefix) local += amount(i, key);
-  }
-  unsigned long long total = 0;
-  const unsigned long long before = cluster_scan(local, s, c, &total);
-  int32_t proposal = INT_MAX;
-  if (rem > 0 && before < rem && before + local >= rem) {
-    unsigned long long acc = before;
-    for (int i = begin; i < end; ++i) {
-      const uint32_t key = order_key(row[i]);
-      if (key != prefix) continue;
-      acc += amount(i, key);
-      if (acc >= rem) {
-        proposal = i;
-        break;
-      }
-    }
-  }
-  const int32_t m = cluster_min(proposal, s, c);
+  // Ties at prefix, in id order: the last one needed is where their running amount reaches rem.
+  const int32_t m = cluster_first_reaching(
+      vocab,
+      [&](int i) -> unsigned long long {
+        const uint32_t key = order_key(row[i]);
+        return key == prefix ? amount(i, key) : 0ull;
+      },
+      [&](unsigned long long) { return rem; }, s, c);
   *tau = prefix;
   *cut = m == INT_MAX ? vocab : m;  // default: every tie
 }
@@ -412,32 +423,19 @@ __global__ void __launch_bounds__(kThreads)
     auto kept = [&](int i, uint32_t key) {
       return in_k(i, key) && (key > tau_p || (key == tau_p && i <= cut_p));
     };
-    // 4. The draw, in id order: the block holding the token the uniform lands on proposes it.
-    const int per = (vocab + c.threads() - 1) / c.threads();
-    const int begin = min(vocab, c.thread() * per), end = min(vocab, begin + per);
-    unsigned long long local = 0;
-    for (int i = begin; i < end; ++i) {
-      const float v = row[i];
-      if (kept(i, order_key(v))) local += weight(v);
-    }
-    unsigned long long total = 0;
-    const unsigned long long before = cluster_scan(local, s, c, &total);
+    // 4. The draw, in id order: the kept token whose weight interval holds u * total, i.e. the
+    // first where the running weight exceeds it (reaches it + 1).
     const double u = uniform(p.seed, p.stream_key, p.position);
-    const unsigned long long target = static_cast<unsigned long long>(u * double(total));
-    int32_t proposal = INT_MAX;
-    if (before <= target && target < before + local) {
-      unsigned long long acc = before;
-      for (int i = begin; i < end; ++i) {
-        const float v = row[i];
-        if (!kept(i, order_key(v))) continue;
-        acc += weight(v);
-        if (acc > target) {
-          proposal = i;
-          break;
-        }
-      }
-    }
-    const int32_t drawn = cluster_min(proposal, s, c);
+    const int32_t drawn = cluster_first_reaching(
+        vocab,
+        [&](int i) -> unsigned long long {
+          const float v = row[i];
+          return kept(i, order_key(v)) ? weight(v) : 0ull;
+        },
+        [&](unsigned long long total) {
+          return static_cast<unsigned long long>(u * double(total)) + 1;
+        },
+        s, c);
     token = drawn == INT_MAX ? best_id : drawn;  // if rounding leaves the target unreached
   }
 
