@@ -30,10 +30,17 @@
 namespace treeserve {
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// (Both skip the division where they can: a plan build divides per unit and per cost-model
+// call, and 64-bit divisions were a fifth of its time.)
+int64_t ceil_div(int64_t a, int64_t b) { return a > 0 && a <= b ? 1 : (a + b - 1) / b; }
 
 // FastTree eq. 3: padding of the last tile of n elements; 0 for an empty dimension.
-int64_t pad(int64_t tile, int64_t n) { return n <= 0 ? 0 : tile - ((n - 1) % tile + 1); }
+int64_t pad(int64_t tile, int64_t n) {
+  if (n <= 0) return 0;
+  if (n <= tile) return tile - n;
+  if ((tile & (tile - 1)) == 0) return (tile - (n & (tile - 1))) & (tile - 1);
+  return tile - ((n - 1) % tile + 1);
+}
 
 // DeFT-Flatten's even split: the tokens of each chunk (but the last) when `total` tokens are
 // cut into ceil(total / chunk) chunks of equal length, rounded up to whole KV tiles.
@@ -114,7 +121,10 @@ class PlanBuilder {
   struct SegmentViewers {
     int32_t leaf_begin, whole_begin, whole_end;
   };
-  SegmentViewers segment_viewers(const std::vector<int32_t>& ids, int32_t n, int32_t seg) const;
+  // from: a position at or before the segment's first viewer (the previous segment's
+  // leaf_begin: a chunk's segments follow the preorder, so their viewers' ids rise).
+  SegmentViewers segment_viewers(const std::vector<int32_t>& ids, int32_t n, int32_t seg,
+                                 int32_t from) const;
   Status build_reduction_map();
 
   int32_t queries_of(int32_t first, int32_t end) const {
@@ -377,19 +387,31 @@ int32_t PlanBuilder::visible_in_segment(int32_t query, int32_t seg) const {
   return std::clamp(q.leaf_tokens - out_->seg_token_begin[seg], 0, len);
 }
 
+// Position of the first id >= `id` in the ascending ids[from, n): steps of 1, 2, 4, ... from
+// `from`, then a binary search inside the last step (the targets sit close to `from`).
+inline int32_t gallop(const std::vector<int32_t>& ids, int32_t from, int32_t n, int32_t id) {
+  if (from >= n || ids[size_t(from)] >= id) return from;
+  int32_t lo = from, step = 1;  // ids[lo] < id
+  int32_t hi = from + 1;
+  while (hi < n && ids[size_t(hi)] < id) {
+    lo = hi;
+    step *= 2;
+    hi = lo + step;
+  }
+  hi = std::min(hi, n);
+  return int32_t(std::lower_bound(ids.begin() + lo + 1, ids.begin() + hi, id) - ids.begin());
+}
+
 PlanBuilder::SegmentViewers PlanBuilder::segment_viewers(const std::vector<int32_t>& ids, int32_t n,
-                                                         int32_t seg) const {
+                                                         int32_t seg, int32_t from) const {
   // Node m's queries are the ids [first_query[m], first_query[m + 1]) (leaf m) and
   // [first_query[m + 1], first_query[subtree_end[m]]) (below it), contiguous as the queries are
-  // sorted by leaf: three binary searches in ids.
+  // sorted by leaf: three searches in ids, each starting where the previous one ended.
   const int32_t m = out_->seg_node[seg];
-  auto position = [&](int32_t begin, int32_t id) {
-    return int32_t(std::lower_bound(ids.begin() + begin, ids.begin() + n, id) - ids.begin());
-  };
   SegmentViewers v;
-  v.leaf_begin = position(0, s_.first_query[m]);
-  v.whole_begin = position(v.leaf_begin, s_.first_query[m + 1]);
-  v.whole_end = position(v.whole_begin, s_.first_query[s_.subtree_end[m]]);
+  v.leaf_begin = gallop(ids, from, n, s_.first_query[m]);
+  v.whole_begin = gallop(ids, v.leaf_begin, n, s_.first_query[m + 1]);
+  v.whole_end = gallop(ids, v.whole_begin, n, s_.first_query[s_.subtree_end[m]]);
   return v;
 }
 
@@ -440,14 +462,20 @@ void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tok
   // segments x hundreds of queries per chunk).
   const std::vector<int32_t>& group = s_.group_queries;
   const int32_t ng = int32_t(group.size());
-  // The common case of a shared prefix: every segment's node is a strict ancestor of all the
-  // group's leaves, so every query sees the whole chunk (an O(1) test per segment on the
-  // group's smallest and largest query): all are kept and no tile is masked.
+  // The common cases, a shared prefix and a decode branch's own run: every query of the group
+  // has its leaf in each segment's subtree and, where the leaf is the segment's node, sees the
+  // segment whole, so every query sees the whole chunk (an O(1) test per segment on the
+  // group's smallest and largest query: queries are sorted by (leaf, leaf_tokens), so the
+  // smallest one at the segment's node sees the fewest of its tokens): all are kept and no
+  // tile is masked.
   bool all_whole = ng > 0;
   for (int32_t g = seg_begin; all_whole && g < seg_end; ++g) {
     const int32_t m = out_->seg_node[g];
+    const int32_t front = group.front();
     all_whole =
-        group.front() >= s_.first_query[m + 1] && group.back() < s_.first_query[s_.subtree_end[m]];
+        front >= s_.first_query[m] && group.back() < s_.first_query[s_.subtree_end[m]] &&
+        (front >= s_.first_query[m + 1] ||
+         view_.queries[front].leaf_tokens >= out_->seg_token_begin[g] + out_->seg_num_tokens[g]);
   }
   std::vector<int32_t>& vis = s_.chunk_visible;
   int32_t nq = ng;
@@ -455,8 +483,9 @@ void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tok
     vis.assign(size_t(ng) + 1, 0);
     // Each query's visible tokens as a difference array: + the segment's length over the
     // whole viewers, + the part a leaf query sees at its own position.
-    for (int32_t g = seg_begin; g < seg_end; ++g) {
-      const SegmentViewers v = segment_viewers(group, ng, g);
+    for (int32_t g = seg_begin, from = 0; g < seg_end; ++g) {
+      const SegmentViewers v = segment_viewers(group, ng, g, from);
+      from = v.leaf_begin;
       vis[size_t(v.whole_begin)] += out_->seg_num_tokens[g];
       vis[size_t(v.whole_end)] -= out_->seg_num_tokens[g];
       for (int32_t i = v.leaf_begin; i < v.whole_begin; ++i) {
@@ -514,9 +543,10 @@ void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tok
   // masked tile at once.
   uint32_t* mask = out_->mask_words.data();
   int32_t pos = 0;  // token offset of the segment inside the chunk
-  for (int32_t g = seg_begin; g < seg_end; ++g) {
+  for (int32_t g = seg_begin, from = 0; g < seg_end; ++g) {
     const int32_t len = out_->seg_num_tokens[g];
-    const SegmentViewers v = segment_viewers(chunk_queries, nq, g);
+    const SegmentViewers v = segment_viewers(chunk_queries, nq, g, from);
+    from = v.leaf_begin;
     for (int32_t i = v.whole_begin; i < v.whole_end; ++i) {
       if (row_offset[size_t(i)] >= 0) set_mask_bits(mask + row_offset[size_t(i)], pos, pos + len);
     }
@@ -531,19 +561,22 @@ void PlanBuilder::emit_chunk(int32_t seg_begin, int32_t seg_end, int32_t num_tok
 
 Status PlanBuilder::build_reduction_map() {
   const int32_t num_queries = int32_t(view_.queries.size());
+  const int32_t num_partials = out_->num_partials();
+  const int32_t* item_queries = out_->item_queries.data();
   out_->query_merge_begin.assign(num_queries + 1, 0);
-  for (int32_t q : out_->item_queries) ++out_->query_merge_begin[q + 1];
+  int32_t* begin = out_->query_merge_begin.data();
+  for (int32_t p = 0; p < num_partials; ++p) ++begin[item_queries[p] + 1];
   for (int32_t q = 0; q < num_queries; ++q) {
-    if (out_->query_merge_begin[q + 1] == 0) {
+    if (begin[q + 1] == 0) {
       return Internal("plan left queries[" + std::to_string(q) + "] without a work item");
     }
-    out_->query_merge_begin[q + 1] += out_->query_merge_begin[q];
+    begin[q + 1] += begin[q];
   }
-  s_.query_cursor.assign(out_->query_merge_begin.begin(), out_->query_merge_begin.end() - 1);
-  out_->merge_partials.resize(out_->item_queries.size());
-  for (int32_t p = 0; p < out_->num_partials(); ++p) {
-    out_->merge_partials[s_.query_cursor[out_->item_queries[p]]++] = p;
-  }
+  s_.query_cursor.assign(begin, begin + num_queries);
+  int32_t* cursor = s_.query_cursor.data();
+  out_->merge_partials.resize(size_t(num_partials));
+  int32_t* merge = out_->merge_partials.data();
+  for (int32_t p = 0; p < num_partials; ++p) merge[cursor[item_queries[p]]++] = p;
   out_->query_rows.resize(num_queries);
   for (int32_t q = 0; q < num_queries; ++q) out_->query_rows[q] = view_.queries[q].row;
   return Status::Ok();
