@@ -440,6 +440,35 @@ TEST(PlanStructure, MasksOnlyWherePartlyVisible) {
   }
   expect_plan_covers_view(plan, c.view, config);
 
+  // Queries at a run's own node: those that see the run whole (decode; an internal query with
+  // a child below it) need no mask, and one that sees part of it masks the items it is in even
+  // where a later query at the same node sees it whole.
+  {
+    testing::TreeViewBuilder b(16);
+    const int32_t root = b.add_run(-1, 3000);
+    const int32_t decode = b.add_run(root, 200);
+    b.add_query(decode);
+    const int32_t inner = b.add_run(root, 90);
+    b.add_query(inner);
+    b.add_query(b.add_run(inner, 40));
+    const int32_t part = b.add_run(root, 120);
+    b.add_query(part, 50);
+    b.add_query(part);
+    const TreeCase t = b.build(5);
+    AttentionPlanConfig no_pack = config;
+    no_pack.pack_subtrees = false;
+    ASSERT_TRUE(build_attention_plan(t.view, no_pack, &plan).ok());
+    const int32_t part_node = t.view.queries[3].leaf;
+    for (int32_t i = 0; i < plan.num_items(); ++i) {
+      bool has_part = false;
+      for (int32_t g = plan.item_segment_begin[i]; g < plan.item_segment_end[i]; ++g) {
+        has_part |= plan.seg_node[g] == part_node;
+      }
+      EXPECT_EQ(plan.item_mask_offset[i] >= 0, has_part) << "item " << i;
+    }
+    expect_plan_covers_view(plan, t.view, no_pack);
+  }
+
   // Speculative token tree: packed into masked items; the prefix stays unmasked.
   const TreeCase spec = testing::speculative_case(4000, testing::medusa_like_paths(63), 16, 4);
   ASSERT_TRUE(build_attention_plan(spec.view, config, &plan).ok());
