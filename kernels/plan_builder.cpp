@@ -30,8 +30,9 @@
 namespace treeserve {
 namespace {
 
-// (Both skip the division where they can: a plan build divides per unit and per cost-model
-// call, and 64-bit divisions were a fifth of its time.)
+// ceil_div and pad skip the division where the operand fits one tile (pad also where the tile
+// is a power of two): a plan build calls them per unit and per cost-model step, and their
+// 64-bit divisions were a fifth of its time.
 int64_t ceil_div(int64_t a, int64_t b) { return a > 0 && a <= b ? 1 : (a + b - 1) / b; }
 
 // FastTree eq. 3: padding of the last tile of n elements; 0 for an empty dimension.
