@@ -23,6 +23,9 @@
 //                                         the engine's CUDA graphs launch)
 //                             [--no-decode-kernel]  (stage 1 runs every plan: A/B of
 //                                                   TreeAttentionLimits::decode_kernel)
+//                             [--depth-slots]  (runs start at slot depth % page size, as the
+//                                              server's KV cache lays them out; default: a
+//                                              random first slot per run)
 //                             [--few-shot P,B,S]...  (only these cases: a P-token prompt with
 //                                                     B branches of S tokens; repeatable)
 //                             [--trace PATH]  (after timing, one more flushed launch of each
@@ -68,6 +71,7 @@ struct Options {
   // (sized so only the packed layout fits) or "none" (stage 1 resolves its tokens itself).
   std::string table = "fixed";
   bool decode_kernel = true;  // TreeAttentionLimits::decode_kernel
+  bool depth_slots = false;   // runs placed as the server's KV cache places them (--depth-slots)
   bool grid_launch = false;   // launch as the engine's CUDA graphs do (TreeAttentionGrid)
   std::vector<std::array<int32_t, 3>> few_shot;  // --few-shot P,B,S: custom cases only
   std::string trace_path;                        // --trace: stage 1 block trace CSV
@@ -391,6 +395,8 @@ int main_impl(int argc, char** argv) {
       opt.items_per_sm = std::atof(next().c_str());
     } else if (a == "--no-balance-tiles") {
       opt.balance_tiles = false;
+    } else if (a == "--depth-slots") {
+      opt.depth_slots = true;
     } else if (a == "--no-decode-kernel") {
       opt.decode_kernel = false;
     } else if (a == "--no-token-table") {
@@ -438,7 +444,7 @@ int main_impl(int argc, char** argv) {
                    "[--chunk TOKENS] [--max-chunk TOKENS] [--pack-max TOKENS] [--min-split TOKENS] "
                    "[--items-per-sm X] "
                    "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] "
-                   "[--grid] [--no-decode-kernel] [--no-balance-tiles] "
+                   "[--grid] [--no-decode-kernel] [--depth-slots] [--no-balance-tiles] "
                    "[--few-shot P,B,S] [--trace PATH]\n",
                    argv[0]);
       return 2;
@@ -455,8 +461,9 @@ int main_impl(int argc, char** argv) {
               prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_bw / 1e12);
   std::printf(
       "fp16, head_dim 128, one layer, page 16, L2 %s before each rep, median of %d; decode "
-      "kernel %s\n\n",
-      opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps, opt.decode_kernel ? "on" : "off");
+      "kernel %s, run slots %s\n\n",
+      opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps, opt.decode_kernel ? "on" : "off",
+      opt.depth_slots ? "at depth % page" : "random");
   std::printf("%-34s %5s %5s %6s %8s %8s %7s %8s %8s %6s %5s %9s %7s %9s %9s\n", "case", "heads",
               "q", "items", "uniqMB", "planMB", "plan_us", "us", "bound", "TB/s", "%cp", "base_us",
               "speedup", "max_err", "base_err");
@@ -469,6 +476,9 @@ int main_impl(int argc, char** argv) {
                      "custom", testing::few_shot_case(prompt, branches, tokens, 16, 4)});
   }
   if (cases.empty()) cases = make_cases();
+  if (opt.depth_slots) {
+    for (Case& c : cases) testing::place_runs_at_depth_slots(&c.tree, 7);
+  }
   for (const Case& c : cases) {
     if (!opt.filter.empty() && c.name.find(opt.filter) == std::string::npos) continue;
     for (const auto& [q_heads, kv_heads] : {std::pair{32, 8}, std::pair{32, 32}}) {

@@ -96,6 +96,24 @@ TreeCase TreeViewBuilder::build(uint64_t seed) const {
   return out;
 }
 
+void place_runs_at_depth_slots(TreeCase* c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  AttentionView& view = c->view;
+  const int32_t ps = view.page_size;
+  int32_t total_pages = 0;
+  for (KvNodeRun& node : view.nodes) {
+    node.first_slot = node.depth_tokens % ps;
+    node.page_begin = total_pages;
+    node.page_count = (node.first_slot + node.num_tokens + ps - 1) / ps;
+    total_pages += node.page_count;
+  }
+  std::vector<int32_t> pool(total_pages + total_pages / 4 + 1);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  view.pages.assign(pool.begin(), pool.begin() + total_pages);
+  c->num_pages = int64_t(pool.size());
+}
+
 TreeCase random_tree_case(uint64_t seed, const RandomTreeOptions& o) {
   std::mt19937_64 rng(seed);
   auto uniform = [&](int32_t lo, int32_t hi) {

@@ -61,6 +61,12 @@ struct RandomTreeOptions {
 
 TreeCase random_tree_case(uint64_t seed, const RandomTreeOptions& options);
 
+// Re-lays a case's runs out as the server's KV cache does (kvcache/kv_cache_view.cpp): each
+// run's first token at slot depth_tokens % page_size, so a page holds the same positions in
+// every branch. Pages are reassigned as build() does with `seed` (shuffled, about one unused
+// page per four used ones).
+void place_runs_at_depth_slots(TreeCase* c, uint64_t seed);
+
 // FastTree kernel shapes: level i has nodes_per_level[i] runs of tokens_per_level[i] tokens,
 // spread evenly under the previous level; one decode query per leaf.
 TreeCase fasttree_case(const std::vector<int32_t>& nodes_per_level,

@@ -64,6 +64,28 @@ TEST(PlanStructure, EveryVisiblePairCoveredExactlyOnce) {
   }
 }
 
+// testing::place_runs_at_depth_slots (bench_tree_attention --depth-slots): the server's layout,
+// each run from slot depth % page size, is a valid view that the plans cover like any other.
+TEST(PlanStructure, RunsAtDepthSlotsAreValidAndCovered) {
+  for (uint64_t seed = 1; seed <= 30; ++seed) {
+    TreeCase c = testing::random_tree_case(seed, options_for_seed(seed));
+    testing::place_runs_at_depth_slots(&c, seed);
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    ASSERT_TRUE(validate_attention_view(c.view, c.num_pages).ok());
+    for (const KvNodeRun& n : c.view.nodes) {
+      EXPECT_EQ(n.first_slot, n.depth_tokens % c.view.page_size);
+    }
+    std::vector<int32_t> pages(c.view.pages.begin(), c.view.pages.end());
+    std::sort(pages.begin(), pages.end());
+    EXPECT_TRUE(std::adjacent_find(pages.begin(), pages.end()) == pages.end()) << "page reused";
+    const AttentionPlanConfig config = small_config(std::vector<int32_t>{1, 4, 8}[seed % 3]);
+    AttentionPlan plan;
+    ASSERT_TRUE(build_attention_plan(c.view, config, &plan).ok());
+    expect_plan_covers_view(plan, c.view, config);
+    if (HasFatalFailure() || HasNonfatalFailure()) return;
+  }
+}
+
 TEST(PlanStructure, WorkloadShapesCovered) {
   const AttentionPlanConfig config;
   std::vector<TreeCase> cases;
