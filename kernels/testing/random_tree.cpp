@@ -22,6 +22,28 @@ void TreeViewBuilder::add_query(int32_t run, int32_t leaf_tokens) {
   queries_.emplace_back(run, leaf_tokens <= 0 ? tokens_[run] : leaf_tokens);
 }
 
+namespace {
+
+// Given each run's first_slot: its page span (page_begin, page_count), then physical page ids
+// for all of them from a pool with about one unused page per four used ones, shuffled by rng
+// (null: ids in order, no unused pages). Returns the pool's size.
+int64_t assign_pages(AttentionView* view, std::mt19937_64* rng) {
+  const int32_t ps = view->page_size;
+  int32_t total_pages = 0;
+  for (KvNodeRun& node : view->nodes) {
+    node.page_begin = total_pages;
+    node.page_count = (node.first_slot + node.num_tokens + ps - 1) / ps;
+    total_pages += node.page_count;
+  }
+  std::vector<int32_t> pool(total_pages + (rng == nullptr ? 0 : total_pages / 4 + 1));
+  std::iota(pool.begin(), pool.end(), 0);
+  if (rng != nullptr) std::shuffle(pool.begin(), pool.end(), *rng);
+  view->pages.assign(pool.begin(), pool.begin() + total_pages);
+  return int64_t(pool.size());
+}
+
+}  // namespace
+
 TreeCase TreeViewBuilder::build(uint64_t seed) const {
   std::mt19937_64 rng(seed);
   const int32_t n = num_runs();
@@ -42,27 +64,18 @@ TreeCase TreeViewBuilder::build(uint64_t seed) const {
   AttentionView& view = out.view;
   view.page_size = page_size_;
   view.nodes.resize(n);
-  int32_t total_pages = 0;
   for (int32_t i = 0; i < n; ++i) {
     const int32_t r = order[i];
     KvNodeRun& node = view.nodes[i];
     node.parent = parents_[r] < 0 ? -1 : index_of[parents_[r]];
     node.num_tokens = tokens_[r];
     node.first_slot = seed == 0 ? 0 : int32_t(rng() % uint64_t(page_size_));
-    node.page_begin = total_pages;
-    node.page_count = (node.first_slot + node.num_tokens + page_size_ - 1) / page_size_;
     node.depth_tokens =
         node.parent < 0 ? 0
                         : view.nodes[node.parent].depth_tokens + view.nodes[node.parent].num_tokens;
     node.node_id = r;
-    total_pages += node.page_count;
   }
-  // Physical ids: a shuffled pool with about one unused page per four used ones.
-  std::vector<int32_t> pool(total_pages + (seed == 0 ? 0 : total_pages / 4 + 1));
-  std::iota(pool.begin(), pool.end(), 0);
-  if (seed != 0) std::shuffle(pool.begin(), pool.end(), rng);
-  view.pages.assign(pool.begin(), pool.begin() + total_pages);
-  out.num_pages = int64_t(pool.size());
+  out.num_pages = assign_pages(&view, seed == 0 ? nullptr : &rng);
 
   for (const auto& [run, leaf_tokens] : queries_) {
     view.queries.push_back({0, index_of[run], leaf_tokens});
@@ -98,20 +111,8 @@ TreeCase TreeViewBuilder::build(uint64_t seed) const {
 
 void place_runs_at_depth_slots(TreeCase* c, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  AttentionView& view = c->view;
-  const int32_t ps = view.page_size;
-  int32_t total_pages = 0;
-  for (KvNodeRun& node : view.nodes) {
-    node.first_slot = node.depth_tokens % ps;
-    node.page_begin = total_pages;
-    node.page_count = (node.first_slot + node.num_tokens + ps - 1) / ps;
-    total_pages += node.page_count;
-  }
-  std::vector<int32_t> pool(total_pages + total_pages / 4 + 1);
-  std::iota(pool.begin(), pool.end(), 0);
-  std::shuffle(pool.begin(), pool.end(), rng);
-  view.pages.assign(pool.begin(), pool.begin() + total_pages);
-  c->num_pages = int64_t(pool.size());
+  for (KvNodeRun& node : c->view.nodes) node.first_slot = node.depth_tokens % c->view.page_size;
+  c->num_pages = assign_pages(&c->view, &rng);
 }
 
 TreeCase random_tree_case(uint64_t seed, const RandomTreeOptions& o) {
