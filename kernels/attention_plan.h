@@ -52,6 +52,17 @@ struct AttentionPlanConfig {
   // P=4000 + 50 x 200 45 -> 36 us (1024), P=16000 + 64 x 200 109 -> 81 (2048).
   int32_t max_chunk_tokens = 0;
 
+  // Head pairing (a kernel's option, tree_attention.h: kTreeAttentionPairHeads): where > 1,
+  // the GPU kernel may run each decode-shaped item (a query tile of at most 16 rows) for
+  // pair_heads kv heads in one block, each head's tiles pair_heads times shorter, which shares
+  // the block's fixed part (record, table, Q, first tile's latency, epilogue) among them. Chunk
+  // growth then also simulates each candidate chunk with pairing (a paired block costs the
+  // fixed part plus ceil(tokens * pair_heads / kv_tile_tokens) tiles, on pair_heads times the
+  // slots, the wide items taking pair_heads of them) and pairs where that span is shorter;
+  // ties and plans outside chunk growth stay unpaired. Only with the kKvMajor item order
+  // (the paired items go last). 0 or 1: never (the struct's default).
+  int32_t pair_heads = 0;
+
   // Subtrees with at most pack_max_tokens KV tokens and one query tile of queries are read
   // by a single masked item (and consecutive such siblings share one).
   int32_t pack_max_tokens = 128;
@@ -117,6 +128,7 @@ struct AttentionPlanScratch {
   std::vector<int32_t> item_order, permuted;  // AttentionPlanConfig::item_order reordering
   std::vector<int64_t> item_cost;
   std::vector<int64_t> span_item_cost, span_slot_load;  // chunk growth's simulated span
+  std::vector<int64_t> span_paired_cost;                // ... its paired items (pair_heads)
   std::vector<int64_t> chunk_row_offset;  // a chunk query's mask row (-1: its item unmasked)
 };
 
@@ -130,6 +142,11 @@ struct AttentionPlan {
   // not last on the highest heads. false: each kv head's items in plan order, so runs of
   // items that read the same KV (the baseline's per-query items of one chunk) share L2 in time.
   bool heads_first = true;
+  // Head pairing (AttentionPlanConfig::pair_heads): pair_heads > 1 when the items from
+  // paired_items_begin on (all decode-shaped: at most 16 query-tile rows) run pair_heads kv
+  // heads a block; 0 otherwise. Executors that do not pair ignore it (same results).
+  int32_t pair_heads = 0;
+  int32_t paired_items_begin = 0;
 
   // Work items, [num_items] each. Item i reads KV segments [segment_begin, segment_end) in
   // order (its tokens are their concatenation, item_num_tokens in all) for the queries
@@ -188,6 +205,13 @@ Status validate_attention_view(const AttentionView& view, int64_t num_pages,
 // Builds the plan for one step. Reuses out's vectors: no allocations once they have grown.
 Status build_attention_plan(const AttentionView& view, const AttentionPlanConfig& config,
                             AttentionPlan* out);
+
+// Head pairing (AttentionPlanConfig::pair_heads): moves the plan's decode-shaped items (at
+// most 16 query-tile rows) after the others, each kind in its order, and marks them paired
+// (pair_heads, paired_items_begin = the first of them). Partial slots and the reduction map
+// stay valid: they do not depend on the item order. The builder calls it where chunk growth
+// pairs; it pairs any plan (tests).
+void pair_decode_items(AttentionPlan* plan, int32_t pair_heads);
 
 // Checks a plan's internal consistency, as the executors rely on it: array sizes, every item's
 // segments, partial range and mask words in bounds, segments' pages inside page_table (and page

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "kernels/attention_plan.h"
 
@@ -95,6 +96,20 @@ Status check_config(const AttentionPlanConfig& c) {
   return Status::Ok();
 }
 
+// Item i of the plan becomes item order[i] of before. Items reference segments, partial slots
+// and mask words by offset, so the per-item arrays are all a reordering moves.
+void permute_items(const std::vector<int32_t>& order, AttentionPlan* plan) {
+  AttentionPlan& p = *plan;
+  const int32_t n = p.num_items();
+  std::vector<int32_t>& tmp = p.scratch.permuted;
+  for (std::vector<int32_t>* v : {&p.item_segment_begin, &p.item_segment_end, &p.item_query_begin,
+                                  &p.item_query_end, &p.item_num_tokens, &p.item_mask_offset}) {
+    tmp.resize(size_t(n));
+    for (int32_t i = 0; i < n; ++i) tmp[size_t(i)] = (*v)[size_t(order[size_t(i)])];
+    std::copy(tmp.begin(), tmp.end(), v->begin());  // (a swap would move the buffers around)
+  }
+}
+
 // Builds the plan; one instance per build so the passes share state without long signatures.
 class PlanBuilder {
  public:
@@ -109,8 +124,10 @@ class PlanBuilder {
   void scan_children(int32_t parent_unit, int32_t begin, int32_t end);
   void build_units_and_assign();
   int64_t count_items(int32_t chunk) const;
-  int64_t simulated_span(int32_t chunk) const;
-  int32_t choose_chunk_tokens() const;
+  int64_t simulated_span(int32_t chunk, int32_t pair) const;
+  // The chunk, and the kv heads a decode-shaped item's block runs (1, or c_.pair_heads).
+  std::pair<int32_t, int32_t> choose_chunk_tokens() const;
+
   void collect_group(int32_t u);
   void emit_group(int32_t u, int32_t chunk);
   void reorder_items();
@@ -257,21 +274,41 @@ int64_t PlanBuilder::count_items(int32_t chunk) const {
 // each costing a block's fixed part plus its KV tiles, list-scheduled longest first on
 // num_sms item slots; the longest slot, in quarter KV tiles. The fixed part, 2.75 tiles, is
 // the block trace's fit on an H100 (README: ~4.4 us a block before and after its tiles,
-// ~1.6 us a 64-token tile, for wide and decode-shaped blocks alike).
-int64_t PlanBuilder::simulated_span(int32_t chunk) const {
+// ~1.6 us a 64-token tile, for wide and decode-shaped blocks alike). With pair > 1 (head
+// pairing, AttentionPlanConfig::pair_heads) a decode-shaped item (a unit whose one query tile
+// has at most 16 rows) costs the fixed part plus ceil(tokens * pair / kv_tile_tokens) tiles
+// (its block runs pair heads, tiles pair times shorter: the H100 block trace of few-shot
+// P=4000 + 50 x 200 has such a block of 200 tokens, 13 steps of 16 tokens, take as long as a
+// wide one of 13 full tiles, 24.7 us) on 1 / pair of an item slot: the paired items,
+// longest first, go to the slots in groups of pair, each group costing its longest.
+int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair) const {
   constexpr int64_t kBlockQuarterTiles = 11;
+  constexpr int64_t kPairMaxRows = 16;  // the kernel's one-slab items
   const int64_t tile = c_.kv_tile_tokens;
   std::vector<int64_t>& cost = s_.span_item_cost;
+  std::vector<int64_t>& paired = s_.span_paired_cost;
   cost.clear();
+  paired.clear();
   for (size_t u = 0; u < s_.unit_remaining.size(); ++u) {
     if (s_.unit_remaining[u] == 0) continue;
     const int64_t len = s_.unit_len[u];
     const int64_t query_tiles = ceil_div(s_.unit_remaining[u], tile_queries_);
+    const bool pairs =
+        pair > 1 && query_tiles == 1 && s_.unit_remaining[u] * c_.gqa_group_size <= kPairMaxRows;
     const int64_t per = even_chunk_tokens(len, chunk, tile);
     for (int64_t begin = 0; begin < len; begin += per) {
       const int64_t tokens = std::min(per, len - begin);
-      cost.insert(cost.end(), size_t(query_tiles), kBlockQuarterTiles + 4 * ceil_div(tokens, tile));
+      if (pairs) {
+        paired.push_back(kBlockQuarterTiles + 4 * ceil_div(tokens * pair, tile));
+      } else {
+        cost.insert(cost.end(), size_t(query_tiles),
+                    kBlockQuarterTiles + 4 * ceil_div(tokens, tile));
+      }
     }
+  }
+  if (!paired.empty()) {
+    std::sort(paired.begin(), paired.end(), std::greater<>());
+    for (size_t i = 0; i < paired.size(); i += size_t(pair)) cost.push_back(paired[i]);
   }
   std::sort(cost.begin(), cost.end(), std::greater<>());
   std::vector<int64_t>& load = s_.span_slot_load;  // a min-heap of the slots' loads
@@ -286,10 +323,10 @@ int64_t PlanBuilder::simulated_span(int32_t chunk) const {
   return span;
 }
 
-int32_t PlanBuilder::choose_chunk_tokens() const {
+std::pair<int32_t, int32_t> PlanBuilder::choose_chunk_tokens() const {
   const int32_t tile = c_.kv_tile_tokens;
   const int32_t max_tiles = c_.kv_chunk_tokens / tile;
-  if (!c_.long_context_split) return max_tiles * tile;
+  if (!c_.long_context_split) return {max_tiles * tile, 1};
   const int64_t target = int64_t(c_.num_sms) * std::max(1, c_.min_items_per_sm);
   if (count_items(max_tiles * tile) >= target) {
     // Growth (AttentionPlanConfig::max_chunk_tokens): the chunk among 1x, 2x, 3x and 4x whose
@@ -297,25 +334,41 @@ int32_t PlanBuilder::choose_chunk_tokens() const {
     // GQA 4 (us): few-shot P=4000 + 50 x 200 45.3 / 36.4 / 50.3, P=16000 + 64 x 200 108.8 /
     // 91.5 / 81.5, P=4000 + 30 x 200 27.1 / 32.3 / 47; the simulation picks 1024, 2048 and
     // 512 there (README). 1.5x is not a candidate: the simulation favoured it for a tree of
-    // thought at GQA 1 that measured 7% slower with it.
+    // thought at GQA 1 that measured 7% slower with it. With head pairing each candidate is
+    // also simulated paired, and the best paired one is kept where its span is at least 1/16
+    // shorter than the best unpaired one (the simulation is good to about 5%; H100, GQA 4:
+    // few-shot P=4000 + 50 x 200 at 1024 is 81 -> 75 quarter tiles and measured 36.3 ->
+    // 34.0 us; speculative t=128 90 -> 86 measured 4% slower paired).
     const int32_t base = max_tiles * tile;
-    if (c_.max_chunk_tokens <= base) return base;  // no growth
-    int32_t best = base;
-    int64_t best_span = simulated_span(base);
+    if (c_.max_chunk_tokens <= base) return {base, 1};  // no growth
+    const bool pair =
+        c_.pair_heads > 1 && c_.item_order == AttentionPlanConfig::ItemOrder::kKvMajor;
+    int32_t best = base, best_paired = 0;
+    int64_t best_span = simulated_span(base, 1);
+    int64_t best_paired_span = pair ? simulated_span(base, c_.pair_heads) : 0;
+    if (pair) best_paired = base;
     for (int32_t factor : {2, 3, 4}) {
       const int32_t chunk = base * factor;
       if (chunk > c_.max_chunk_tokens) break;
-      const int64_t span = simulated_span(chunk);
+      const int64_t span = simulated_span(chunk, 1);
       if (span < best_span) {
         best = chunk;
         best_span = span;
       }
+      if (pair) {
+        const int64_t paired_span = simulated_span(chunk, c_.pair_heads);
+        if (paired_span < best_paired_span) {
+          best_paired = chunk;
+          best_paired_span = paired_span;
+        }
+      }
     }
-    return best;
+    if (pair && best_paired_span * 16 <= best_span * 15) return {best_paired, c_.pair_heads};
+    return {best, 1};
   }
   const int32_t min_tiles =
       std::min<int32_t>(max_tiles, int32_t(ceil_div(c_.min_split_tokens, tile)));
-  if (count_items(min_tiles * tile) < target) return min_tiles * tile;
+  if (count_items(min_tiles * tile) < target) return {min_tiles * tile, 1};
   // Largest chunk (in KV tiles) that still reaches the target: count_items is monotone.
   int32_t lo = min_tiles, hi = max_tiles;  // count(lo) >= target > count(hi)
   while (hi - lo > 1) {
@@ -343,7 +396,7 @@ int32_t PlanBuilder::choose_chunk_tokens() const {
       best_cost = cost;
     }
   }
-  return best * tile;
+  return {best * tile, 1};
 }
 
 // Fills chain_runs (the group's context runs, root first) and group_queries.
@@ -648,12 +701,7 @@ void PlanBuilder::reorder_items() {
     }
     order.swap(tmp);
   }
-  for (std::vector<int32_t>* v : {&p.item_segment_begin, &p.item_segment_end, &p.item_query_begin,
-                                  &p.item_query_end, &p.item_num_tokens, &p.item_mask_offset}) {
-    tmp.resize(size_t(n));
-    for (int32_t i = 0; i < n; ++i) tmp[size_t(i)] = (*v)[size_t(order[size_t(i)])];
-    std::copy(tmp.begin(), tmp.end(), v->begin());  // (a swap would move the buffers around)
-  }
+  permute_items(s_.item_order, &p);
 }
 
 Status PlanBuilder::build() {
@@ -676,14 +724,17 @@ Status PlanBuilder::build() {
 
   compute_subtree_tokens();
   build_units_and_assign();
-  const int32_t chunk = choose_chunk_tokens();
+  const auto [chunk, pair] = choose_chunk_tokens();
   p.split_chunk_tokens = chunk;
+  p.pair_heads = 0;
+  p.paired_items_begin = 0;
   for (int32_t u = 0; u < int32_t(s_.unit_first_node.size()); ++u) {
     if (s_.unit_remaining[u] == 0) continue;
     ++p.num_groups;
     emit_group(u, chunk);
   }
   if (c_.item_order != AttentionPlanConfig::ItemOrder::kPlan) reorder_items();
+  if (pair > 1) pair_decode_items(&p, pair);
   TS_RETURN_IF_ERROR(build_reduction_map());
 
   auto over = [](const char* what, int64_t have, int32_t bound) {
@@ -706,6 +757,29 @@ Status PlanBuilder::build() {
 }
 
 }  // namespace
+
+void pair_decode_items(AttentionPlan* plan, int32_t pair_heads) {
+  constexpr int64_t kPairMaxRows = 16;  // the kernel's one-slab items
+  AttentionPlan& p = *plan;
+  const int32_t n = p.num_items();
+  auto narrow = [&](int32_t i) {
+    return int64_t(p.item_query_end[size_t(i)] - p.item_query_begin[size_t(i)]) *
+               p.gqa_group_size <=
+           kPairMaxRows;
+  };
+  std::vector<int32_t>& order = p.scratch.item_order;
+  order.resize(size_t(n));
+  int32_t at = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    if (!narrow(i)) order[size_t(at++)] = i;
+  }
+  p.pair_heads = pair_heads;
+  p.paired_items_begin = at;
+  for (int32_t i = 0; i < n; ++i) {
+    if (narrow(i)) order[size_t(at++)] = i;
+  }
+  if (p.paired_items_begin < n) permute_items(order, plan);
+}
 
 Status build_attention_plan(const AttentionView& view, const AttentionPlanConfig& config,
                             AttentionPlan* out) {

@@ -167,6 +167,19 @@ Status validate_attention_plan(const AttentionPlan& plan, int64_t num_pages) {
                              std::to_string(num_items) + ")");
     }
   }
+  if (plan.pair_heads > 1) {  // head pairing: the items from paired_items_begin are one slab
+    if (plan.paired_items_begin < 0 || plan.paired_items_begin > num_items) {
+      return InvalidArgument(
+          "plan.paired_items_begin = " + std::to_string(plan.paired_items_begin) +
+          " is outside [0, " + std::to_string(num_items) + "]");
+    }
+    for (int64_t i = plan.paired_items_begin; i < num_items; ++i) {
+      if (int64_t(plan.item_query_end[i] - plan.item_query_begin[i]) * plan.gqa_group_size > 16) {
+        return InvalidArgument(plan_field("item_query_end", i) +
+                               ": a paired item with more than 16 query-tile rows");
+      }
+    }
+  }
   const int64_t num_segments = plan.num_segments();
   for (const std::vector<int32_t>* v :
        {&plan.seg_page_begin, &plan.seg_first_slot, &plan.seg_node, &plan.seg_token_begin}) {

@@ -132,6 +132,8 @@ Status split_plan_for_sequence_parallel(const AttentionPlan& plan, int32_t world
     s.queries_per_tile = plan.queries_per_tile;
     s.page_size = plan.page_size;
     s.heads_first = plan.heads_first;
+    s.pair_heads = 0;  // a shard's items are a subset: no paired suffix
+    s.paired_items_begin = 0;
     s.max_item_tokens = 0;
     s.page_table.assign(plan.page_table.begin(), plan.page_table.end());
     s.query_rows.assign(plan.query_rows.begin(), plan.query_rows.end());

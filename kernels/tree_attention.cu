@@ -22,6 +22,10 @@
 //    end. Both read the same 128-byte-swizzled tiles (swz);
 //  - the partial O (fp32, normalised) and its LSE (base 2) go to the workspace, at the slot
 //    the reduction map gives them (each query's partials contiguous).
+//  - head pairing (AttentionPlan::pair_heads, eager launches): the decode-shaped items the plan
+//    lists last (from paired_items_begin) run kTreeAttentionPairHeads (4) kv heads a block,
+//    one warp a head on 16-token tiles of each, in the grid's last blocks, so four heads share
+//    a block's fixed part (record, table, Q, first tile's latency, epilogue).
 // The decode kernel (TreeAttentionLimits::decode_kernel, on by default) runs a plan whose
 // items are all decode-shaped (at most 16 rows) instead of stage 1: the same split loop in a
 // smaller kernel (3 blocks an SM), writing the partials the same way.
@@ -76,9 +80,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   const int q_row = tid >> 1;  // this thread's query-tile row
   const int q_local = q_row / it.gqa;
   const int32_t q_batch_row = rec[kRecQueryRows + q_local];
+  // Where the block runs a paired item (kPairHeads kv heads), its query-tile row q_row is the
+  // item's row q_row % 16 of head kv_head + q_row / 16.
+  const int32_t q_batch_row_paired = rec[kRecQueryRows + (q_row & 15) / it.gqa];
   const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
   if (item >= h.w[kNumItems]) return;
   read_item_tile(it, rec_a, plan, h);
+  const bool paired = p.pair_begin >= 0 && item >= p.pair_begin;
+  if (paired) it.num_tiles = (it.num_tokens + kKvTile / kPairHeads - 1) / (kKvTile / kPairHeads);
   const uint32_t* mask_words = reinterpret_cast<const uint32_t*>(plan + h.w[kMaskWords]);
   const int table_mode = h.w[kTokenTable];
   const int page_size = p.page_size;
@@ -110,6 +119,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   {
     const T* q = static_cast<const T*>(p.q);
     const T* src = q_row_source<D, T>(p, it, q_row, q_batch_row);
+    if (paired) {
+      const int lr = q_row & 15, hoff = q_row >> 4;
+      src = hoff < kPairHeads && lr < it.num_rows
+                ? q + (int64_t(q_batch_row_paired) * p.num_q_heads + (it.kv_head + hoff) * it.gqa +
+                       lr % it.gqa) *
+                          D
+                : nullptr;
+    }
     const bool valid = src != nullptr;
 #pragma unroll
     for (int j = 0; j < kChunks / 2; ++j) {
@@ -171,9 +188,37 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
       }
     }
   };
+  // The same for a paired item: a tile holds kKvTile / kPairHeads tokens of each head, head
+  // h's in rows [h * kKvTile / kPairHeads, (h + 1) * kKvTile / kPairHeads) (a head's pool rows
+  // are page_size rows past the previous head's).
+  auto load_tile_paired = [&](int tile, int stage, bool, bool) {
+    constexpr int kTileTok = kKvTile / kPairHeads;
+    T* dk = s_k + stage * kKvTile * D;
+    T* dv = s_v + stage * kKvTile * D;
+#pragma unroll
+    for (int pass = 0; pass < kKvTile / kRowsPerPass; ++pass) {
+      const int r = pass * kRowsPerPass + tid / kTpr;
+      const int t = tile * kTileTok + r % kTileTok;
+      const bool valid = t < num_tokens;
+      const int64_t row = valid ? (int64_t(tok[t]) + (r / kTileTok) * page_size) * D : 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = tid % kTpr + kTpr * j;
+        const int64_t off = valid ? row + c * 8 : 0;
+        cp_async_16(smem_u32(dk + swz<D>(r, c)), k_pool + off, valid);
+        cp_async_16(smem_u32(dv + swz<D>(r, c)), v_pool + off, valid);
+      }
+    }
+  };
   // Group 0: Q with the first tile. The main loops load tile 1 before their first barrier.
   static_assert(2 * kKvTile <= kThreads, "tiles 0 and 1 read the first table entries");
-  if (it.num_tiles > 0) load_tile(0, 0, true, true);
+  if (it.num_tiles > 0) {
+    if (paired) {
+      load_tile_paired(0, 0, true, true);
+    } else {
+      load_tile(0, 0, true, true);
+    }
+  }
   cp_async_commit();
   // The fixed-stride table's later entries, while the first tiles are in flight: the main
   // loop's first barrier orders these writes before the load of tile 2.
@@ -185,7 +230,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   // at least as fast as whole tiles as split 2 ways (fasttree N=1,2,4,8 GQA 4 15.6 -> 13.3 us),
   // and decode items split 4 ways match whole wgmma tiles (both bound by latency, not the
   // tensor cores).
-  if (it.num_rows <= 16) {
+  if (paired) {
+    attend<D, T, kWarps / kPairHeads, kTileRows, kPairHeads>(p, it, mask_words, s_q, s_k, s_v,
+                                                             load_tile_paired);
+  } else if (it.num_rows <= 16) {
     attend<D, T, kMaxSplit>(p, it, mask_words, s_q, s_k, s_v, load_tile);
   } else {
     attend<D, T, 1>(p, it, mask_words, s_q, s_k, s_v, load_tile);
@@ -501,12 +549,22 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
     // the previous kernel (the engine's RoPE + KV append, which triggers at its start) drains,
     // and waits for it before loading the token table, Q, K and V.
     const bool decode = grid.items > 0 ? grid.decode_kernel : ws.runs_decode_kernel();
-    const dim3 blocks_1(items * params.num_kv_heads);
+    dim3 blocks_1(items * params.num_kv_heads);
+    Stage1Params p1 = params;
+    p1.pair_begin = -1;
+    // Head pairing: eager launches of stage 1 whose plan pairs (the workspace checked that the
+    // paired items are one slab); a captured grid runs every item one kv head a block.
+    const int paired_begin = ws.paired_items_begin();
+    if (!decode && grid.items == 0 && paired_begin >= 0 && params.num_kv_heads % kPairHeads == 0) {
+      p1.pair_begin = paired_begin;
+      blocks_1 = dim3(paired_begin * params.num_kv_heads +
+                      (items - paired_begin) * (params.num_kv_heads / kPairHeads));
+    }
     const cudaError_t e1 =
         decode ? launch_pdl(blocks_1, dim3(kThreads), size_t(decode_smem_bytes<D>()), stream,
-                            tree_attention_decode<D, T>, params)
+                            tree_attention_decode<D, T>, p1)
                : launch_pdl(blocks_1, dim3(kThreads), size_t(smem), stream,
-                            tree_attention_stage1<D, T>, params);
+                            tree_attention_stage1<D, T>, p1);
     if (e1 != cudaSuccess) {
       return launch_error(decode ? "tree_attention_decode launch" : "tree_attention_stage1 launch",
                           e1);
@@ -588,6 +646,7 @@ Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int
   params->max_items = workspace.limits().max_work_items;
   params->table_items = workspace.table_items();
   params->table_stride = params->table_items > 0 ? workspace.table_stride() : 0;
+  params->pair_begin = -1;
   params->trace = static_cast<TreeAttentionBlockTrace*>(workspace.block_trace());
   return Status::Ok();
 }

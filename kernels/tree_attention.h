@@ -33,6 +33,9 @@ enum class TreeAttentionDtype : int32_t { kFloat16 = 0, kBFloat16 = 1 };
 
 // Rows of the kernel's query tile: plan.queries_per_tile * plan.gqa_group_size must fit.
 inline constexpr int32_t kTreeAttentionTileRows = 64;
+// Kv heads stage 1 runs a decode-shaped item for in one block where the plan pairs them
+// (AttentionPlanConfig::pair_heads); tiles of kv_tile_tokens / 4 tokens of each head.
+inline constexpr int32_t kTreeAttentionPairHeads = 4;
 
 // Capacities of a workspace. Plans are checked against them at upload
 // (RESOURCE_EXHAUSTED otherwise); apply_to() copies them into a plan config so the builder
@@ -118,6 +121,10 @@ class TreeAttentionWorkspace {
   int32_t table_items() const { return table_items_; }
   // The last upload's plan runs in the decode kernel (see TreeAttentionLimits::decode_kernel).
   bool runs_decode_kernel() const { return decode_kernel_; }
+  // The first item the last upload's plan pairs kv heads for (AttentionPlan::pair_heads ==
+  // kTreeAttentionPairHeads; stage 1 runs the items from there on kTreeAttentionPairHeads kv
+  // heads a block in eager launches), or -1 where it pairs none.
+  int32_t paired_items_begin() const { return paired_items_begin_; }
 
   // Diagnostics (bench_tree_attention --trace): once enabled, every stage 1 launch with this
   // workspace records one TreeAttentionBlockTrace per block that ran an item (thread 0 stamps
@@ -143,6 +150,7 @@ class TreeAttentionWorkspace {
   int32_t num_items_ = 0, num_queries_ = 0, num_partials_ = 0;
   int32_t gqa_group_size_ = 0, page_size_ = 0, max_item_tokens_ = 0;
   int32_t table_stride_ = 0, table_items_ = 0;
+  int32_t paired_items_begin_ = -1;
   bool table_filled_ = false, table_fixed_ = false, decode_kernel_ = false;
 };
 

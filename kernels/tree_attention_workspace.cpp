@@ -68,6 +68,7 @@ void TreeAttentionWorkspace::release() {
   block_trace_ = nullptr;
   table_filled_ = table_fixed_ = decode_kernel_ = false;
   table_stride_ = table_items_ = 0;
+  paired_items_begin_ = -1;
   plan_words_ = 0;
   num_items_ = num_queries_ = num_partials_ = 0;
 }
@@ -246,6 +247,22 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
         int64_t(plan.item_query_end[i] - plan.item_query_begin[i]) * plan.gqa_group_size <=
         kDecodeItemRows;
   }
+  // Head pairing: the kernel trusts the paired items to be one slab (decode-shaped).
+  int32_t paired_begin = -1;
+  if (plan.pair_heads == kTreeAttentionPairHeads && plan.paired_items_begin < plan.num_items()) {
+    if (plan.paired_items_begin < 0) {
+      return InvalidArgument(
+          "plan.paired_items_begin = " + std::to_string(plan.paired_items_begin) + " is negative");
+    }
+    for (size_t i = size_t(plan.paired_items_begin); i < ni; ++i) {
+      if (int64_t(plan.item_query_end[i] - plan.item_query_begin[i]) * plan.gqa_group_size >
+          kDecodeItemRows) {
+        return InvalidArgument("paired work item " + std::to_string(i) + " has more than " +
+                               std::to_string(kDecodeItemRows) + " query-tile rows");
+      }
+    }
+    paired_begin = plan.paired_items_begin;
+  }
   std::memcpy(header_, words, sizeof(header_));
 
   e = cudaMemcpyAsync(device_plan_, host_staging_, size_t(cursor) * 4, cudaMemcpyHostToDevice,
@@ -259,6 +276,7 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
   table_filled_ = mode != kTableNone;
   table_fixed_ = mode == kTableFixedStride;
   decode_kernel_ = decode_kernel;
+  paired_items_begin_ = paired_begin;
   e = cudaEventRecord(static_cast<cudaEvent_t>(staging_done_), stream);
   if (e != cudaSuccess) return cuda_error("cudaEventRecord(staging)", e);
   num_items_ = plan.num_items();

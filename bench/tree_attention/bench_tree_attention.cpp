@@ -32,6 +32,9 @@
 //                                              case's plan with the stage 1 block trace on:
 //                                              a CSV row per block, times in ns from the first
 //                                              block's start)
+//                             [--no-pair]  (no head pairing: AttentionPlanConfig::pair_heads 0)
+//                             [--plan-only]  (no GPU: each case's plan only, as it would be
+//                                            built for an H100's 132 SMs)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -75,6 +78,8 @@ struct Options {
   bool grid_launch = false;   // launch as the engine's CUDA graphs do (TreeAttentionGrid)
   std::vector<std::array<int32_t, 3>> few_shot;  // --few-shot P,B,S: custom cases only
   std::string trace_path;                        // --trace: stage 1 block trace CSV
+  bool pair = true;        // AttentionPlanConfig::pair_heads as configured (--no-pair: 0)
+  bool plan_only = false;  // --plan-only: build the plans, print their shape, no GPU
 };
 
 struct Case {
@@ -86,6 +91,7 @@ struct Case {
 struct Result {
   std::string name, family;
   int32_t num_q_heads = 0, num_kv_heads = 0, queries = 0, items = 0, baseline_items = 0;
+  int32_t chunk = 0, paired_items = 0;  // the plan's chunk; its items run kv heads paired
   double unique_mb = 0, plan_kv_mb = 0, plan_build_us = 0;
   double median_us = 0, bound_us = 0, tbps = 0, copy_fraction = 0;
   double baseline_us = 0, speedup = 0;
@@ -266,6 +272,7 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   if (opt.pack_max > 0) config.pack_max_tokens = opt.pack_max;
   config.balance_query_tiles = opt.balance_tiles;  // (tree_attention_plan_config's: on)
   config.item_order = opt.item_order;
+  if (!opt.pair) config.pair_heads = 0;
   if (opt.items_per_sm > 0)
     config.num_sms = std::max(1, int32_t(opt.items_per_sm * num_sms / num_kv_heads));
   AttentionPlan plan, baseline;
@@ -277,6 +284,9 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   const int64_t unique = view_unique_kv_bytes(c.tree.view, num_kv_heads, kHeadDim, 2);
   r.unique_mb = double(unique) / 1e6;
   r.plan_kv_mb = double(plan_kv_bytes(plan, num_kv_heads, kHeadDim, 2)) / 1e6;
+  r.chunk = plan.split_chunk_tokens;
+  r.paired_items = plan.pair_heads > 1 ? plan.num_items() - plan.paired_items_begin : 0;
+  if (opt.plan_only) return r;
 
   testing::GpuAttentionProblem problem;
   CHECK_OK(problem.init(c.tree, num_q_heads, num_kv_heads, kHeadDim, TreeAttentionDtype::kFloat16,
@@ -397,6 +407,10 @@ int main_impl(int argc, char** argv) {
       opt.balance_tiles = false;
     } else if (a == "--depth-slots") {
       opt.depth_slots = true;
+    } else if (a == "--no-pair") {
+      opt.pair = false;
+    } else if (a == "--plan-only") {
+      opt.plan_only = true;
     } else if (a == "--no-decode-kernel") {
       opt.decode_kernel = false;
     } else if (a == "--no-token-table") {
@@ -445,10 +459,39 @@ int main_impl(int argc, char** argv) {
                    "[--items-per-sm X] "
                    "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] "
                    "[--grid] [--no-decode-kernel] [--depth-slots] [--no-balance-tiles] "
-                   "[--few-shot P,B,S] [--trace PATH]\n",
+                   "[--few-shot P,B,S] [--trace PATH] [--no-pair] [--plan-only]\n",
                    argv[0]);
       return 2;
     }
+  }
+  std::vector<Case> cases;
+  for (const auto& [prompt, branches, tokens] : opt.few_shot) {
+    cases.push_back({"few-shot P=" + std::to_string(prompt) + " + " + std::to_string(branches) +
+                         "x" + std::to_string(tokens),
+                     "custom", testing::few_shot_case(prompt, branches, tokens, 16, 4)});
+  }
+  if (cases.empty()) cases = make_cases();
+  if (opt.depth_slots) {
+    for (Case& c : cases) testing::place_runs_at_depth_slots(&c.tree, 7);
+  }
+  auto selected = [&](const Case& c) {
+    return opt.filter.empty() || c.name.find(opt.filter) != std::string::npos;
+  };
+  constexpr std::pair<int32_t, int32_t> kHeads[] = {{32, 8}, {32, 32}};
+  if (opt.plan_only) {
+    std::printf("plans for 132 SMs (an H100), head pairing %s\n\n", opt.pair ? "on" : "off");
+    std::printf("%-34s %5s %5s %6s %6s %7s %8s %8s %7s\n", "case", "heads", "q", "items", "chunk",
+                "paired", "uniqMB", "planMB", "plan_us");
+    for (const Case& c : cases) {
+      if (!selected(c)) continue;
+      for (const auto& [q_heads, kv_heads] : kHeads) {
+        const Result r = run_case(c, q_heads, kv_heads, 132, 0, opt, nullptr);
+        std::printf("%-34s %2d/%-2d %5d %6d %6d %7d %8.2f %8.2f %7.1f\n", r.name.c_str(),
+                    r.num_q_heads, r.num_kv_heads, r.queries, r.items, r.chunk, r.paired_items,
+                    r.unique_mb, r.plan_kv_mb, r.plan_build_us);
+      }
+    }
+    return 0;
   }
   if (!testing::cuda_device_available()) {
     std::fprintf(stderr, "no CUDA device\n");
@@ -464,32 +507,23 @@ int main_impl(int argc, char** argv) {
       "kernel %s, run slots %s\n\n",
       opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps, opt.decode_kernel ? "on" : "off",
       opt.depth_slots ? "at depth % page" : "random");
-  std::printf("%-34s %5s %5s %6s %8s %8s %7s %8s %8s %6s %5s %9s %7s %9s %9s\n", "case", "heads",
-              "q", "items", "uniqMB", "planMB", "plan_us", "us", "bound", "TB/s", "%cp", "base_us",
-              "speedup", "max_err", "base_err");
+  std::printf("%-34s %5s %5s %6s %8s %8s %7s %8s %8s %6s %5s %9s %7s %9s %9s %6s %6s\n", "case",
+              "heads", "q", "items", "uniqMB", "planMB", "plan_us", "us", "bound", "TB/s", "%cp",
+              "base_us", "speedup", "max_err", "base_err", "chunk", "paired");
   Timer timer(opt.flush_l2);
   std::vector<Result> results;
-  std::vector<Case> cases;
-  for (const auto& [prompt, branches, tokens] : opt.few_shot) {
-    cases.push_back({"few-shot P=" + std::to_string(prompt) + " + " + std::to_string(branches) +
-                         "x" + std::to_string(tokens),
-                     "custom", testing::few_shot_case(prompt, branches, tokens, 16, 4)});
-  }
-  if (cases.empty()) cases = make_cases();
-  if (opt.depth_slots) {
-    for (Case& c : cases) testing::place_runs_at_depth_slots(&c.tree, 7);
-  }
   for (const Case& c : cases) {
-    if (!opt.filter.empty() && c.name.find(opt.filter) == std::string::npos) continue;
-    for (const auto& [q_heads, kv_heads] : {std::pair{32, 8}, std::pair{32, 32}}) {
+    if (!selected(c)) continue;
+    for (const auto& [q_heads, kv_heads] : kHeads) {
       const Result r =
           run_case(c, q_heads, kv_heads, prop.multiProcessorCount, copy_bw, opt, &timer);
       std::printf(
           "%-34s %2d/%-2d %5d %6d %8.2f %8.2f %7.1f %8.2f %8.2f %6.2f %5.0f %9.2f %7.2f %9.2e "
-          "%9.2e%s\n",
+          "%9.2e %6d %6d%s\n",
           r.name.c_str(), r.num_q_heads, r.num_kv_heads, r.queries, r.items, r.unique_mb,
           r.plan_kv_mb, r.plan_build_us, r.median_us, r.bound_us, r.tbps, 100 * r.copy_fraction,
-          r.baseline_us, r.speedup, r.max_err, r.baseline_err, r.sampled ? " (s)" : "");
+          r.baseline_us, r.speedup, r.max_err, r.baseline_err, r.chunk, r.paired_items,
+          r.sampled ? " (s)" : "");
       std::fflush(stdout);
       results.push_back(r);
     }

@@ -34,6 +34,10 @@ constexpr int kKvTile = 64;  // tokens per K/V tile
 // P=16000, +3-5% on small trees (H100, 2026-11-25).
 constexpr int kStages = 2;  // K/V tiles resident (kStages - 1 in flight)
 constexpr int kMinBlocksPerSm = 2;
+// Kv heads a block runs a paired (decode-shaped) item for (AttentionPlan::pair_heads).
+constexpr int kPairHeads = kTreeAttentionPairHeads;
+static_assert(kKvTile / kPairHeads == 16 && kWarps == kPairHeads,
+              "a paired block: one warp a head, 16-token tiles of each");
 constexpr int kSegBatch = kThreads;  // segments resolved per pass
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kTileRows == 16 * kWarps, "one 16-row MMA slab per warp");
@@ -77,6 +81,10 @@ struct Stage1Params {
   int32_t max_items;
   int32_t table_stride;
   int32_t table_items;
+  // Head pairing (eager launches of a plan that pairs): the items from pair_begin on (all
+  // decode-shaped) run kPairHeads kv heads a block, in the grid's blocks past
+  // pair_begin * num_kv_heads; -1: none.
+  int32_t pair_begin;
   TreeAttentionBlockTrace* trace;  // null unless the workspace's block trace is enabled
 };
 
@@ -172,6 +180,19 @@ struct ItemTile {
 // items x kv heads (TreeAttentionGrid launches: grid.items items), in the order the plan asks
 // for (AttentionPlan::heads_first).
 __device__ __forceinline__ void block_item(const Stage1Params& p, int* item, int* kv_head) {
+  if (p.pair_begin >= 0) {  // eager launches: p.header holds the plan's counts
+    const int wide_blocks = p.pair_begin * p.num_kv_heads;
+    if (int(blockIdx.x) >= wide_blocks) {
+      const int b = blockIdx.x - wide_blocks, per = p.num_kv_heads / kPairHeads;
+      const int n = p.header.w[kNumItems] - p.pair_begin;
+      *item = p.pair_begin + (p.heads_first ? b / per : b % n);
+      *kv_head = (p.heads_first ? b % per : b / n) * kPairHeads;
+      return;
+    }
+    *item = p.heads_first ? blockIdx.x / p.num_kv_heads : blockIdx.x % p.pair_begin;
+    *kv_head = p.heads_first ? blockIdx.x % p.num_kv_heads : blockIdx.x / p.pair_begin;
+    return;
+  }
   const int grid_items = gridDim.x / p.num_kv_heads;
   *item = p.heads_first ? blockIdx.x / p.num_kv_heads : blockIdx.x % grid_items;
   *kv_head = p.heads_first ? blockIdx.x % p.num_kv_heads : blockIdx.x / grid_items;
@@ -221,8 +242,9 @@ __device__ __forceinline__ void record_block_trace(const Stage1Params& p, uint64
 // Q K^T scores of its kN n-tiles (tokens tile_begin + tok0 + 8 j + 2 (lane % 4) + {0, 1});
 // invisible tokens (past the item's end, or masked) are dropped, s becomes the probabilities
 // against the rows' new running max (base 2), row_max and row_sum are updated, and alpha gets
-// the factor the rows' O accumulators must be scaled by (rescale_o).
-template <int kN>
+// the factor the rows' O accumulators must be scaled by (rescale_o). kTileTok: the tokens of
+// a tile (of one kv head's, where a block runs several).
+template <int kN, int kTileTok = kKvTile>
 __device__ __forceinline__ void softmax_tile(float (&s)[kN][4], const ItemTile& it, int tile_begin,
                                              int tok0, const uint32_t* const (&row_mask)[2],
                                              float scale_log2, float (&row_max)[2],
@@ -230,7 +252,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kN][4], const ItemTile& 
   const int lane = threadIdx.x & 31;
   // Full tiles of unmasked items (the bulk of long chunks) skip the per-score visibility
   // test: it costs more issue slots than the max it feeds (block-uniform branch).
-  const bool all_visible = it.mask_offset < 0 && it.num_tokens - tile_begin >= kKvTile;
+  const bool all_visible = it.mask_offset < 0 && it.num_tokens - tile_begin >= kTileTok;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (!all_visible) {
@@ -238,10 +260,12 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kN][4], const ItemTile& 
       const int remaining = it.num_tokens - tile_begin;
       if (remaining < 64) visible = (uint64_t(1) << remaining) - 1;
       if (row_mask[i] != nullptr) {
-        const int w = tile_begin >> 5;  // tiles start on mask-word boundaries
+        // A tile of more than 32 tokens starts on a mask-word boundary; a smaller one lies
+        // inside one word.
+        const int w = tile_begin >> 5;
         uint64_t bits = row_mask[i][w];
-        if (kKvTile > 32 && w + 1 < it.words_per_row) bits |= uint64_t(row_mask[i][w + 1]) << 32;
-        visible &= bits;
+        if (kTileTok > 32 && w + 1 < it.words_per_row) bits |= uint64_t(row_mask[i][w + 1]) << 32;
+        visible &= bits >> (tile_begin & 31);
       }
       visible >>= tok0;
 #pragma unroll
@@ -417,23 +441,34 @@ __device__ __forceinline__ void wgmma_main_loop(const Stage1Params& p, const Ite
 // decode branch: gqa rows) still spreads its MMAs over all four warps (and the SM's four
 // schedulers); their softmax states are merged through shared memory at the end. kQRows: the
 // rows of s_q's swizzled tile (64; 16 in the decode kernel, whose items are one slab).
-template <int D, typename T, int kSplit, int kQRows = kTileRows, typename LoadTile>
+// kHeads > 1: the block runs a one-slab item for kHeads kv heads at once (it.kv_head and the
+// next ones), slab h holding head h's rows of the item (at most 16, so every slab has the
+// item's it.num_rows) and reading tile rows [h * kKvTile / kHeads, (h + 1) * kKvTile / kHeads):
+// each tile holds kKvTile / kHeads tokens of each head (load_tile lays them out so).
+template <int D, typename T, int kSplit, int kQRows = kTileRows, int kHeads = 1, typename LoadTile>
 __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it,
                                        const uint32_t* mask_words, T* s_q, T* s_k, T* s_v,
                                        LoadTile&& load_tile) {
-  constexpr int kTok = kKvTile / kSplit;  // tokens of a tile this warp scores
-  constexpr int kN = kTok / 8;            // n-tiles of S
+  constexpr int kTileTok = kKvTile / kHeads;  // tokens of a tile per kv head
+  constexpr int kTok = kTileTok / kSplit;     // tokens of a tile this warp scores
+  constexpr int kN = kTok / 8;                // n-tiles of S
   static_assert(kTok % 16 == 0, "P V needs 16-token k-steps");
+  static_assert(kHeads == 1 || (kWarps / kSplit == kHeads && kQRows == kTileRows),
+                "one slab a kv head");
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int slab = warp / kSplit, part = warp % kSplit;
-  const int tok0 = part * kTok;  // this warp's first token inside a tile
-  // Per thread: rows r0 = 16 * slab + lane / 4 and r0 + 8; accumulator columns 2 * (lane % 4).
+  const int tok0 = part * kTok;  // this warp's first token inside its head's share of a tile
+  const int krow0 = (kHeads > 1 ? slab * kTileTok : 0) + tok0;  // its first row of a K/V tile
+  // Per thread: query-tile rows r0 = 16 * slab + lane / 4 and r0 + 8, which are the item's
+  // rows lr0 and lr0 + 8 (of kv head it.kv_head + hoff); accumulator columns 2 * (lane % 4).
   const int r0 = slab * 16 + (lane >> 2);
-  const bool warp_active = slab * 16 < it.num_rows;
+  const int lr0 = kHeads > 1 ? (lane >> 2) : r0;
+  const int hoff = kHeads > 1 ? slab : 0;
+  const bool warp_active = (kHeads > 1 ? 0 : slab * 16) < it.num_rows;
   const uint32_t* row_mask[2] = {nullptr, nullptr};
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int r = r0 + 8 * i;
+    const int r = lr0 + 8 * i;
     if (it.mask_offset >= 0 && r < it.num_rows) {
       row_mask[i] = mask_words + it.mask_offset + (r / it.gqa) * it.words_per_row;
     }
@@ -447,7 +482,7 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
   // Whole 64-row tiles (one slab per warp) multiply with wgmma where the build targets sm_90a:
   // the block's 4 warps are one warpgroup, and all of them take part (pad rows are zero).
   static_assert(kQRows == kTileRows || kQRows == 16 * (kWarps / kSplit), "one slab a warp set");
-  if constexpr (TS_WGMMA != 0 && kSplit == 1) {
+  if constexpr (TS_WGMMA != 0 && kSplit == 1 && kHeads == 1) {
     wgmma_main_loop<D, T>(p, it, row_mask, s_q, s_k, s_v, load_tile, o_acc, row_max, row_sum);
   } else {
     for (int tile = 0; tile < it.num_tiles; ++tile) {
@@ -476,14 +511,15 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
 #pragma unroll
           for (int jj = 0; jj < kN / 2; ++jj) {
             uint32_t b[4];
-            const int r = tok0 + 16 * jj + (lane & 7) + ((lane >> 4) << 3);
+            const int r = krow0 + 16 * jj + (lane & 7) + ((lane >> 4) << 3);
             ldmatrix_x4(b, smem_u32(k_tile + swz<D>(r, 2 * kk + ((lane >> 3) & 1))));
             Dtype<T>::mma(s[2 * jj], qa, b[0], b[1]);
             Dtype<T>::mma(s[2 * jj + 1], qa, b[2], b[3]);
           }
         }
         float alpha[2];
-        softmax_tile(s, it, tile * kKvTile, tok0, row_mask, p.scale_log2, row_max, row_sum, alpha);
+        softmax_tile<kN, kTileTok>(s, it, tile * kTileTok, tok0, row_mask, p.scale_log2, row_max,
+                                   row_sum, alpha);
         rescale_o<D>(o_acc, alpha);
         // O += P V: P's accumulator layout is the A-fragment layout of the next MMA.
 #pragma unroll
@@ -493,7 +529,7 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
 #pragma unroll
           for (int jd = 0; jd < D / 16; ++jd) {
             uint32_t b[4];
-            const int r = tok0 + 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3);
+            const int r = krow0 + 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3);
             ldmatrix_x4_trans(b, smem_u32(v_tile + swz<D>(r, 2 * jd + (lane >> 4))));
             Dtype<T>::mma(o_acc[2 * jd], a, b[0], b[1]);
             Dtype<T>::mma(o_acc[2 * jd + 1], a, b[2], b[3]);
@@ -515,11 +551,11 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float sum = row_sum[i];
-      const int r = r0 + 8 * i;
+      const int r = lr0 + 8 * i;
       if (r >= it.num_rows) continue;
       const int64_t out_row =
           int64_t(it.partial_slot[it.query_begin + r / it.gqa]) * p.num_q_heads +
-          it.kv_head * it.gqa + r % it.gqa;
+          (it.kv_head + hoff) * it.gqa + r % it.gqa;
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
       float* dst = p.partial_o + out_row * D + 2 * (lane & 3);
 #pragma unroll
@@ -564,7 +600,7 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
     constexpr int kVec = D / 4;  // float4 columns per row
     for (int idx = tid; idx < kSlabs * 16 * kVec; idx += kThreads) {
       const int v = idx % kVec, row16 = (idx / kVec) % 16, sl = idx / (16 * kVec);
-      const int r = sl * 16 + row16;
+      const int r = kHeads > 1 ? row16 : sl * 16 + row16;  // the item's row, of head sl
       if (r >= it.num_rows) continue;
       float m = -INFINITY;
 #pragma unroll
@@ -581,7 +617,7 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
       }
       const int64_t out_row =
           int64_t(it.partial_slot[it.query_begin + r / it.gqa]) * p.num_q_heads +
-          it.kv_head * it.gqa + r % it.gqa;
+          (it.kv_head + (kHeads > 1 ? sl : 0)) * it.gqa + r % it.gqa;
       const float inv = l > 0.f ? 1.f / l : 0.f;
       *reinterpret_cast<float4*>(p.partial_o + out_row * D + 4 * v) =
           make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);

@@ -47,19 +47,21 @@ std::string describe(const Shape& s) {
          (s.dtype == TreeAttentionDtype::kFloat16 ? " fp16" : " bf16");
 }
 
-// Builds the plan, runs it on the GPU and on the CPU executor; returns the max abs error
-// (and checks rows no query names are untouched).
-float gpu_vs_cpu_plan(const TreeCase& tree, const Shape& shape, const AttentionPlanConfig& config,
-                      TreeAttentionWorkspace* ws, uint64_t seed) {
-  AttentionPlan plan;
-  Status s = build_attention_plan(tree.view, config, &plan);
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  if (!s.ok()) return INFINITY;
+// Runs the plan on the GPU (eagerly, or in `grid` after an upload) and on the CPU executor;
+// returns the max abs error (and checks rows no query names are untouched).
+float gpu_vs_cpu(const TreeCase& tree, const Shape& shape, const AttentionPlan& plan,
+                 TreeAttentionWorkspace* ws, uint64_t seed, TreeAttentionGrid grid = {}) {
   GpuAttentionProblem problem;
-  s = problem.init(tree, shape.num_kv_heads * shape.gqa, shape.num_kv_heads, shape.head_dim,
-                   shape.dtype, seed, 2.f);
+  Status s = problem.init(tree, shape.num_kv_heads * shape.gqa, shape.num_kv_heads, shape.head_dim,
+                          shape.dtype, seed, 2.f);
   EXPECT_TRUE(s.ok()) << s.ToString();
-  s = problem.launch(plan, ws, nullptr);
+  if (grid.items > 0) {
+    s = ws->upload(plan, nullptr);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    s = problem.launch_uploaded(*ws, nullptr, grid);
+  } else {
+    s = problem.launch(plan, ws, nullptr);
+  }
   EXPECT_TRUE(s.ok()) << s.ToString();
   std::vector<float> gpu, cpu;
   s = problem.download_out(&gpu);
@@ -69,6 +71,16 @@ float gpu_vs_cpu_plan(const TreeCase& tree, const Shape& shape, const AttentionP
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_TRUE(problem.untouched_rows_kept(gpu)) << "kernel wrote rows no query names";
   return problem.max_abs_diff(gpu, cpu);
+}
+
+// Builds the plan and runs it as gpu_vs_cpu does.
+float gpu_vs_cpu_plan(const TreeCase& tree, const Shape& shape, const AttentionPlanConfig& config,
+                      TreeAttentionWorkspace* ws, uint64_t seed) {
+  AttentionPlan plan;
+  const Status s = build_attention_plan(tree.view, config, &plan);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  if (!s.ok()) return INFINITY;
+  return gpu_vs_cpu(tree, shape, plan, ws, seed);
 }
 
 AttentionPlanConfig config_for(const Shape& shape) {
@@ -261,6 +273,64 @@ TEST(TreeAttentionGpu, BlockTraceRecordsEveryBlockOnce) {
   }
   ASSERT_TRUE(ws.download_block_trace(&trace).ok());
   EXPECT_TRUE(trace.empty());
+
+  // Head pairing: a paired item's block records once, at its first kv head of each group.
+  pair_decode_items(&plan, kTreeAttentionPairHeads);
+  const int32_t wide = plan.paired_items_begin, paired = plan.num_items() - wide;
+  ASSERT_EQ(paired, 6) << "the six branches";
+  EXPECT_LE(gpu_vs_cpu(tree, shape, plan, &ws, 5), kFp16Tolerance);
+  EXPECT_EQ(ws.paired_items_begin(), wide);
+  ASSERT_TRUE(ws.download_block_trace(&trace).ok());
+  ASSERT_EQ(trace.size(), size_t(wide * shape.num_kv_heads +
+                                 paired * shape.num_kv_heads / kTreeAttentionPairHeads));
+  seen.clear();
+  for (const TreeAttentionBlockTrace& r : trace) {
+    EXPECT_TRUE(seen.insert({r.item, r.kv_head}).second) << "item " << r.item;
+    if (r.item >= wide) EXPECT_EQ(r.kv_head % kTreeAttentionPairHeads, 0) << "item " << r.item;
+    EXPECT_EQ(r.tokens, plan.item_num_tokens[size_t(r.item)]);
+  }
+}
+
+// Head pairing (AttentionPlanConfig::pair_heads): decode-shaped items run 4 kv heads a block.
+// Random trees (masks from speculative query trees, packs, internal queries) with every plan's
+// decode-shaped items paired, at GQA 1, 4 and 8, 4 or 8 kv heads, both head dims and dtypes;
+// few-shot b=50 at Llama-3-8B heads, which the builder pairs itself; and a captured grid, which
+// runs a paired plan one kv head a block.
+TEST(TreeAttentionGpu, PairedDecodeItemsMatchPlanExecutor) {
+  SKIP_WITHOUT_GPU();
+  int paired_plans = 0;
+  for (uint64_t seed = 201; seed <= 224; ++seed) {
+    const TreeCase tree = testing::random_tree_case(seed * 6151, random_options(seed));
+    Shape shape;
+    shape.gqa = std::vector<int32_t>{1, 4, 8}[seed % 3];
+    shape.num_kv_heads = shape.gqa == 8 || seed % 4 < 2 ? 4 : 8;  // at most 32 q heads
+    shape.head_dim = (seed / 3) % 2 ? 64 : 128;
+    shape.dtype = seed % 5 == 0 ? TreeAttentionDtype::kBFloat16 : TreeAttentionDtype::kFloat16;
+    AttentionPlanConfig config = config_for(shape);
+    config.kv_chunk_tokens = std::vector<int32_t>{512, 128, 1024}[seed % 3];
+    AttentionPlan plan;
+    ASSERT_TRUE(build_attention_plan(tree.view, config, &plan).ok());
+    pair_decode_items(&plan, kTreeAttentionPairHeads);
+    ASSERT_TRUE(validate_attention_plan(plan).ok());
+    paired_plans += plan.paired_items_begin < plan.num_items();
+    TreeAttentionWorkspace* ws = seed % 2 ? &shared_workspace() : &small_table_workspace(0);
+    const float err = gpu_vs_cpu(tree, shape, plan, ws, seed);
+    EXPECT_LE(err, shape.dtype == TreeAttentionDtype::kFloat16 ? kFp16Tolerance : kBf16Tolerance)
+        << "seed " << seed << " " << describe(shape);
+  }
+  EXPECT_GT(paired_plans, 12);
+
+  const TreeCase b50 = testing::few_shot_case(4000, 50, 200, 16, 3);
+  const Shape llama{8, 4, 128};
+  AttentionPlan plan;
+  ASSERT_TRUE(build_attention_plan(b50.view, config_for(llama), &plan).ok());
+  ASSERT_EQ(plan.pair_heads, kTreeAttentionPairHeads);
+  ASSERT_EQ(plan.num_items() - plan.paired_items_begin, 50);
+  EXPECT_LE(gpu_vs_cpu(b50, llama, plan, &shared_workspace(), 11), kFp16Tolerance);
+  EXPECT_EQ(shared_workspace().paired_items_begin(), plan.paired_items_begin);
+  const TreeAttentionGrid grid{tree_attention_grid_bucket(plan.num_items()),
+                               tree_attention_grid_bucket(plan.num_queries()), false};
+  EXPECT_LE(gpu_vs_cpu(b50, llama, plan, &shared_workspace(), 12, grid), kFp16Tolerance);
 }
 
 // TreeAttentionLimits::decode_kernel: a plan of only decode-shaped items (at most 16 rows: the
@@ -534,6 +604,16 @@ TEST(TreeAttentionGpu, RejectsPlansAndShapesOutsideTheWorkspace) {
   s = launch_tree_attention(dummy, dummy, dummy, dummy, TreeAttentionDtype::kFloat16, 4, 1, 128, 64,
                             1.f, big, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "page size differs from the plan's";
+
+  // A plan that pairs wide items, or from a negative index, is refused at upload.
+  ASSERT_GT(plan.num_items(), 1);
+  plan.pair_heads = kTreeAttentionPairHeads;
+  plan.paired_items_begin = 0;
+  s = big.upload(plan, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  plan.paired_items_begin = -1;
+  s = big.upload(plan, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
 }
 
 }  // namespace
