@@ -36,6 +36,9 @@ namespace {
 // 64-bit divisions were a fifth of its time.
 int64_t ceil_div(int64_t a, int64_t b) { return a > 0 && a <= b ? 1 : (a + b - 1) / b; }
 
+// Head pairing pairs items of at most this many query-tile rows (the kernel's one slab).
+constexpr int64_t kPairMaxRows = 16;
+
 // FastTree eq. 3: padding of the last tile of n elements; 0 for an empty dimension.
 int64_t pad(int64_t tile, int64_t n) {
   if (n <= 0) return 0;
@@ -125,6 +128,7 @@ class PlanBuilder {
   void build_units_and_assign();
   int64_t count_items(int32_t chunk) const;
   int64_t simulated_span(int32_t chunk, int32_t pair) const;
+  bool has_decode_shaped_unit() const;
   // The chunk, and the kv heads a decode-shaped item's block runs (1, or c_.pair_heads).
   std::pair<int32_t, int32_t> choose_chunk_tokens() const;
 
@@ -269,6 +273,16 @@ int64_t PlanBuilder::count_items(int32_t chunk) const {
   return total;
 }
 
+// A unit whose items would be decode-shaped (one query tile of at most 16 rows): what head
+// pairing pairs.
+bool PlanBuilder::has_decode_shaped_unit() const {
+  for (size_t u = 0; u < s_.unit_remaining.size(); ++u) {
+    const int64_t q = s_.unit_remaining[u];
+    if (q > 0 && q <= tile_queries_ && q * c_.gqa_group_size <= kPairMaxRows) return true;
+  }
+  return false;
+}
+
 // Chunk growth's estimate of a launch's span (AttentionPlanConfig::max_chunk_tokens): the
 // items this chunk gives (per group: query tiles x even chunks, cut as emit_group cuts them),
 // each costing a block's fixed part plus its KV tiles, list-scheduled longest first on
@@ -283,7 +297,6 @@ int64_t PlanBuilder::count_items(int32_t chunk) const {
 // longest first, go to the slots in groups of pair, each group costing its longest.
 int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair) const {
   constexpr int64_t kBlockQuarterTiles = 11;
-  constexpr int64_t kPairMaxRows = 16;  // the kernel's one-slab items
   const int64_t tile = c_.kv_tile_tokens;
   std::vector<int64_t>& cost = s_.span_item_cost;
   std::vector<int64_t>& paired = s_.span_paired_cost;
@@ -334,19 +347,15 @@ std::pair<int32_t, int32_t> PlanBuilder::choose_chunk_tokens() const {
     // GQA 4 (us): few-shot P=4000 + 50 x 200 45.3 / 36.4 / 50.3, P=16000 + 64 x 200 108.8 /
     // 91.5 / 81.5, P=4000 + 30 x 200 27.1 / 32.3 / 47; the simulation picks 1024, 2048 and
     // 512 there (README). 1.5x is not a candidate: the simulation favoured it for a tree of
-    // thought at GQA 1 that measured 7% slower with it. With head pairing each candidate is
-    // also simulated paired, and the best paired one is kept where its span is at least 1/16
-    // shorter than the best unpaired one (the simulation is good to about 5%; H100, GQA 4:
-    // few-shot P=4000 + 50 x 200 at 1024 is 81 -> 75 quarter tiles and measured 36.3 ->
-    // 34.0 us; speculative t=128 90 -> 86 measured 4% slower paired).
+    // thought at GQA 1 that measured 7% slower with it. With head pairing the chosen chunk is
+    // also simulated paired (one more simulation, where the plan has decode-shaped units), and
+    // pairing is kept where its span is at least 1/16 shorter (the simulation is good to about
+    // 5%; H100, GQA 4: few-shot P=4000 + 50 x 200 at 1024 is 81 -> 75 quarter tiles and
+    // measured 36.3 -> 34.0 us; speculative t=128 90 -> 86 measured 4% slower paired).
     const int32_t base = max_tiles * tile;
     if (c_.max_chunk_tokens <= base) return {base, 1};  // no growth
-    const bool pair =
-        c_.pair_heads > 1 && c_.item_order == AttentionPlanConfig::ItemOrder::kKvMajor;
-    int32_t best = base, best_paired = 0;
+    int32_t best = base;
     int64_t best_span = simulated_span(base, 1);
-    int64_t best_paired_span = pair ? simulated_span(base, c_.pair_heads) : 0;
-    if (pair) best_paired = base;
     for (int32_t factor : {2, 3, 4}) {
       const int32_t chunk = base * factor;
       if (chunk > c_.max_chunk_tokens) break;
@@ -355,15 +364,11 @@ std::pair<int32_t, int32_t> PlanBuilder::choose_chunk_tokens() const {
         best = chunk;
         best_span = span;
       }
-      if (pair) {
-        const int64_t paired_span = simulated_span(chunk, c_.pair_heads);
-        if (paired_span < best_paired_span) {
-          best_paired = chunk;
-          best_paired_span = paired_span;
-        }
-      }
     }
-    if (pair && best_paired_span * 16 <= best_span * 15) return {best_paired, c_.pair_heads};
+    if (c_.pair_heads > 1 && c_.item_order == AttentionPlanConfig::ItemOrder::kKvMajor &&
+        has_decode_shaped_unit() && simulated_span(best, c_.pair_heads) * 16 <= best_span * 15) {
+      return {best, c_.pair_heads};
+    }
     return {best, 1};
   }
   const int32_t min_tiles =
@@ -759,7 +764,6 @@ Status PlanBuilder::build() {
 }  // namespace
 
 void pair_decode_items(AttentionPlan* plan, int32_t pair_heads) {
-  constexpr int64_t kPairMaxRows = 16;  // the kernel's one-slab items
   AttentionPlan& p = *plan;
   const int32_t n = p.num_items();
   auto narrow = [&](int32_t i) {
