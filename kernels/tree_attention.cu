@@ -61,9 +61,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   const int32_t* plan = p.plan;
   const int tid = threadIdx.x;
   const uint64_t start_ns = p.trace != nullptr && tid == 0 ? global_ns() : 0;
-  int item = 0;
+  int item = 0, pair_begin = -1;
   ItemTile it;
-  block_item(p, &item, &it.kv_head);
+  block_item(p, &item, &it.kv_head, &pair_begin);
   if (item >= p.max_items) return;  // a bucketed grid past the workspace's records
   it.gqa = p.gqa;
 
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
   if (item >= h.w[kNumItems]) return;
   read_item_tile(it, rec_a, plan, h);
-  const bool paired = p.pair_begin >= 0 && item >= p.pair_begin;
+  const bool paired = pair_begin >= 0 && item >= pair_begin;
   if (paired) it.num_tiles = (it.num_tokens + kKvTile / kPairHeads - 1) / (kKvTile / kPairHeads);
   const uint32_t* mask_words = reinterpret_cast<const uint32_t*>(plan + h.w[kMaskWords]);
   const int table_mode = h.w[kTokenTable];
@@ -271,9 +271,9 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
   const int32_t* plan = p.plan;
   const int tid = threadIdx.x;
   const uint64_t start_ns = p.trace != nullptr && tid == 0 ? global_ns() : 0;
-  int item = 0;
+  int item = 0, pair_begin = -1;  // (the decode kernel's launches never pair)
   ItemTile it;
-  block_item(p, &item, &it.kv_head);
+  block_item(p, &item, &it.kv_head, &pair_begin);
   if (item >= p.max_items) return;
   it.gqa = p.gqa;
   // The record, this thread's query row and the header (graph launches) go out together.
@@ -552,13 +552,19 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
     dim3 blocks_1(items * params.num_kv_heads);
     Stage1Params p1 = params;
     p1.pair_begin = -1;
-    // Head pairing: eager launches of stage 1 whose plan pairs (the workspace checked that the
-    // paired items are one slab); a captured grid runs every item one kv head a block.
+    // Head pairing, where the plan pairs (the workspace checked that the paired items are one
+    // slab): eager launches map the blocks here; a paired grid's blocks read where the paired
+    // items begin from the header (the grid covers every plan's blocks: a paired item takes
+    // fewer); any other grid runs every item one kv head a block.
     const int paired_begin = ws.paired_items_begin();
-    if (!decode && grid.items == 0 && paired_begin >= 0 && params.num_kv_heads % kPairHeads == 0) {
-      p1.pair_begin = paired_begin;
-      blocks_1 = dim3(paired_begin * params.num_kv_heads +
-                      (items - paired_begin) * (params.num_kv_heads / kPairHeads));
+    if (!decode && params.num_kv_heads % kPairHeads == 0) {
+      if (grid.items > 0 && grid.paired) {
+        p1.pair_begin = kPairFromHeader;
+      } else if (grid.items == 0 && paired_begin >= 0) {
+        p1.pair_begin = paired_begin;
+        blocks_1 = dim3(paired_begin * params.num_kv_heads +
+                        (items - paired_begin) * (params.num_kv_heads / kPairHeads));
+      }
     }
     const cudaError_t e1 =
         decode ? launch_pdl(blocks_1, dim3(kThreads), size_t(decode_smem_bytes<D>()), stream,

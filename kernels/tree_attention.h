@@ -123,7 +123,8 @@ class TreeAttentionWorkspace {
   bool runs_decode_kernel() const { return decode_kernel_; }
   // The first item the last upload's plan pairs kv heads for (AttentionPlan::pair_heads ==
   // kTreeAttentionPairHeads; stage 1 runs the items from there on kTreeAttentionPairHeads kv
-  // heads a block in eager launches), or -1 where it pairs none.
+  // heads a block in eager launches and TreeAttentionGrid::paired ones), or -1 where it pairs
+  // none.
   int32_t paired_items_begin() const { return paired_items_begin_; }
 
   // Diagnostics (bench_tree_attention --trace): once enabled, every stage 1 launch with this
@@ -172,6 +173,11 @@ struct TreeAttentionGrid {
   // runs_decode_kernel() is true, the one it is captured with (checked) and every one it is
   // replayed after (the engine keys its graphs on it). A stage 1 grid runs any plan.
   bool decode_kernel = false;
+  // Stage 1 pairs kv heads for the items the uploaded plan pairs (paired_items_begin() >= 0):
+  // each block first reads where they begin, one more dependent load, so a grid without it
+  // runs them one kv head a block (the same results). Any plan runs in either grid; the engine
+  // keys its graphs on it.
+  bool paired = false;
 };
 
 // A capacity for a count: the next of 64, 72, 80, .. 128, 144, .. (8 steps per power of two),

@@ -263,6 +263,7 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
     }
     paired_begin = plan.paired_items_begin;
   }
+  words[kPairedBegin] = paired_begin;
   std::memcpy(header_, words, sizeof(header_));
 
   e = cudaMemcpyAsync(device_plan_, host_staging_, size_t(cursor) * 4, cudaMemcpyHostToDevice,

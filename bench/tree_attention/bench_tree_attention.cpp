@@ -327,7 +327,8 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   auto grid_for = [&](const TreeAttentionWorkspace& w) {
     if (!opt.grid_launch) return TreeAttentionGrid{};
     return TreeAttentionGrid{tree_attention_grid_bucket(w.num_items()),
-                             tree_attention_grid_bucket(w.num_queries()), w.runs_decode_kernel()};
+                             tree_attention_grid_bucket(w.num_queries()), w.runs_decode_kernel(),
+                             w.paired_items_begin() >= 0};
   };
   const TreeAttentionGrid grid = grid_for(ws), grid_base = grid_for(ws_base);
   r.median_us =

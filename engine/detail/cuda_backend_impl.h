@@ -226,6 +226,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     int64_t rows = 0, n_logits = 0;
     int32_t items = 0, queries = 0;
     bool decode_kernel = false;  // attention runs the decode kernel (all items decode-shaped)
+    bool paired = false;         // attention pairs kv heads (TreeAttentionGrid::paired)
     std::array<const void*, 12> buffers{};
     bool operator==(const GraphKey&) const = default;
   };

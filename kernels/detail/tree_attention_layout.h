@@ -54,6 +54,7 @@ enum PlanHeader : int32_t {
   kPageTable,
   kMaskWords,
   kPartialSlot,       // [num_partials] where stage 1 stores partial p: queries' partials contiguous
+  kPairedBegin,       // head pairing: the first paired item (AttentionPlan::paired_items_begin); -1
   kHeaderWords = 32,  // header padded so the records start 128-byte aligned
 };
 

@@ -81,9 +81,9 @@ struct Stage1Params {
   int32_t max_items;
   int32_t table_stride;
   int32_t table_items;
-  // Head pairing (eager launches of a plan that pairs): the items from pair_begin on (all
-  // decode-shaped) run kPairHeads kv heads a block, in the grid's blocks past
-  // pair_begin * num_kv_heads; -1: none.
+  // Head pairing (a plan that pairs): the items from pair_begin on (all decode-shaped) run
+  // kPairHeads kv heads a block, in the grid's blocks past pair_begin * num_kv_heads. -1: none;
+  // kPairFromHeader: the header's kPairedBegin says (TreeAttentionGrid::paired launches).
   int32_t pair_begin;
   TreeAttentionBlockTrace* trace;  // null unless the workspace's block trace is enabled
 };
@@ -179,18 +179,28 @@ struct ItemTile {
 // The block's work item (index of its record) and kv head in the one-dimensional grid of
 // items x kv heads (TreeAttentionGrid launches: grid.items items), in the order the plan asks
 // for (AttentionPlan::heads_first).
-__device__ __forceinline__ void block_item(const Stage1Params& p, int* item, int* kv_head) {
-  if (p.pair_begin >= 0) {  // eager launches: p.header holds the plan's counts
-    const int wide_blocks = p.pair_begin * p.num_kv_heads;
+// *pair_begin: the first paired item (-1: none). Where it comes from the header, the blocks
+// past the paired items' get an item past the plan's (they exit).
+constexpr int32_t kPairFromHeader = -2;
+__device__ __forceinline__ void block_item(const Stage1Params& p, int* item, int* kv_head,
+                                           int* pair_begin) {
+  int pb = p.pair_begin, num_items = p.header.w[kNumItems];
+  if (pb == kPairFromHeader) {
+    pb = __ldg(p.plan + kPairedBegin);
+    num_items = __ldg(p.plan + kNumItems);
+  }
+  *pair_begin = pb;
+  if (pb >= 0) {
+    const int wide_blocks = pb * p.num_kv_heads;
     if (int(blockIdx.x) >= wide_blocks) {
       const int b = blockIdx.x - wide_blocks, per = p.num_kv_heads / kPairHeads;
-      const int n = p.header.w[kNumItems] - p.pair_begin;
-      *item = p.pair_begin + (p.heads_first ? b / per : b % n);
+      const int n = max(1, num_items - pb);
+      *item = b >= n * per ? num_items : pb + (p.heads_first ? b / per : b % n);
       *kv_head = (p.heads_first ? b % per : b / n) * kPairHeads;
       return;
     }
-    *item = p.heads_first ? blockIdx.x / p.num_kv_heads : blockIdx.x % p.pair_begin;
-    *kv_head = p.heads_first ? blockIdx.x % p.num_kv_heads : blockIdx.x / p.pair_begin;
+    *item = p.heads_first ? blockIdx.x / p.num_kv_heads : blockIdx.x % pb;
+    *kv_head = p.heads_first ? blockIdx.x % p.num_kv_heads : blockIdx.x / pb;
     return;
   }
   const int grid_items = gridDim.x / p.num_kv_heads;

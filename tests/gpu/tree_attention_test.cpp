@@ -286,7 +286,9 @@ TEST(TreeAttentionGpu, BlockTraceRecordsEveryBlockOnce) {
   seen.clear();
   for (const TreeAttentionBlockTrace& r : trace) {
     EXPECT_TRUE(seen.insert({r.item, r.kv_head}).second) << "item " << r.item;
-    if (r.item >= wide) EXPECT_EQ(r.kv_head % kTreeAttentionPairHeads, 0) << "item " << r.item;
+    if (r.item >= wide) {
+      EXPECT_EQ(r.kv_head % kTreeAttentionPairHeads, 0) << "item " << r.item;
+    }
     EXPECT_EQ(r.tokens, plan.item_num_tokens[size_t(r.item)]);
   }
 }
@@ -294,8 +296,9 @@ TEST(TreeAttentionGpu, BlockTraceRecordsEveryBlockOnce) {
 // Head pairing (AttentionPlanConfig::pair_heads): decode-shaped items run 4 kv heads a block.
 // Random trees (masks from speculative query trees, packs, internal queries) with every plan's
 // decode-shaped items paired, at GQA 1, 4 and 8, 4 or 8 kv heads, both head dims and dtypes;
-// few-shot b=50 at Llama-3-8B heads, which the builder pairs itself; and a captured grid, which
-// runs a paired plan one kv head a block.
+// few-shot b=50 at Llama-3-8B heads, which the builder pairs itself; grids (as the engine's
+// graphs launch): one without TreeAttentionGrid::paired runs a paired plan one kv head a block,
+// a paired one runs paired plans paired and unpaired plans as they are.
 TEST(TreeAttentionGpu, PairedDecodeItemsMatchPlanExecutor) {
   SKIP_WITHOUT_GPU();
   int paired_plans = 0;
@@ -314,7 +317,13 @@ TEST(TreeAttentionGpu, PairedDecodeItemsMatchPlanExecutor) {
     ASSERT_TRUE(validate_attention_plan(plan).ok());
     paired_plans += plan.paired_items_begin < plan.num_items();
     TreeAttentionWorkspace* ws = seed % 2 ? &shared_workspace() : &small_table_workspace(0);
-    const float err = gpu_vs_cpu(tree, shape, plan, ws, seed);
+    // Every third plan in a paired grid (blocks read where the paired items begin).
+    const TreeAttentionGrid grid =
+        seed % 3 == 2
+            ? TreeAttentionGrid{tree_attention_grid_bucket(plan.num_items()),
+                                tree_attention_grid_bucket(plan.num_queries()), false, true}
+            : TreeAttentionGrid{};
+    const float err = gpu_vs_cpu(tree, shape, plan, ws, seed, grid);
     EXPECT_LE(err, shape.dtype == TreeAttentionDtype::kFloat16 ? kFp16Tolerance : kBf16Tolerance)
         << "seed " << seed << " " << describe(shape);
   }
@@ -331,6 +340,28 @@ TEST(TreeAttentionGpu, PairedDecodeItemsMatchPlanExecutor) {
   const TreeAttentionGrid grid{tree_attention_grid_bucket(plan.num_items()),
                                tree_attention_grid_bucket(plan.num_queries()), false};
   EXPECT_LE(gpu_vs_cpu(b50, llama, plan, &shared_workspace(), 12, grid), kFp16Tolerance);
+  // A paired grid (as the engine's graphs capture it) pairs the same plan, runs an unpaired
+  // plan one kv head a block, and a baseline plan (head-major, every item decode-shaped)
+  // with every item paired.
+  TreeAttentionGrid paired_grid = grid;
+  paired_grid.paired = true;
+  EXPECT_LE(gpu_vs_cpu(b50, llama, plan, &shared_workspace(), 13, paired_grid), kFp16Tolerance);
+  AttentionPlanConfig off = config_for(llama);
+  off.pair_heads = 0;
+  AttentionPlan unpaired;
+  ASSERT_TRUE(build_attention_plan(b50.view, off, &unpaired).ok());
+  EXPECT_LE(gpu_vs_cpu(b50, llama, unpaired, &shared_workspace(), 14, paired_grid), kFp16Tolerance);
+  EXPECT_EQ(shared_workspace().paired_items_begin(), -1);
+  AttentionPlan baseline;
+  ASSERT_TRUE(build_baseline_plan(b50.view, config_for(llama), &baseline).ok());
+  ASSERT_FALSE(baseline.heads_first);
+  pair_decode_items(&baseline, kTreeAttentionPairHeads);
+  ASSERT_EQ(baseline.paired_items_begin, 0);
+  const TreeAttentionGrid baseline_grid{tree_attention_grid_bucket(baseline.num_items()),
+                                        tree_attention_grid_bucket(baseline.num_queries()), false,
+                                        true};
+  EXPECT_LE(gpu_vs_cpu(b50, llama, baseline, &shared_workspace(), 15, baseline_grid),
+            kFp16Tolerance);
 }
 
 // TreeAttentionLimits::decode_kernel: a plan of only decode-shaped items (at most 16 rows: the
