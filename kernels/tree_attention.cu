@@ -201,13 +201,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
       const int t = tile * kTileTok + r % kTileTok;
       const bool valid = t < num_tokens;
       const int64_t row = valid ? (int64_t(tok[t]) + (r / kTileTok) * page_size) * D : 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int c = tid % kTpr + kTpr * j;
-        const int64_t off = valid ? row + c * 8 : 0;
-        cp_async_16(smem_u32(dk + swz<D>(r, c)), k_pool + off, valid);
-        cp_async_16(smem_u32(dv + swz<D>(r, c)), v_pool + off, valid);
-      }
+      copy_kv_row<D>(dk, dv, r, row, valid, k_pool, v_pool);
     }
   };
   // Group 0: Q with the first tile. The main loops load tile 1 before their first barrier.
@@ -349,13 +343,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
       const bool valid = t < num_tokens;
       const int32_t e = ent0[pass];
       const int64_t row = valid ? int64_t((e >> 8) * rows_per_page + head_row + (e & 0xff)) * D : 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int c = tid % kTpr + kTpr * j;
-        const int64_t off = valid ? row + c * 8 : 0;
-        cp_async_16(smem_u32(dk + swz<D>(r, c)), k_pool + off, valid);
-        cp_async_16(smem_u32(dv + swz<D>(r, c)), v_pool + off, valid);
-      }
+      copy_kv_row<D>(dk, dv, r, row, valid, k_pool, v_pool);
       ent0[pass] = ent1[pass];
     }
     fetch(tile + 2, ent1);

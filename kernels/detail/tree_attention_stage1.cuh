@@ -101,6 +101,22 @@ constexpr int stage1_smem_bytes_fixed() {
   return (kTileRows + 2 * kStages * kKvTile) * D * 2 + (3 * kSegBatch + 2 * kWarps) * 4 + 1024;
 }
 
+// A thread's share of copying one token's K and V rows into tile row r of dk and dv: its 4
+// 16-byte chunks (the row's D / 32 threads are adjacent lanes, so each copy instruction reads
+// whole 32-byte sectors) from pool element offset `row`; zero-filled where !valid.
+template <int D, typename T>
+__device__ __forceinline__ void copy_kv_row(T* dk, T* dv, int r, int64_t row, bool valid,
+                                            const T* k_pool, const T* v_pool) {
+  constexpr int kTpr = D / 32;  // threads per token row
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int c = threadIdx.x % kTpr + kTpr * j;
+    const int64_t off = valid ? row + c * 8 : 0;
+    cp_async_16(smem_u32(dk + swz<D>(r, c)), k_pool + off, valid);
+    cp_async_16(smem_u32(dv + swz<D>(r, c)), v_pool + off, valid);
+  }
+}
+
 // Calls emit(t, physical page, slot in page) for every token t of segments
 // [seg_begin, seg_end) (an item's tokens, in order), spread over the block's threads; the
 // scratch arrays hold kSegBatch segments. Returns the item's token count; every emit is done
