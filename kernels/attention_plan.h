@@ -58,10 +58,11 @@ struct AttentionPlanConfig {
   // the block's fixed part (record, table, Q, first tile's latency, epilogue) among them. Chunk
   // growth then also simulates the chunk it picks with pairing (a paired item costs the fixed
   // part plus ceil(tokens * pair_heads / kv_tile_tokens) tiles on 1 / pair_heads of an item
-  // slot) and pairs where that span is at least 1/16 shorter; plans outside chunk growth stay
-  // unpaired. Only with the kKvMajor item order (the paired items go last). 0 or 1: never (the
-  // struct's default); tree_attention_plan_config sets it at GQA >= 4. H100, GQA 4: few-shot
-  // P=4000 + 50 x 200 36.7 -> 34.1 us, every other bench case unpaired (README).
+  // slot) and pairs where that span is at least 1/16 shorter, then tries 2 smaller chunks
+  // paired; plans outside chunk growth stay unpaired. Only with the kKvMajor item order
+  // (the paired items go last). 0 or 1: never (the struct's default); tree_attention_plan_config
+  // sets it at GQA >= 4. H100, GQA 4: few-shot P=4000 + 50 x 200 36.7 -> 32.4 us (chunks of
+  // 1024 -> 832), every other bench case unpaired (README).
   int32_t pair_heads = 0;
 
   // Subtrees with at most pack_max_tokens KV tokens and one query tile of queries are read

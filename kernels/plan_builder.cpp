@@ -298,10 +298,15 @@ bool PlanBuilder::has_decode_shaped_unit() const {
 int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair) const {
   constexpr int64_t kBlockQuarterTiles = 11;
   const int64_t tile = c_.kv_tile_tokens;
-  std::vector<int64_t>& cost = s_.span_item_cost;
+  pair = std::max(1, pair);
+  // Costs are small integers (an item reads at most ceil(chunk / tile) tiles), so the items
+  // are counted per cost, longest first, instead of sorted: count[c] items of cost c, and
+  // paired[c] paired items (pair of them share one slot's worth).
+  const int64_t max_cost = kBlockQuarterTiles + 4 * ceil_div(chunk, tile) * pair;
+  std::vector<int64_t>& count = s_.span_item_cost;
   std::vector<int64_t>& paired = s_.span_paired_cost;
-  cost.clear();
-  paired.clear();
+  count.assign(size_t(max_cost + 1), 0);
+  paired.assign(pair > 1 ? size_t(max_cost + 1) : 0, 0);
   for (size_t u = 0; u < s_.unit_remaining.size(); ++u) {
     if (s_.unit_remaining[u] == 0) continue;
     const int64_t len = s_.unit_len[u];
@@ -312,26 +317,30 @@ int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair) const {
     for (int64_t begin = 0; begin < len; begin += per) {
       const int64_t tokens = std::min(per, len - begin);
       if (pairs) {
-        paired.push_back(kBlockQuarterTiles + 4 * ceil_div(tokens * pair, tile));
+        ++paired[size_t(kBlockQuarterTiles + 4 * ceil_div(tokens * pair, tile))];
       } else {
-        cost.insert(cost.end(), size_t(query_tiles),
-                    kBlockQuarterTiles + 4 * ceil_div(tokens, tile));
+        count[size_t(kBlockQuarterTiles + 4 * ceil_div(tokens, tile))] += query_tiles;
       }
     }
   }
-  if (!paired.empty()) {
-    std::sort(paired.begin(), paired.end(), std::greater<>());
-    for (size_t i = 0; i < paired.size(); i += size_t(pair)) cost.push_back(paired[i]);
+  if (pair > 1) {        // longest first, each group of pair costs its first (longest)
+    int64_t before = 0;  // paired items of higher cost
+    for (int64_t c = max_cost; c >= 0; --c) {
+      const int64_t n = paired[size_t(c)];
+      count[size_t(c)] += (before + n + pair - 1) / pair - (before + pair - 1) / pair;
+      before += n;
+    }
   }
-  std::sort(cost.begin(), cost.end(), std::greater<>());
   std::vector<int64_t>& load = s_.span_slot_load;  // a min-heap of the slots' loads
   load.assign(size_t(std::max(1, c_.num_sms)), 0);
   int64_t span = 0;
-  for (const int64_t c : cost) {
-    std::pop_heap(load.begin(), load.end(), std::greater<>());
-    load.back() += c;
-    span = std::max(span, load.back());
-    std::push_heap(load.begin(), load.end(), std::greater<>());
+  for (int64_t c = max_cost; c > 0; --c) {
+    for (int64_t n = count[size_t(c)]; n > 0; --n) {
+      std::pop_heap(load.begin(), load.end(), std::greater<>());
+      load.back() += c;
+      span = std::max(span, load.back());
+      std::push_heap(load.begin(), load.end(), std::greater<>());
+    }
   }
   return span;
 }
@@ -349,7 +358,8 @@ std::pair<int32_t, int32_t> PlanBuilder::choose_chunk_tokens() const {
     // 512 there (README). 1.5x is not a candidate: the simulation favoured it for a tree of
     // thought at GQA 1 that measured 7% slower with it. With head pairing the chosen chunk is
     // also simulated paired (one more simulation, where the plan has decode-shaped units), and
-    // pairing is kept where its span is at least 1/16 shorter (the simulation is good to about
+    // pairing is kept where its span is at least 1/16 shorter (then two smaller chunks are
+    // tried, below) (the simulation is good to about
     // 5%; H100, GQA 4: few-shot P=4000 + 50 x 200 at 1024 is 81 -> 75 quarter tiles and
     // measured 36.3 -> 34.0 us; speculative t=128 90 -> 86 measured 4% slower paired).
     const int32_t base = max_tiles * tile;
@@ -365,11 +375,32 @@ std::pair<int32_t, int32_t> PlanBuilder::choose_chunk_tokens() const {
         best_span = span;
       }
     }
-    if (c_.pair_heads > 1 && c_.item_order == AttentionPlanConfig::ItemOrder::kKvMajor &&
-        has_decode_shaped_unit() && simulated_span(best, c_.pair_heads) * 16 <= best_span * 15) {
-      return {best, c_.pair_heads};
+    if (c_.pair_heads <= 1 || c_.item_order != AttentionPlanConfig::ItemOrder::kKvMajor ||
+        !has_decode_shaped_unit()) {
+      return {best, 1};
     }
-    return {best, 1};
+    int64_t paired_span = simulated_span(best, c_.pair_heads);
+    if (paired_span * 16 > best_span * 15) return {best, 1};
+    // Paired, the decode-shaped items take a quarter of the slots they took, which may leave
+    // room for more, shorter wide items: the chunks between base and best that cut the longest
+    // unit into 1 or 2 more pieces (the shortest paired span; ties: the larger chunk). H100,
+    // GQA 4: few-shot P=4000 + 50 x 200 paired at 1024 (4 chunks) 34.2 us, at 832 (5 chunks:
+    // 160 wide and 100 paired blocks fill one wave) 32.4 us; simulated 75 and 63 quarter tiles.
+    int64_t longest = 0;
+    for (size_t u = 0; u < s_.unit_remaining.size(); ++u) {
+      if (s_.unit_remaining[u] > 0) longest = std::max<int64_t>(longest, s_.unit_len[u]);
+    }
+    int32_t paired_best = best;
+    for (int64_t pieces = ceil_div(longest, best) + 1, n = 0; n < 2; ++pieces, ++n) {
+      const int32_t chunk = int32_t(even_chunk_tokens(longest, ceil_div(longest, pieces), tile));
+      if (chunk < base || chunk >= paired_best) break;
+      const int64_t span = simulated_span(chunk, c_.pair_heads);
+      if (span < paired_span) {
+        paired_best = chunk;
+        paired_span = span;
+      }
+    }
+    return {paired_best, c_.pair_heads};
   }
   const int32_t min_tiles =
       std::min<int32_t>(max_tiles, int32_t(ceil_div(c_.min_split_tokens, tile)));

@@ -240,6 +240,7 @@ TEST(PlanStructure, KvMajorOrderPutsTheQueryTilesOfAChunkSideBySide) {
 // against 32 at 1024).
 TEST(PlanStructure, ChunksGrowWhereTheSimulatedSpanShrinks) {
   AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
+  config.pair_heads = 0;  // chunk growth alone (HeadPairingWhereTheSimulatedSpanShrinks)
   ASSERT_EQ(config.kv_chunk_tokens, 512);
   ASSERT_EQ(config.num_sms, 33);
   auto chunk_of = [](const TreeCase& c, const AttentionPlanConfig& cfg) {
@@ -314,12 +315,20 @@ TEST(PlanStructure, HeadPairingWhereTheSimulatedSpanShrinks) {
   ASSERT_TRUE(build_attention_plan(b50.view, off, &unpaired).ok());
   EXPECT_EQ(unpaired.pair_heads, 0);
   ASSERT_EQ(paired.pair_heads, kTreeAttentionPairHeads);
-  EXPECT_EQ(paired.split_chunk_tokens, 1024);
+  EXPECT_EQ(unpaired.split_chunk_tokens, 1024);
+  // Paired, 5 chunks of 832: 160 wide and 100 paired blocks fill one wave (H100: 34.2 us at
+  // 1024, 32.4 at 832).
+  EXPECT_EQ(paired.split_chunk_tokens, 832);
   ASSERT_EQ(paired.paired_items_begin, paired.num_items() - 50) << "the 50 branches, last";
   for (int32_t i = 0; i < paired.num_items(); ++i) {
     EXPECT_EQ(rows(paired, i) <= 16, i >= paired.paired_items_begin) << "item " << i;
   }
-  EXPECT_TRUE(work(paired) == work(unpaired));
+  AttentionPlanConfig off_832 = off;  // the same chunk, unpaired: the same items
+  off_832.kv_chunk_tokens = 832;
+  off_832.max_chunk_tokens = 0;
+  AttentionPlan unpaired_832;
+  ASSERT_TRUE(build_attention_plan(b50.view, off_832, &unpaired_832).ok());
+  EXPECT_TRUE(work(paired) == work(unpaired_832));
   EXPECT_TRUE(validate_attention_plan(paired, b50.num_pages).ok());
   testing::expect_plan_covers_view(paired, b50.view, config);
   // Not where pairing does not shorten the simulated span by 1/16, nor at GQA 1.
@@ -356,7 +365,8 @@ TEST(PlanStructure, KvMixedOrderSpreadsNarrowItemsAmongWideOnes) {
   // each branch by a narrow one (4 rows). Mixed keeps each kind in kv-major order and spreads
   // the narrow items evenly among the wide ones.
   const TreeCase c = testing::few_shot_case(4000, 50, 200, 16, 4);
-  const AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
+  AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
+  config.pair_heads = 0;  // head pairing only pairs kv-major plans
   AttentionPlan kv, mixed;
   build_in_two_orders(c, config, AttentionPlanConfig::ItemOrder::kKvMajor,
                       AttentionPlanConfig::ItemOrder::kKvMixed, &kv, &mixed);
