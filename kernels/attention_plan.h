@@ -27,6 +27,11 @@
 
 namespace treeserve {
 
+// Items of at most this many query-tile rows (queries x gqa, one 16-row MMA slab) are
+// decode-shaped: the GPU runs a plan of only such items in its decode kernel, and head
+// pairing (AttentionPlanConfig::pair_heads) pairs them.
+inline constexpr int32_t kDecodeShapedRows = 16;
+
 struct AttentionPlanConfig {
   // Kernel tile shape.
   int32_t query_tile_rows = 64;    // rows of one query tile = queries * gqa_group_size
@@ -194,6 +199,10 @@ struct AttentionPlan {
   int32_t num_segments() const { return int32_t(seg_num_tokens.size()); }
   int32_t num_partials() const { return int32_t(item_queries.size()); }
   int32_t num_queries() const { return int32_t(query_rows.size()); }
+  // Query-tile rows of item i: its queries x gqa_group_size.
+  int64_t item_rows(int32_t i) const {
+    return int64_t(item_query_end[size_t(i)] - item_query_begin[size_t(i)]) * gqa_group_size;
+  }
   static int32_t mask_words_per_row(int32_t num_tokens) { return (num_tokens + 31) / 32; }
 };
 

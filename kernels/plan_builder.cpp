@@ -36,9 +36,6 @@ namespace {
 // 64-bit divisions were a fifth of its time.
 int64_t ceil_div(int64_t a, int64_t b) { return a > 0 && a <= b ? 1 : (a + b - 1) / b; }
 
-// Head pairing pairs items of at most this many query-tile rows (the kernel's one slab).
-constexpr int64_t kPairMaxRows = 16;
-
 // FastTree eq. 3: padding of the last tile of n elements; 0 for an empty dimension.
 int64_t pad(int64_t tile, int64_t n) {
   if (n <= 0) return 0;
@@ -128,6 +125,7 @@ class PlanBuilder {
   void build_units_and_assign();
   int64_t count_items(int32_t chunk) const;
   int64_t simulated_span(int32_t chunk, int32_t pair) const;
+  bool unit_decode_shaped(size_t u) const;
   bool has_decode_shaped_unit() const;
   // The chunk, and the kv heads a decode-shaped item's block runs (1, or c_.pair_heads).
   std::pair<int32_t, int32_t> choose_chunk_tokens() const;
@@ -273,12 +271,16 @@ int64_t PlanBuilder::count_items(int32_t chunk) const {
   return total;
 }
 
-// A unit whose items would be decode-shaped (one query tile of at most 16 rows): what head
-// pairing pairs.
+// A unit whose items would be decode-shaped (one query tile of at most kDecodeShapedRows
+// rows): what head pairing pairs.
+bool PlanBuilder::unit_decode_shaped(size_t u) const {
+  const int64_t q = s_.unit_remaining[u];
+  return q > 0 && q <= tile_queries_ && q * c_.gqa_group_size <= kDecodeShapedRows;
+}
+
 bool PlanBuilder::has_decode_shaped_unit() const {
   for (size_t u = 0; u < s_.unit_remaining.size(); ++u) {
-    const int64_t q = s_.unit_remaining[u];
-    if (q > 0 && q <= tile_queries_ && q * c_.gqa_group_size <= kPairMaxRows) return true;
+    if (unit_decode_shaped(u)) return true;
   }
   return false;
 }
@@ -311,8 +313,7 @@ int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair) const {
     if (s_.unit_remaining[u] == 0) continue;
     const int64_t len = s_.unit_len[u];
     const int64_t query_tiles = ceil_div(s_.unit_remaining[u], tile_queries_);
-    const bool pairs =
-        pair > 1 && query_tiles == 1 && s_.unit_remaining[u] * c_.gqa_group_size <= kPairMaxRows;
+    const bool pairs = pair > 1 && unit_decode_shaped(u);
     const int64_t per = even_chunk_tokens(len, chunk, tile);
     for (int64_t begin = 0; begin < len; begin += per) {
       const int64_t tokens = std::min(per, len - begin);
@@ -690,9 +691,8 @@ void PlanBuilder::reorder_items() {
       const int32_t g = p.item_segment_begin[size_t(i)];
       key[size_t(i)] = (int64_t(p.seg_node[size_t(g)]) << 32) | p.seg_token_begin[size_t(g)];
     } else {
-      const int64_t rows =
-          int64_t(p.item_query_end[size_t(i)] - p.item_query_begin[size_t(i)]) * p.gqa_group_size;
-      key[size_t(i)] = -int64_t(p.item_num_tokens[size_t(i)]) * (c_.query_tile_rows + rows);
+      key[size_t(i)] =
+          -int64_t(p.item_num_tokens[size_t(i)]) * (c_.query_tile_rows + p.item_rows(i));
     }
   }
   // Plans are often built in kv-major order already (groups are emitted root first): then
@@ -714,10 +714,7 @@ void PlanBuilder::reorder_items() {
     }
     order.swap(tmp);
   } else if (c_.item_order == AttentionPlanConfig::ItemOrder::kKvMixed) {
-    auto narrow = [&](int32_t i) {
-      return (p.item_query_end[size_t(i)] - p.item_query_begin[size_t(i)]) * p.gqa_group_size <=
-             c_.narrow_rows;
-    };
+    auto narrow = [&](int32_t i) { return p.item_rows(i) <= c_.narrow_rows; };
     int64_t num_narrow = 0;
     for (int32_t i = 0; i < n; ++i) num_narrow += narrow(i) ? 1 : 0;
     const int64_t num_wide = n - num_narrow;
@@ -797,11 +794,7 @@ Status PlanBuilder::build() {
 void pair_decode_items(AttentionPlan* plan, int32_t pair_heads) {
   AttentionPlan& p = *plan;
   const int32_t n = p.num_items();
-  auto narrow = [&](int32_t i) {
-    return int64_t(p.item_query_end[size_t(i)] - p.item_query_begin[size_t(i)]) *
-               p.gqa_group_size <=
-           kPairMaxRows;
-  };
+  auto narrow = [&](int32_t i) { return p.item_rows(i) <= kDecodeShapedRows; };
   std::vector<int32_t>& order = p.scratch.item_order;
   order.resize(size_t(n));
   int32_t at = 0;

@@ -174,9 +174,9 @@ Status validate_attention_plan(const AttentionPlan& plan, int64_t num_pages) {
           " is outside [0, " + std::to_string(num_items) + "]");
     }
     for (int64_t i = plan.paired_items_begin; i < num_items; ++i) {
-      if (int64_t(plan.item_query_end[i] - plan.item_query_begin[i]) * plan.gqa_group_size > 16) {
-        return InvalidArgument(plan_field("item_query_end", i) +
-                               ": a paired item with more than 16 query-tile rows");
+      if (plan.item_rows(int32_t(i)) > kDecodeShapedRows) {
+        return InvalidArgument(plan_field("item_query_end", i) + ": a paired item with more than " +
+                               std::to_string(kDecodeShapedRows) + " query-tile rows");
       }
     }
   }

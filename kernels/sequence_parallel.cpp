@@ -62,8 +62,7 @@ void append_item(const AttentionPlan& plan, int32_t i, AttentionPlan* shard,
 }  // namespace
 
 int64_t sequence_parallel_item_cost(const AttentionPlan& plan, int32_t i) {
-  const int64_t rows =
-      int64_t(plan.item_query_end[i] - plan.item_query_begin[i]) * plan.gqa_group_size;
+  const int64_t rows = plan.item_rows(i);
   const int64_t tile_rows = int64_t(plan.queries_per_tile) * plan.gqa_group_size;
   return int64_t(plan.item_num_tokens[i]) * (tile_rows + rows);
 }

@@ -34,6 +34,7 @@
 #include <cstdint>
 
 #include "common/status.h"
+#include "kernels/attention_plan.h"
 
 namespace treeserve::detail {
 
@@ -60,7 +61,7 @@ enum PlanHeader : int32_t {
 
 // Items of at most this many query-tile rows (queries x gqa) are decode-shaped: a plan of only
 // such items runs in the decode kernel (TreeAttentionWorkspace::runs_decode_kernel).
-constexpr int32_t kDecodeItemRows = 16;
+constexpr int32_t kDecodeItemRows = kDecodeShapedRows;
 
 enum TokenTableMode : int32_t { kTableNone = 0, kTablePacked = 1, kTableFixedStride = 2 };
 
