@@ -77,16 +77,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   const int32_t* rec = plan + kHeaderWords + int64_t(item) * kItemRecordWords;
   const int4 rec_a = *reinterpret_cast<const int4*>(rec);
   const int4 rec_b = *reinterpret_cast<const int4*>(rec + 4);
-  const int q_row = tid >> 1;  // this thread's query-tile row
-  const int q_local = q_row / it.gqa;
-  const int32_t q_batch_row = rec[kRecQueryRows + q_local];
-  // Where the block runs a paired item (kPairHeads kv heads), its query-tile row q_row is the
-  // item's row q_row % 16 of head kv_head + q_row / 16.
-  const int32_t q_batch_row_paired = rec[kRecQueryRows + (q_row & 15) / it.gqa];
+  // This thread's query-tile row is the item's row q_item_row of kv head kv_head + q_head_off:
+  // q_row itself, or where the block runs a paired item (kPairHeads kv heads, one 16-row slab
+  // each), row q_row % 16 of head kv_head + q_row / 16.
+  const bool paired = pair_begin >= 0 && item >= pair_begin;
+  const int q_row = tid >> 1;
+  const int q_item_row = paired ? q_row & 15 : q_row;
+  const int q_head_off = paired ? q_row >> 4 : 0;
+  const int32_t q_batch_row = rec[kRecQueryRows + q_item_row / it.gqa];
   const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
   if (item >= h.w[kNumItems]) return;
   read_item_tile(it, rec_a, plan, h);
-  const bool paired = pair_begin >= 0 && item >= pair_begin;
   if (paired) it.num_tiles = (it.num_tokens + kKvTile / kPairHeads - 1) / (kKvTile / kPairHeads);
   const uint32_t* mask_words = reinterpret_cast<const uint32_t*>(plan + h.w[kMaskWords]);
   const int table_mode = h.w[kTokenTable];
@@ -118,15 +119,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   // contiguous bytes of 16 rows.
   {
     const T* q = static_cast<const T*>(p.q);
-    const T* src = q_row_source<D, T>(p, it, q_row, q_batch_row);
-    if (paired) {
-      const int lr = q_row & 15, hoff = q_row >> 4;
-      src = hoff < kPairHeads && lr < it.num_rows
-                ? q + (int64_t(q_batch_row_paired) * p.num_q_heads + (it.kv_head + hoff) * it.gqa +
-                       lr % it.gqa) *
-                          D
-                : nullptr;
-    }
+    const T* src = q_row_source<D, T>(p, it, q_item_row, q_batch_row, q_head_off);
     const bool valid = src != nullptr;
 #pragma unroll
     for (int j = 0; j < kChunks / 2; ++j) {
@@ -179,13 +172,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
       const int t = tile * kKvTile + r;
       const bool valid = t < num_tokens;
       const int64_t row = valid ? int64_t(tok[t]) * D : 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int c = tid % kTpr + kTpr * j;
-        const int64_t off = valid ? row + c * 8 : 0;
-        if (with_k) cp_async_16(smem_u32(dk + swz<D>(r, c)), k_pool + off, valid);
-        if (with_v) cp_async_16(smem_u32(dv + swz<D>(r, c)), v_pool + off, valid);
-      }
+      copy_kv_row<D>(dk, dv, r, row, valid, k_pool, v_pool, with_k, with_v);
     }
   };
   // The same for a paired item: a tile holds kKvTile / kPairHeads tokens of each head, head

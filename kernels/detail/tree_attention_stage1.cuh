@@ -101,19 +101,21 @@ constexpr int stage1_smem_bytes_fixed() {
   return (kTileRows + 2 * kStages * kKvTile) * D * 2 + (3 * kSegBatch + 2 * kWarps) * 4 + 1024;
 }
 
-// A thread's share of copying one token's K and V rows into tile row r of dk and dv: its 4
-// 16-byte chunks (the row's D / 32 threads are adjacent lanes, so each copy instruction reads
-// whole 32-byte sectors) from pool element offset `row`; zero-filled where !valid.
+// A thread's share of copying one token's K row (with_k) and V row (with_v) into tile row r
+// of dk and dv: its 4 16-byte chunks (the row's D / 32 threads are adjacent lanes, so each copy
+// instruction reads whole 32-byte sectors) from pool element offset `row`; zero-filled where
+// !valid.
 template <int D, typename T>
 __device__ __forceinline__ void copy_kv_row(T* dk, T* dv, int r, int64_t row, bool valid,
-                                            const T* k_pool, const T* v_pool) {
+                                            const T* k_pool, const T* v_pool, bool with_k = true,
+                                            bool with_v = true) {
   constexpr int kTpr = D / 32;  // threads per token row
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int c = threadIdx.x % kTpr + kTpr * j;
     const int64_t off = valid ? row + c * 8 : 0;
-    cp_async_16(smem_u32(dk + swz<D>(r, c)), k_pool + off, valid);
-    cp_async_16(smem_u32(dv + swz<D>(r, c)), v_pool + off, valid);
+    if (with_k) cp_async_16(smem_u32(dk + swz<D>(r, c)), k_pool + off, valid);
+    if (with_v) cp_async_16(smem_u32(dv + swz<D>(r, c)), v_pool + off, valid);
   }
 }
 
@@ -238,12 +240,13 @@ __device__ __forceinline__ void read_item_tile(ItemTile& it, const int4& rec_a, 
 }
 
 // Where query-tile row `row` of the item (local query row / gqa, whose batch row is
-// batch_row; q head kv_head * gqa + row % gqa) starts in Stage1Params::q; null for a pad row.
+// batch_row; q head (kv_head + head_off) * gqa + row % gqa) starts in Stage1Params::q; null
+// for a pad row. head_off: a paired block's slab (its kv head past it.kv_head).
 template <int D, typename T>
 __device__ __forceinline__ const T* q_row_source(const Stage1Params& p, const ItemTile& it, int row,
-                                                 int32_t batch_row) {
+                                                 int32_t batch_row, int head_off = 0) {
   if (row >= it.num_rows) return nullptr;
-  const int head = it.kv_head * it.gqa + row % it.gqa;
+  const int head = (it.kv_head + head_off) * it.gqa + row % it.gqa;
   return static_cast<const T*>(p.q) + (int64_t(batch_row) * p.num_q_heads + head) * D;
 }
 
