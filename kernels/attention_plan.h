@@ -136,6 +136,7 @@ struct AttentionPlanScratch {
   std::vector<int64_t> item_cost;
   std::vector<int64_t> span_item_cost, span_slot_load;  // chunk growth's simulated span
   std::vector<int64_t> span_paired_cost;                // ... its paired items (pair_heads)
+  std::vector<int64_t> span_unit_runs;    // ... its units: (length, queries, count) triples
   std::vector<int64_t> chunk_row_offset;  // a chunk query's mask row (-1: its item unmasked)
 };
 
@@ -223,6 +224,11 @@ Status build_attention_plan(const AttentionView& view, const AttentionPlanConfig
 // stay valid: they do not depend on the item order. The builder calls it where chunk growth
 // pairs; it pairs any plan (tests).
 void pair_decode_items(AttentionPlan* plan, int32_t pair_heads);
+
+// List scheduling of n items of cost c, each to a least-loaded slot, on slot loads kept in
+// ascending order (they stay so): chunk growth's simulated span (AttentionPlanConfig::
+// max_chunk_tokens) places its items so, cost by cost, longest first. c > 0.
+void place_equal_items(std::vector<int64_t>* loads, int64_t n, int64_t c);
 
 // Checks a plan's internal consistency, as the executors rely on it: array sizes, every item's
 // segments, partial range and mask words in bounds, segments' pages inside page_table (and page

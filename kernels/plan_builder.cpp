@@ -127,6 +127,8 @@ class PlanBuilder {
   int64_t simulated_span(int32_t chunk, int32_t pair) const;
   bool unit_decode_shaped(size_t u) const;
   bool has_decode_shaped_unit() const;
+  bool decode_shaped_queries(int64_t q) const;
+  void build_unit_runs() const;
   // The chunk, and the kv heads a decode-shaped item's block runs (1, or c_.pair_heads).
   std::pair<int32_t, int32_t> choose_chunk_tokens() const;
 
@@ -274,8 +276,28 @@ int64_t PlanBuilder::count_items(int32_t chunk) const {
 // A unit whose items would be decode-shaped (one query tile of at most kDecodeShapedRows
 // rows): what head pairing pairs.
 bool PlanBuilder::unit_decode_shaped(size_t u) const {
-  const int64_t q = s_.unit_remaining[u];
+  return decode_shaped_queries(s_.unit_remaining[u]);
+}
+
+bool PlanBuilder::decode_shaped_queries(int64_t q) const {
   return q > 0 && q <= tile_queries_ && q * c_.gqa_group_size <= kDecodeShapedRows;
+}
+
+// The units with queries left as runs of equal (length, queries): what simulated_span reads,
+// so a tree of many equal branches costs its simulations a few runs instead of a unit each.
+void PlanBuilder::build_unit_runs() const {
+  std::vector<int64_t>& runs = s_.span_unit_runs;
+  runs.clear();
+  for (size_t u = 0; u < s_.unit_remaining.size(); ++u) {
+    const int64_t queries = s_.unit_remaining[u], len = s_.unit_len[u];
+    if (queries == 0) continue;
+    const size_t n = runs.size();
+    if (n > 0 && runs[n - 3] == len && runs[n - 2] == queries) {
+      ++runs[n - 1];
+    } else {
+      runs.insert(runs.end(), {len, queries, 1});
+    }
+  }
 }
 
 bool PlanBuilder::has_decode_shaped_unit() const {
@@ -301,49 +323,45 @@ int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair) const {
   constexpr int64_t kBlockQuarterTiles = 11;
   const int64_t tile = c_.kv_tile_tokens;
   pair = std::max(1, pair);
-  // Costs are small integers (an item reads at most ceil(chunk / tile) tiles), so the items
-  // are counted per cost, longest first, instead of sorted: count[c] items of cost c, and
-  // paired[c] paired items (pair of them share one slot's worth).
-  const int64_t max_cost = kBlockQuarterTiles + 4 * ceil_div(chunk, tile) * pair;
+  // An item's cost is the fixed part plus 4 quarters a KV tile, and it reads at most
+  // ceil(chunk / tile) tiles (pair times that paired), so the items are counted per tile count,
+  // longest first, instead of sorted: count[k] items of k tiles, and paired[k] paired items
+  // (pair of them share one slot's worth).
+  const int64_t max_tiles = ceil_div(chunk, tile) * pair;
   std::vector<int64_t>& count = s_.span_item_cost;
   std::vector<int64_t>& paired = s_.span_paired_cost;
-  count.assign(size_t(max_cost + 1), 0);
-  paired.assign(pair > 1 ? size_t(max_cost + 1) : 0, 0);
-  for (size_t u = 0; u < s_.unit_remaining.size(); ++u) {
-    if (s_.unit_remaining[u] == 0) continue;
-    const int64_t len = s_.unit_len[u];
-    const int64_t query_tiles = ceil_div(s_.unit_remaining[u], tile_queries_);
-    const bool pairs = pair > 1 && unit_decode_shaped(u);
+  count.assign(size_t(max_tiles + 1), 0);
+  paired.assign(pair > 1 ? size_t(max_tiles + 1) : 0, 0);
+  const std::vector<int64_t>& runs = s_.span_unit_runs;
+  for (size_t r = 0; r < runs.size(); r += 3) {
+    const int64_t len = runs[r], queries = runs[r + 1], units = runs[r + 2];
+    const int64_t query_tiles = ceil_div(queries, tile_queries_);
+    const bool pairs = pair > 1 && decode_shaped_queries(queries);
     const int64_t per = even_chunk_tokens(len, chunk, tile);
     for (int64_t begin = 0; begin < len; begin += per) {
       const int64_t tokens = std::min(per, len - begin);
       if (pairs) {
-        ++paired[size_t(kBlockQuarterTiles + 4 * ceil_div(tokens * pair, tile))];
+        paired[size_t(ceil_div(tokens * pair, tile))] += units;
       } else {
-        count[size_t(kBlockQuarterTiles + 4 * ceil_div(tokens, tile))] += query_tiles;
+        count[size_t(ceil_div(tokens, tile))] += query_tiles * units;
       }
     }
   }
   if (pair > 1) {        // longest first, each group of pair costs its first (longest)
-    int64_t before = 0;  // paired items of higher cost
-    for (int64_t c = max_cost; c >= 0; --c) {
-      const int64_t n = paired[size_t(c)];
-      count[size_t(c)] += (before + n + pair - 1) / pair - (before + pair - 1) / pair;
+    int64_t before = 0;  // paired items of more tiles
+    for (int64_t k = max_tiles; k >= 0; --k) {
+      const int64_t n = paired[size_t(k)];
+      count[size_t(k)] += (before + n + pair - 1) / pair - (before + pair - 1) / pair;
       before += n;
     }
   }
-  std::vector<int64_t>& load = s_.span_slot_load;  // a min-heap of the slots' loads
+  std::vector<int64_t>& load = s_.span_slot_load;  // the slots' loads, ascending
   load.assign(size_t(std::max(1, c_.num_sms)), 0);
-  int64_t span = 0;
-  for (int64_t c = max_cost; c > 0; --c) {
-    for (int64_t n = count[size_t(c)]; n > 0; --n) {
-      std::pop_heap(load.begin(), load.end(), std::greater<>());
-      load.back() += c;
-      span = std::max(span, load.back());
-      std::push_heap(load.begin(), load.end(), std::greater<>());
-    }
+  for (int64_t k = max_tiles; k >= 0; --k) {
+    if (count[size_t(k)] > 0)
+      place_equal_items(&load, count[size_t(k)], kBlockQuarterTiles + 4 * k);
   }
-  return span;
+  return load.back();
 }
 
 std::pair<int32_t, int32_t> PlanBuilder::choose_chunk_tokens() const {
@@ -365,6 +383,7 @@ std::pair<int32_t, int32_t> PlanBuilder::choose_chunk_tokens() const {
     // two smaller chunks are tried paired (below).
     const int32_t base = max_tiles * tile;
     if (c_.max_chunk_tokens <= base) return {base, 1};  // no growth
+    build_unit_runs();
     int32_t best = base;
     int64_t best_span = simulated_span(base, 1);
     for (int32_t factor : {2, 3, 4}) {
@@ -790,6 +809,31 @@ Status PlanBuilder::build() {
 }
 
 }  // namespace
+
+// List scheduling of n items of one cost c (each to a least-loaded slot) on slot loads kept
+// in ascending order. While the loads spread by c or more, one item at a time (the least
+// loaded slot moves up to its new place); once they spread by less than c, every slot in
+// turn takes one, least loaded first, and ends above the others' loads, so whole rounds add
+// c to every slot and the last partial round's r items go to the r least loaded slots. The
+// loads end as the same multiset as one item at a time would leave them (which slot takes a
+// tie does not change it).
+void place_equal_items(std::vector<int64_t>* loads, int64_t n, int64_t c) {
+  std::vector<int64_t>& load = *loads;
+  const int64_t slots = int64_t(load.size());
+  if (slots == 0) return;
+  while (n > 0 && load.back() - load.front() >= c) {
+    const int64_t moved = load.front() + c;
+    auto to = std::upper_bound(load.begin() + 1, load.end(), moved);
+    std::move(load.begin() + 1, to, load.begin());
+    *(to - 1) = moved;
+    --n;
+  }
+  if (n == 0) return;
+  const int64_t rounds = n / slots, rest = n % slots;
+  for (int64_t& l : load) l += rounds * c;
+  for (int64_t i = 0; i < rest; ++i) load[size_t(i)] += c;
+  std::rotate(load.begin(), load.begin() + rest, load.end());
+}
 
 void pair_decode_items(AttentionPlan* plan, int32_t pair_heads) {
   AttentionPlan& p = *plan;

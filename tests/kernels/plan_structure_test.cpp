@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -282,6 +284,32 @@ TEST(PlanStructure, ChunksGrowWhereTheSimulatedSpanShrinks) {
   EXPECT_EQ(
       chunk_of(testing::speculative_case(4000, testing::medusa_like_paths(128), 16, 10), config),
       1536);
+}
+
+// place_equal_items (the simulation's list scheduling, whole rounds at once) leaves the same
+// loads as placing the items one by one on a least-loaded slot.
+TEST(PlanStructure, EqualItemsPlacedInRoundsMatchOneByOne) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int slots = 1 + int(rng() % 40);
+    const int64_t c = 1 + int64_t(rng() % 300);
+    const int64_t n = int64_t(rng() % 400);
+    std::vector<int64_t> loads(static_cast<size_t>(slots));
+    const int64_t spread = trial % 3 == 0 ? 0 : 1 + int64_t(rng() % 2000);
+    for (int64_t& l : loads) l = spread == 0 ? 0 : int64_t(rng() % uint64_t(spread));
+    std::sort(loads.begin(), loads.end());
+    std::vector<int64_t> heap = loads;  // one by one: a min-heap
+    std::make_heap(heap.begin(), heap.end(), std::greater<>());
+    for (int64_t i = 0; i < n; ++i) {
+      std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+      heap.back() += c;
+      std::push_heap(heap.begin(), heap.end(), std::greater<>());
+    }
+    std::sort(heap.begin(), heap.end());
+    place_equal_items(&loads, n, c);
+    ASSERT_EQ(loads, heap) << "trial " << trial << ": " << slots << " slots, " << n
+                           << " items of cost " << c;
+  }
 }
 
 // Head pairing (AttentionPlanConfig::pair_heads): tree_attention_plan_config pairs at GQA >= 4
