@@ -1,7 +1,8 @@
 // bench_plan: CPU time to build an attention plan for the DESIGN.md shapes (target: <= 50 us
 // for 256 leaves over a 4k prefix on one core), and the CPU plan executor on a small case
 // next to the naive reference (the baseline in the same binary). Counters report the plan's
-// size: work items, partials, mask words, groups after greedy assignment.
+// size: work items, partials, mask words, groups after greedy assignment, the longest item
+// (tokens) and the paired items. The *Server cases build with the server's config.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -10,13 +11,13 @@
 #include "kernels/attention_cpu.h"
 #include "kernels/attention_plan.h"
 #include "kernels/testing/random_tree.h"
+#include "kernels/tree_attention.h"
 
 namespace treeserve {
 namespace {
 
-void build_plan_loop(benchmark::State& state, const testing::TreeCase& c, int32_t gqa) {
-  AttentionPlanConfig config;
-  config.gqa_group_size = gqa;
+void build_plan_loop(benchmark::State& state, const testing::TreeCase& c,
+                     const AttentionPlanConfig& config) {
   AttentionPlan plan;
   for (auto _ : state) {
     Status s = build_attention_plan(c.view, config, &plan);
@@ -28,7 +29,20 @@ void build_plan_loop(benchmark::State& state, const testing::TreeCase& c, int32_
   state.counters["mask_words"] = double(plan.mask_words.size());
   state.counters["groups"] = plan.num_groups;
   state.counters["nodes"] = double(c.view.nodes.size());
+  state.counters["longest_item"] = plan.max_item_tokens;
+  state.counters["paired"] = plan.pair_heads > 1 ? plan.num_items() - plan.paired_items_begin : 0;
 }
+
+void build_plan_loop(benchmark::State& state, const testing::TreeCase& c, int32_t gqa) {
+  AttentionPlanConfig config;
+  config.gqa_group_size = gqa;
+  build_plan_loop(state, c, config);
+}
+
+// The server's config (what engine/cuda_backend.cpp builds every step with):
+// tree_attention_plan_config for Llama-3-8B heads (32 query, 8 kv, head_dim 128) on an H100's
+// 132 SMs. Unlike the struct's defaults it grows chunks by simulated span and pairs heads.
+AttentionPlanConfig server_config() { return tree_attention_plan_config(32, 8, 128, 132); }
 
 // 4k prefix with `leaves` branches of 200 tokens (few-shot b = 20, 30, 50; 256 leaves).
 void BM_PlanFewShot(benchmark::State& state) {
@@ -36,6 +50,12 @@ void BM_PlanFewShot(benchmark::State& state) {
   build_plan_loop(state, c, int32_t(state.range(1)));
 }
 BENCHMARK(BM_PlanFewShot)->ArgsProduct({{20, 30, 50, 256}, {1, 4}})->ArgNames({"leaves", "gqa"});
+
+void BM_PlanFewShotServer(benchmark::State& state) {
+  const auto c = testing::few_shot_case(4000, int32_t(state.range(0)), 200, 16, 1);
+  build_plan_loop(state, c, server_config());
+}
+BENCHMARK(BM_PlanFewShotServer)->Arg(20)->Arg(30)->Arg(50)->Arg(256)->ArgName("leaves");
 
 void BM_PlanFastTree(benchmark::State& state) {
   static const std::vector<std::vector<int32_t>> kN = {{1, 10}, {1, 4, 16}, {1, 2, 4, 8}};
@@ -53,6 +73,13 @@ void BM_PlanSpeculative(benchmark::State& state) {
   build_plan_loop(state, c, 4);
 }
 BENCHMARK(BM_PlanSpeculative)->Arg(32)->Arg(64)->Arg(128)->Arg(256)->ArgName("t");
+
+void BM_PlanSpeculativeServer(benchmark::State& state) {
+  const int32_t t = int32_t(state.range(0));
+  const auto c = testing::speculative_case(4000, testing::medusa_like_paths(t - 1), 16, 1);
+  build_plan_loop(state, c, server_config());
+}
+BENCHMARK(BM_PlanSpeculativeServer)->Arg(32)->Arg(256)->ArgName("t");
 
 // Small executor case: 512-token prefix, 8 branches of 64 tokens, 8 q heads over 2 kv heads,
 // head_dim 64, page 16. range(0): 0 = plan executor (1 thread), 1 = naive reference.
