@@ -21,6 +21,9 @@
 //                                                          allows; A/B; --no-token-table = none)
 //                             [--grid]   (bucketed grids reading the header on the device, as
 //                                         the engine's CUDA graphs launch)
+//                             [--graph]  (--grid, each launch captured once into a CUDA graph
+//                                         and the graph replayed, as the engine's decode step
+//                                         runs it; timed on the graph's stream)
 //                             [--no-decode-kernel]  (stage 1 runs every plan: A/B of
 //                                                   TreeAttentionLimits::decode_kernel)
 //                             [--depth-slots]  (runs start at slot depth % page size, as the
@@ -76,6 +79,7 @@ struct Options {
   bool decode_kernel = true;  // TreeAttentionLimits::decode_kernel
   bool depth_slots = false;   // runs placed as the server's KV cache places them (--depth-slots)
   bool grid_launch = false;   // launch as the engine's CUDA graphs do (TreeAttentionGrid)
+  bool graph = false;         // ... and replay them from a captured CUDA graph
   std::vector<std::array<int32_t, 3>> few_shot;  // --few-shot P,B,S: custom cases only
   std::string trace_path;                        // --trace: stage 1 block trace CSV
   bool pair = true;        // AttentionPlanConfig::pair_heads as configured (--no-pair: 0)
@@ -170,7 +174,8 @@ TreeAttentionLimits limits_for(const AttentionPlan& plan, int32_t num_q_heads,
 
 class Timer {
  public:
-  explicit Timer(bool flush) : flush_(flush) {
+  // The flush, the events and the launches all go to `stream` (null: the legacy stream).
+  Timer(bool flush, cudaStream_t stream) : flush_(flush), stream_(stream) {
     CHECK_CUDA(cudaEventCreate(&start_));
     CHECK_CUDA(cudaEventCreate(&stop_));
     if (flush_) {
@@ -183,6 +188,7 @@ class Timer {
     cudaEventDestroy(stop_);
     if (scratch_ != nullptr) cudaFree(scratch_);
   }
+  cudaStream_t stream() const { return stream_; }
   // Median microseconds of launch() over reps (after 3 warm-ups).
   template <typename F>
   double median_us(int reps, F launch) {
@@ -192,11 +198,11 @@ class Timer {
       // step does after the rest of the layer; it also queues the launches behind the flush.
       if (flush_) {
         testing::flush_l2_by_reading(scratch_, kFlushBytes,
-                                     static_cast<char*>(scratch_) + kFlushBytes, nullptr);
+                                     static_cast<char*>(scratch_) + kFlushBytes, stream_);
       }
-      CHECK_CUDA(cudaEventRecord(start_));
+      CHECK_CUDA(cudaEventRecord(start_, stream_));
       launch();
-      CHECK_CUDA(cudaEventRecord(stop_));
+      CHECK_CUDA(cudaEventRecord(stop_, stream_));
       CHECK_CUDA(cudaEventSynchronize(stop_));
       float ms = 0;
       CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
@@ -208,6 +214,7 @@ class Timer {
  private:
   static constexpr size_t kFlushBytes = size_t(256) << 20;
   bool flush_;
+  cudaStream_t stream_;
   cudaEvent_t start_, stop_;
   void* scratch_ = nullptr;
 };
@@ -331,13 +338,30 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
                              w.paired_items_begin() >= 0};
   };
   const TreeAttentionGrid grid = grid_for(ws), grid_base = grid_for(ws_base);
-  r.median_us =
-      timer->median_us(opt.reps, [&] { CHECK_OK(problem.launch_uploaded(ws, nullptr, grid)); });
-  r.baseline_us = timer->median_us(
-      opt.reps, [&] { CHECK_OK(problem.launch_uploaded(ws_base, nullptr, grid_base)); });
+  // --graph: each launch captured once on the timer's stream and replayed from the graph.
+  cudaStream_t stream = timer->stream();
+  CHECK_CUDA(cudaDeviceSynchronize());  // the uploads and checks above went to the legacy stream
+  auto timed = [&](const TreeAttentionWorkspace& w, TreeAttentionGrid g) {
+    if (!opt.graph) {
+      return timer->median_us(opt.reps, [&] { CHECK_OK(problem.launch_uploaded(w, stream, g)); });
+    }
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    CHECK_OK(problem.launch_uploaded(w, stream, g));
+    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    const double us =
+        timer->median_us(opt.reps, [&] { CHECK_CUDA(cudaGraphLaunch(exec, stream)); });
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    return us;
+  };
+  r.median_us = timed(ws, grid);
+  r.baseline_us = timed(ws_base, grid_base);
   if (!opt.trace_path.empty())
     write_trace(opt.trace_path, r, &ws, timer,
-                [&] { CHECK_OK(problem.launch_uploaded(ws, nullptr, grid)); });
+                [&] { CHECK_OK(problem.launch_uploaded(ws, stream, grid)); });
   r.bound_us = double(unique) / copy_bw * 1e6;
   r.tbps = double(unique) / (r.median_us * 1e-6) / 1e12;
   r.copy_fraction = double(unique) / (r.median_us * 1e-6) / copy_bw;
@@ -426,6 +450,8 @@ int main_impl(int argc, char** argv) {
       opt.trace_path = next();
     } else if (a == "--grid") {
       opt.grid_launch = true;
+    } else if (a == "--graph") {
+      opt.grid_launch = opt.graph = true;
     } else if (a == "--few-shot") {
       const std::string v = next();
       std::array<int32_t, 3> f{};
@@ -459,7 +485,7 @@ int main_impl(int argc, char** argv) {
                    "[--chunk TOKENS] [--max-chunk TOKENS] [--pack-max TOKENS] [--min-split TOKENS] "
                    "[--items-per-sm X] "
                    "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] "
-                   "[--grid] [--no-decode-kernel] [--depth-slots] [--no-balance-tiles] "
+                   "[--grid] [--graph] [--no-decode-kernel] [--depth-slots] [--no-balance-tiles] "
                    "[--few-shot P,B,S] [--trace PATH] [--no-pair] [--plan-only]\n",
                    argv[0]);
       return 2;
@@ -505,13 +531,17 @@ int main_impl(int argc, char** argv) {
               prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_bw / 1e12);
   std::printf(
       "fp16, head_dim 128, one layer, page 16, L2 %s before each rep, median of %d; decode "
-      "kernel %s, run slots %s\n\n",
+      "kernel %s, run slots %s; launches %s\n\n",
       opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps, opt.decode_kernel ? "on" : "off",
-      opt.depth_slots ? "at depth % page" : "random");
+      opt.depth_slots ? "at depth % page" : "random",
+      opt.graph ? "replayed from CUDA graphs (--graph)"
+                : (opt.grid_launch ? "eager, bucketed grids (--grid)" : "eager"));
   std::printf("%-34s %5s %5s %6s %8s %8s %7s %8s %8s %6s %5s %9s %7s %9s %9s %6s %6s\n", "case",
               "heads", "q", "items", "uniqMB", "planMB", "plan_us", "us", "bound", "TB/s", "%cp",
               "base_us", "speedup", "max_err", "base_err", "chunk", "paired");
-  Timer timer(opt.flush_l2);
+  cudaStream_t stream = nullptr;  // --graph: a stream of its own (the legacy one cannot capture)
+  if (opt.graph) CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Timer timer(opt.flush_l2, stream);
   std::vector<Result> results;
   for (const Case& c : cases) {
     if (!selected(c)) continue;
