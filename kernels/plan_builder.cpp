@@ -22,7 +22,6 @@
 // Invariant (tested by expanding plans): every (query, visible token) pair is in exactly one
 // item with its mask bit set, and no invisible pair is.
 #include <algorithm>
-#include <functional>
 #include <string>
 #include <utility>
 
