@@ -36,6 +36,9 @@
 //                                              a CSV row per block, times in ns from the first
 //                                              block's start)
 //                             [--no-pair]  (no head pairing: AttentionPlanConfig::pair_heads 0)
+//                             [--pair-all]  (head pairing offered at every GQA where the kv
+//                                           heads come in groups of 4, not only at GQA >= 4;
+//                                           the builder's simulation still decides)
 //                             [--plan-only]  (no GPU: each case's plan only, as it would be
 //                                            built for an H100's 132 SMs)
 #include <cuda_runtime.h>
@@ -83,6 +86,7 @@ struct Options {
   std::vector<std::array<int32_t, 3>> few_shot;  // --few-shot P,B,S: custom cases only
   std::string trace_path;                        // --trace: stage 1 block trace CSV
   bool pair = true;        // AttentionPlanConfig::pair_heads as configured (--no-pair: 0)
+  bool pair_all = false;   // --pair-all: offered at any GQA (kv heads in groups of 4)
   bool plan_only = false;  // --plan-only: build the plans, print their shape, no GPU
 };
 
@@ -280,6 +284,9 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   config.balance_query_tiles = opt.balance_tiles;  // (tree_attention_plan_config's: on)
   config.item_order = opt.item_order;
   if (!opt.pair) config.pair_heads = 0;
+  if (opt.pair && opt.pair_all && num_kv_heads % kTreeAttentionPairHeads == 0) {
+    config.pair_heads = kTreeAttentionPairHeads;
+  }
   if (opt.items_per_sm > 0)
     config.num_sms = std::max(1, int32_t(opt.items_per_sm * num_sms / num_kv_heads));
   AttentionPlan plan, baseline;
@@ -434,6 +441,8 @@ int main_impl(int argc, char** argv) {
       opt.depth_slots = true;
     } else if (a == "--no-pair") {
       opt.pair = false;
+    } else if (a == "--pair-all") {
+      opt.pair_all = true;
     } else if (a == "--plan-only") {
       opt.plan_only = true;
     } else if (a == "--no-decode-kernel") {
@@ -486,7 +495,7 @@ int main_impl(int argc, char** argv) {
                    "[--items-per-sm X] "
                    "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] "
                    "[--grid] [--graph] [--no-decode-kernel] [--depth-slots] [--no-balance-tiles] "
-                   "[--few-shot P,B,S] [--trace PATH] [--no-pair] [--plan-only]\n",
+                   "[--few-shot P,B,S] [--trace PATH] [--no-pair] [--pair-all] [--plan-only]\n",
                    argv[0]);
       return 2;
     }
@@ -506,7 +515,8 @@ int main_impl(int argc, char** argv) {
   };
   constexpr std::pair<int32_t, int32_t> kHeads[] = {{32, 8}, {32, 32}};
   if (opt.plan_only) {
-    std::printf("plans for 132 SMs (an H100), head pairing %s\n\n", opt.pair ? "on" : "off");
+    std::printf("plans for 132 SMs (an H100), head pairing %s\n\n",
+                !opt.pair ? "off" : (opt.pair_all ? "offered at every GQA" : "on"));
     std::printf("%-34s %5s %5s %6s %6s %7s %8s %8s %7s\n", "case", "heads", "q", "items", "chunk",
                 "paired", "uniqMB", "planMB", "plan_us");
     for (const Case& c : cases) {
@@ -564,6 +574,7 @@ int main_impl(int argc, char** argv) {
       "plan executor (fp32) on all queries. bound = unique KV bytes / copy bandwidth;\n"
       "planMB = KV bytes the plan's items read (shared runs read once per query tile).\n");
   if (!opt.json_path.empty()) write_json(opt.json_path, prop.name, copy_bw, results);
+  if (stream != nullptr) CHECK_CUDA(cudaStreamDestroy(stream));
   return 0;
 }
 
