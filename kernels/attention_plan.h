@@ -227,7 +227,8 @@ void pair_decode_items(AttentionPlan* plan, int32_t pair_heads);
 
 // List scheduling of n items of cost c, each to a least-loaded slot, on slot loads kept in
 // ascending order (they stay so): chunk growth's simulated span (AttentionPlanConfig::
-// max_chunk_tokens) places its items so, cost by cost, longest first. c > 0.
+// max_chunk_tokens) places its items so, cost by cost, longest first. Nothing happens for
+// n <= 0 or c <= 0.
 void place_equal_items(std::vector<int64_t>* loads, int64_t n, int64_t c);
 
 // Checks a plan's internal consistency, as the executors rely on it: array sizes, every item's

@@ -819,7 +819,7 @@ Status PlanBuilder::build() {
 void place_equal_items(std::vector<int64_t>* loads, int64_t n, int64_t c) {
   std::vector<int64_t>& load = *loads;
   const int64_t slots = int64_t(load.size());
-  if (slots == 0) return;
+  if (slots == 0 || c <= 0) return;
   while (n > 0 && load.back() - load.front() >= c) {
     const int64_t moved = load.front() + c;
     auto to = std::upper_bound(load.begin() + 1, load.end(), moved);
@@ -827,7 +827,7 @@ void place_equal_items(std::vector<int64_t>* loads, int64_t n, int64_t c) {
     *(to - 1) = moved;
     --n;
   }
-  if (n == 0) return;
+  if (n <= 0) return;
   const int64_t rounds = n / slots, rest = n % slots;
   for (int64_t& l : load) l += rounds * c;
   for (int64_t i = 0; i < rest; ++i) load[size_t(i)] += c;

@@ -310,6 +310,13 @@ TEST(PlanStructure, EqualItemsPlacedInRoundsMatchOneByOne) {
     ASSERT_EQ(loads, heap) << "trial " << trial << ": " << slots << " slots, " << n
                            << " items of cost " << c;
   }
+  std::vector<int64_t> loads = {0, 5, 9};
+  place_equal_items(&loads, -3, 7);  // no items
+  place_equal_items(&loads, 4, 0);   // no cost
+  EXPECT_EQ(loads, (std::vector<int64_t>{0, 5, 9}));
+  std::vector<int64_t> none;
+  place_equal_items(&none, 5, 3);  // no slots
+  EXPECT_TRUE(none.empty());
 }
 
 // Head pairing (AttentionPlanConfig::pair_heads): tree_attention_plan_config pairs at GQA >= 4
