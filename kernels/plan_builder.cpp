@@ -124,7 +124,6 @@ class PlanBuilder {
   void build_units_and_assign();
   int64_t count_items(int32_t chunk) const;
   int64_t simulated_span(int32_t chunk, int32_t pair) const;
-  bool unit_decode_shaped(size_t u) const;
   bool has_decode_shaped_unit() const;
   bool decode_shaped_queries(int64_t q) const;
   void build_unit_runs() const;
@@ -272,12 +271,8 @@ int64_t PlanBuilder::count_items(int32_t chunk) const {
   return total;
 }
 
-// A unit whose items would be decode-shaped (one query tile of at most kDecodeShapedRows
-// rows): what head pairing pairs.
-bool PlanBuilder::unit_decode_shaped(size_t u) const {
-  return decode_shaped_queries(s_.unit_remaining[u]);
-}
-
+// A unit with q queries left gives decode-shaped items (one query tile of at most
+// kDecodeShapedRows rows): what head pairing pairs.
 bool PlanBuilder::decode_shaped_queries(int64_t q) const {
   return q > 0 && q <= tile_queries_ && q * c_.gqa_group_size <= kDecodeShapedRows;
 }
@@ -299,9 +294,11 @@ void PlanBuilder::build_unit_runs() const {
   }
 }
 
+// Reads the unit runs (build_unit_runs).
 bool PlanBuilder::has_decode_shaped_unit() const {
-  for (size_t u = 0; u < s_.unit_remaining.size(); ++u) {
-    if (unit_decode_shaped(u)) return true;
+  const std::vector<int64_t>& runs = s_.span_unit_runs;
+  for (size_t r = 0; r < runs.size(); r += 3) {
+    if (decode_shaped_queries(runs[r + 1])) return true;
   }
   return false;
 }
@@ -406,9 +403,8 @@ std::pair<int32_t, int32_t> PlanBuilder::choose_chunk_tokens() const {
     // GQA 4: few-shot P=4000 + 50 x 200 paired at 1024 (4 chunks) 34.2 us, at 832 (5 chunks:
     // 160 wide and 100 paired blocks fill one wave) 32.4 us; simulated 75 and 63 quarter tiles.
     int64_t longest = 0;
-    for (size_t u = 0; u < s_.unit_remaining.size(); ++u) {
-      if (s_.unit_remaining[u] > 0) longest = std::max<int64_t>(longest, s_.unit_len[u]);
-    }
+    const std::vector<int64_t>& runs = s_.span_unit_runs;
+    for (size_t r = 0; r < runs.size(); r += 3) longest = std::max(longest, runs[r]);
     int32_t paired_best = best;
     for (int64_t pieces = ceil_div(longest, best) + 1, n = 0; n < 2; ++pieces, ++n) {
       const int32_t chunk = int32_t(even_chunk_tokens(longest, ceil_div(longest, pieces), tile));
