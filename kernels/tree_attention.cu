@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   if (paired) {
     attend<D, T, kWarps / kPairHeads, kTileRows, kPairHeads>(p, it, mask_words, s_q, s_k, s_v,
                                                              load_tile_paired);
-  } else if (it.num_rows <= 16) {
+  } else if (it.num_rows <= kDecodeShapedRows) {
     attend<D, T, kMaxSplit>(p, it, mask_words, s_q, s_k, s_v, load_tile);
   } else {
     attend<D, T, 1>(p, it, mask_words, s_q, s_k, s_v, load_tile);
@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
 // items of mixed plans it was slower on every tree (few-shot b=50 36.1 -> 39.2 us), so mixed
 // plans stay in stage 1.
 constexpr int kDecodeMinBlocksPerSm = 3;
-constexpr int kDecodeQRows = kDecodeItemRows;
+constexpr int kDecodeQRows = kDecodeShapedRows;
 template <int D>
 constexpr int decode_smem_bytes() {
   return (2 * kStages * kKvTile + kDecodeQRows) * D * 2 + 1024;  // + 1 KB to align the tiles

@@ -243,7 +243,7 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
   // from the table).
   bool decode_kernel = limits_.decode_kernel && mode != kTableNone && ni > 0;
   for (size_t i = 0; decode_kernel && i < ni; ++i) {
-    decode_kernel = plan.item_rows(int32_t(i)) <= kDecodeItemRows;
+    decode_kernel = plan.item_rows(int32_t(i)) <= kDecodeShapedRows;
   }
   // Head pairing: the kernel trusts the paired items to be one slab (decode-shaped).
   int32_t paired_begin = -1;
@@ -253,9 +253,9 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
           "plan.paired_items_begin = " + std::to_string(plan.paired_items_begin) + " is negative");
     }
     for (size_t i = size_t(plan.paired_items_begin); i < ni; ++i) {
-      if (plan.item_rows(int32_t(i)) > kDecodeItemRows) {
+      if (plan.item_rows(int32_t(i)) > kDecodeShapedRows) {
         return InvalidArgument("paired work item " + std::to_string(i) + " has more than " +
-                               std::to_string(kDecodeItemRows) + " query-tile rows");
+                               std::to_string(kDecodeShapedRows) + " query-tile rows");
       }
     }
     paired_begin = plan.paired_items_begin;

@@ -34,7 +34,6 @@
 #include <cstdint>
 
 #include "common/status.h"
-#include "kernels/attention_plan.h"
 
 namespace treeserve::detail {
 
@@ -58,10 +57,6 @@ enum PlanHeader : int32_t {
   kPairedBegin,       // head pairing: the first paired item (AttentionPlan::paired_items_begin); -1
   kHeaderWords = 32,  // header padded so the records start 128-byte aligned
 };
-
-// Items of at most this many query-tile rows (queries x gqa) are decode-shaped: a plan of only
-// such items runs in the decode kernel (TreeAttentionWorkspace::runs_decode_kernel).
-constexpr int32_t kDecodeItemRows = kDecodeShapedRows;
 
 enum TokenTableMode : int32_t { kTableNone = 0, kTablePacked = 1, kTableFixedStride = 2 };
 
