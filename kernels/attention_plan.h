@@ -240,4 +240,9 @@ void place_equal_items(std::vector<int64_t>* loads, int64_t n, int64_t c);
 // first offending field.
 Status validate_attention_plan(const AttentionPlan& plan, int64_t num_pages = 0);
 
+// Head pairing's part of it (where pair_heads > 1): paired_items_begin inside [0, num_items]
+// and every item from there on decode-shaped, as a pairing kernel runs them one 16-row slab a
+// kv head. TreeAttentionWorkspace::upload checks the plans it pairs with it too.
+Status validate_paired_items(const AttentionPlan& plan);
+
 }  // namespace treeserve

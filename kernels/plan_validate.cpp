@@ -154,6 +154,21 @@ Status validate_attention_view(const AttentionView& view, int64_t num_pages,
   return Status::Ok();
 }
 
+Status validate_paired_items(const AttentionPlan& plan) {
+  const int64_t num_items = plan.num_items();
+  if (plan.paired_items_begin < 0 || plan.paired_items_begin > num_items) {
+    return InvalidArgument("plan.paired_items_begin = " + std::to_string(plan.paired_items_begin) +
+                           " is outside [0, " + std::to_string(num_items) + "]");
+  }
+  for (int64_t i = plan.paired_items_begin; i < num_items; ++i) {
+    if (plan.item_rows(int32_t(i)) > kDecodeShapedRows) {
+      return InvalidArgument(plan_field("item_query_end", i) + ": a paired item with more than " +
+                             std::to_string(kDecodeShapedRows) + " query-tile rows");
+    }
+  }
+  return Status::Ok();
+}
+
 Status validate_attention_plan(const AttentionPlan& plan, int64_t num_pages) {
   if (plan.gqa_group_size < 1 || plan.queries_per_tile < 1 || plan.page_size < 1) {
     return InvalidArgument("plan.gqa_group_size / queries_per_tile / page_size must be >= 1");
@@ -167,19 +182,7 @@ Status validate_attention_plan(const AttentionPlan& plan, int64_t num_pages) {
                              std::to_string(num_items) + ")");
     }
   }
-  if (plan.pair_heads > 1) {  // head pairing: the items from paired_items_begin are one slab
-    if (plan.paired_items_begin < 0 || plan.paired_items_begin > num_items) {
-      return InvalidArgument(
-          "plan.paired_items_begin = " + std::to_string(plan.paired_items_begin) +
-          " is outside [0, " + std::to_string(num_items) + "]");
-    }
-    for (int64_t i = plan.paired_items_begin; i < num_items; ++i) {
-      if (plan.item_rows(int32_t(i)) > kDecodeShapedRows) {
-        return InvalidArgument(plan_field("item_query_end", i) + ": a paired item with more than " +
-                               std::to_string(kDecodeShapedRows) + " query-tile rows");
-      }
-    }
-  }
+  if (plan.pair_heads > 1) TS_RETURN_IF_ERROR(validate_paired_items(plan));
   const int64_t num_segments = plan.num_segments();
   for (const std::vector<int32_t>* v :
        {&plan.seg_page_begin, &plan.seg_first_slot, &plan.seg_node, &plan.seg_token_begin}) {

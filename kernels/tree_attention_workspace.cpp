@@ -248,16 +248,7 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
   // Head pairing: the kernel trusts the paired items to be one slab (decode-shaped).
   int32_t paired_begin = -1;
   if (plan.pair_heads == kTreeAttentionPairHeads && plan.paired_items_begin < plan.num_items()) {
-    if (plan.paired_items_begin < 0) {
-      return InvalidArgument(
-          "plan.paired_items_begin = " + std::to_string(plan.paired_items_begin) + " is negative");
-    }
-    for (size_t i = size_t(plan.paired_items_begin); i < ni; ++i) {
-      if (plan.item_rows(int32_t(i)) > kDecodeShapedRows) {
-        return InvalidArgument("paired work item " + std::to_string(i) + " has more than " +
-                               std::to_string(kDecodeShapedRows) + " query-tile rows");
-      }
-    }
+    TS_RETURN_IF_ERROR(validate_paired_items(plan));
     paired_begin = plan.paired_items_begin;
   }
   words[kPairedBegin] = paired_begin;
