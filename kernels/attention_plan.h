@@ -204,6 +204,8 @@ struct AttentionPlan {
   int64_t item_rows(int32_t i) const {
     return int64_t(item_query_end[size_t(i)] - item_query_begin[size_t(i)]) * gqa_group_size;
   }
+  // Items run pair_heads kv heads a block (head pairing): those from paired_items_begin.
+  int32_t num_paired_items() const { return pair_heads > 1 ? num_items() - paired_items_begin : 0; }
   static int32_t mask_words_per_row(int32_t num_tokens) { return (num_tokens + 31) / 32; }
 };
 

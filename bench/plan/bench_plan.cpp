@@ -30,7 +30,7 @@ void build_plan_loop(benchmark::State& state, const testing::TreeCase& c,
   state.counters["groups"] = plan.num_groups;
   state.counters["nodes"] = double(c.view.nodes.size());
   state.counters["longest_item"] = plan.max_item_tokens;
-  state.counters["paired"] = plan.pair_heads > 1 ? plan.num_items() - plan.paired_items_begin : 0;
+  state.counters["paired"] = plan.num_paired_items();
 }
 
 void build_plan_loop(benchmark::State& state, const testing::TreeCase& c, int32_t gqa) {

@@ -299,7 +299,7 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   r.unique_mb = double(unique) / 1e6;
   r.plan_kv_mb = double(plan_kv_bytes(plan, num_kv_heads, kHeadDim, 2)) / 1e6;
   r.chunk = plan.split_chunk_tokens;
-  r.paired_items = plan.pair_heads > 1 ? plan.num_items() - plan.paired_items_begin : 0;
+  r.paired_items = plan.num_paired_items();
   if (opt.plan_only) return r;
 
   testing::GpuAttentionProblem problem;
