@@ -19,9 +19,14 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 }
 
 // 16-byte async copy; src_bytes = 0 fills the destination with zeros (tile tails, pad rows).
+// .L2::128B: a miss fetches the whole 128-byte line into L2, so the copies of a K/V row's other
+// 16-byte chunks (the row is 256 bytes at head_dim 128) find it there. H100, same binary
+// against the plain copy, alternating (bench/tree_attention/h100-2026-11-26-session7-ab.txt):
+// 1-5% faster on almost every bench case (few-shot P=4000 + 50 x 200 GQA 4 32.1 -> 31.1 us),
+// the baseline's decode kernel 0-3%; .L2::256B was slower at GQA 4 (P=16000 +4%).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
