@@ -227,6 +227,14 @@ Status build_attention_plan(const AttentionView& view, const AttentionPlanConfig
 // pairs; it pairs any plan (tests).
 void pair_decode_items(AttentionPlan* plan, int32_t pair_heads);
 
+// Item `item`'s leading tokens that every one of its queries sees: item_num_tokens without a
+// mask, else the fewest leading set bits over its queries' mask rows; 0 where those rows lie
+// outside mask_words (a plan validate_attention_plan refuses). The GPU kernel skips the
+// per-score mask test on the whole KV tiles inside it (TreeAttentionWorkspace::upload puts it
+// in the item's record). H100 (2026-11-26): speculative t=256 over 4000 at GQA 4 76.7 -> 61.9
+// us, its long prompt chunks packed with query-tree tokens being masked items.
+int32_t item_visible_tokens(const AttentionPlan& plan, int32_t item);
+
 // List scheduling of n items of cost c, each to a least-loaded slot, on slot loads kept in
 // ascending order (they stay so): chunk growth's simulated span (AttentionPlanConfig::
 // max_chunk_tokens) places its items so, cost by cost, longest first. Nothing happens for

@@ -830,6 +830,32 @@ void place_equal_items(std::vector<int64_t>* loads, int64_t n, int64_t c) {
   std::rotate(load.begin(), load.begin() + rest, load.end());
 }
 
+int32_t item_visible_tokens(const AttentionPlan& plan, int32_t item) {
+  const size_t i = size_t(item);
+  const int32_t n = plan.item_num_tokens[i];
+  if (plan.item_mask_offset[i] < 0) return n;
+  const int32_t words = AttentionPlan::mask_words_per_row(n);
+  const int32_t queries = plan.item_query_end[i] - plan.item_query_begin[i];
+  if (n <= 0 || queries <= 0 ||
+      int64_t(plan.item_mask_offset[i]) + int64_t(queries) * words >
+          int64_t(plan.mask_words.size())) {
+    return 0;
+  }
+  int32_t prefix = n;
+  for (int32_t q = 0; q < queries && prefix > 0; ++q) {
+    const uint32_t* row = plan.mask_words.data() + plan.item_mask_offset[i] + int64_t(q) * words;
+    // Only the words below the shortest prefix so far can shorten it.
+    const int32_t limit = std::min(words, (prefix + 31) / 32);
+    for (int32_t w = 0; w < limit; ++w) {
+      if (row[w] != 0xffffffffu) {
+        prefix = std::min(prefix, 32 * w + __builtin_ctz(~row[w]));
+        break;
+      }
+    }
+  }
+  return prefix;
+}
+
 void pair_decode_items(AttentionPlan* plan, int32_t pair_heads) {
   AttentionPlan& p = *plan;
   const int32_t n = p.num_items();

@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   const int32_t q_batch_row = rec[kRecQueryRows + q_item_row / it.gqa];
   const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
   if (item >= h.w[kNumItems]) return;
-  read_item_tile(it, rec_a, plan, h);
+  read_item_tile(it, rec_a, rec_b, plan, h);
   if (paired) it.num_tiles = (it.num_tokens + kKvTile / kPairHeads - 1) / (kKvTile / kPairHeads);
   const uint32_t* mask_words = reinterpret_cast<const uint32_t*>(plan + h.w[kMaskWords]);
   const int table_mode = h.w[kTokenTable];
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
   const int32_t q_batch_row = rec[kRecQueryRows + q_local];
   const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
   if (item >= h.w[kNumItems]) return;
-  read_item_tile(it, rec_a, plan, h);
+  read_item_tile(it, rec_a, rec_b, plan, h);
   const uint32_t* mask_words = reinterpret_cast<const uint32_t*>(plan + h.w[kMaskWords]);
   // The upload picks this kernel only where it fills a token table (fixed stride or packed).
   const int32_t* entries =

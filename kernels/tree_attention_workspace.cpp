@@ -203,7 +203,7 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
     rec[kRecTableBegin] = int32_t(std::min<int64_t>(table_tokens, INT32_MAX));
     rec[kRecSegBegin] = plan.item_segment_begin[i];
     rec[kRecSegEnd] = plan.item_segment_end[i];
-    rec[kRecPad] = 0;
+    rec[kRecVisibleTokens] = item_visible_tokens(plan, int32_t(i));
     for (int32_t j = q0; j < q1; ++j) {
       rec[kRecQueryRows + (j - q0)] = plan.query_rows[size_t(plan.item_queries[size_t(j)])];
     }

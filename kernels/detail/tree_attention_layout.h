@@ -69,7 +69,9 @@ enum ItemRecord : int32_t {
   kRecTableBegin,  // first token table entry in the packed mode
   kRecSegBegin,
   kRecSegEnd,
-  kRecPad,
+  // Tokens from the item's start that every one of its queries sees (item_visible_tokens,
+  // kernels/attention_plan.h): stage 1 skips the per-score mask test on whole tiles inside it.
+  kRecVisibleTokens,
   kRecQueryRows,  // [64] query_rows[item_queries[query_begin + j]]
   kItemRecordWords = kRecQueryRows + 64,
 };

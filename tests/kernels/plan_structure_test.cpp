@@ -618,6 +618,72 @@ TEST(PlanStructure, MasksOnlyWherePartlyVisible) {
   expect_plan_covers_view(plan, spec.view, config);
 }
 
+// item_visible_tokens (the record word that lets stage 1 skip the mask test on whole tiles):
+// on hand-made masks, and on built plans against the bits read one token at a time.
+TEST(PlanStructure, VisibleTokensAreTheLeadingTokensEveryQuerySees) {
+  AttentionPlan plan;
+  // Item 0: no mask. Item 1: 3 queries over 100 tokens (4 words a row): the first invisible
+  // tokens are 70, 33 and none (bits past the item's end are clear). Item 2: one query whose
+  // first token is invisible.
+  plan.item_num_tokens = {50, 100, 40};
+  plan.item_query_begin = {0, 1, 4};
+  plan.item_query_end = {1, 4, 5};
+  plan.item_mask_offset = {-1, 0, 12};
+  plan.mask_words.assign(14, 0xffffffffu);
+  plan.mask_words[2] &= ~(1u << (70 - 64));
+  plan.mask_words[3] = 0xfu;             // tokens 96..99
+  plan.mask_words[4 + 1] &= ~(1u << 1);  // token 33
+  plan.mask_words[4 + 3] = 0xfu;
+  plan.mask_words[8 + 3] = 0xfu;
+  plan.mask_words[12] = 0xfffffffeu;  // token 0
+  plan.mask_words[13] = 0xffu;
+  EXPECT_EQ(item_visible_tokens(plan, 0), 50);
+  EXPECT_EQ(item_visible_tokens(plan, 1), 33);
+  EXPECT_EQ(item_visible_tokens(plan, 2), 0);
+  plan.mask_words[4 + 1] = 0xffffffffu;
+  EXPECT_EQ(item_visible_tokens(plan, 1), 70);
+  plan.mask_words[2] = 0xffffffffu;
+  EXPECT_EQ(item_visible_tokens(plan, 1), 100);
+  // Mask rows past the plan's mask words (an invalid plan): nothing is assumed visible.
+  plan.item_mask_offset[1] = 3;
+  EXPECT_EQ(item_visible_tokens(plan, 1), 0);
+
+  int masked_items = 0, with_prefix = 0;
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    const TreeCase c = testing::random_tree_case(seed, options_for_seed(seed));
+    AttentionPlanConfig config = small_config(std::vector<int32_t>{1, 4, 8}[seed % 3]);
+    if (seed % 3 == 0) config = tree_attention_plan_config(32, 8, 128);
+    ASSERT_TRUE(build_attention_plan(c.view, config, &plan).ok()) << "seed " << seed;
+    for (int32_t i = 0; i < plan.num_items(); ++i) {
+      const int32_t n = plan.item_num_tokens[size_t(i)];
+      const int32_t queries = plan.item_query_end[size_t(i)] - plan.item_query_begin[size_t(i)];
+      const int32_t off = plan.item_mask_offset[size_t(i)];
+      const int32_t words = AttentionPlan::mask_words_per_row(n);
+      auto sees = [&](int32_t q, int32_t t) {
+        return off < 0 || (plan.mask_words[size_t(off + q * words + t / 32)] >> (t % 32)) & 1u;
+      };
+      int32_t expect = n;
+      for (int32_t q = 0; q < queries; ++q) {
+        for (int32_t t = 0; t < expect; ++t) {
+          if (!sees(q, t)) {
+            expect = t;
+            break;
+          }
+        }
+      }
+      EXPECT_EQ(item_visible_tokens(plan, i), expect) << "seed " << seed << " item " << i;
+      if (off >= 0) {
+        ++masked_items;
+        with_prefix += expect > 0;
+      }
+    }
+  }
+  // The random trees make masked items, and some of them begin with tokens all their queries
+  // see (a shared run packed with the subtrees below it).
+  EXPECT_GT(masked_items, 500);
+  EXPECT_GT(with_prefix, 500);
+}
+
 TEST(PlanStructure, WorkspaceBoundsEnforced) {
   const TreeCase c = testing::few_shot_case(4000, 50, 200, 16, 3);
   AttentionPlanConfig config;
