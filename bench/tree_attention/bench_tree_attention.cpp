@@ -258,7 +258,8 @@ void write_trace(const std::string& path, const Result& r, TreeAttentionWorkspac
   if (std::ftell(f) == 0)
     std::fprintf(f, "case,heads,block,item,kv_head,rows,tokens,sm,start_ns,end_ns\n");
   for (const TreeAttentionBlockTrace& b : trace) {
-    std::fprintf(f, "%s,%d/%d,%d,%d,%d,%d,%d,%d,%llu,%llu\n", r.name.c_str(), r.num_q_heads,
+    // The case name is quoted: some hold commas ("fasttree N=1,10 C=4000,400").
+    std::fprintf(f, "\"%s\",%d/%d,%d,%d,%d,%d,%d,%d,%llu,%llu\n", r.name.c_str(), r.num_q_heads,
                  r.num_kv_heads, b.block, b.item, b.kv_head, b.rows, b.tokens, b.sm,
                  static_cast<unsigned long long>(b.start_ns - t0),
                  static_cast<unsigned long long>(b.end_ns - t0));
