@@ -123,12 +123,18 @@ class PlanBuilder {
   void scan_children(int32_t parent_unit, int32_t begin, int32_t end);
   void build_units_and_assign();
   int64_t count_items(int32_t chunk) const;
-  int64_t simulated_span(int32_t chunk, int32_t pair) const;
+  int64_t simulated_span(int32_t chunk, int32_t pair, int32_t decode_chunk = 0) const;
   bool has_decode_shaped_unit() const;
   bool decode_shaped_queries(int64_t q) const;
   void build_unit_runs() const;
-  // The chunk, and the kv heads a decode-shaped item's block runs (1, or c_.pair_heads).
-  std::pair<int32_t, int32_t> choose_chunk_tokens() const;
+  // The chunk, the kv heads a decode-shaped item's block runs (1, or c_.pair_heads), and the
+  // chunk decode-shaped units are cut into (the chunk, or shorter where paired).
+  struct ChunkChoice {
+    int32_t chunk;
+    int32_t pair;
+    int32_t decode_chunk;
+  };
+  ChunkChoice choose_chunk_tokens() const;
 
   void collect_group(int32_t u);
   void emit_group(int32_t u, int32_t chunk);
@@ -315,7 +321,8 @@ bool PlanBuilder::has_decode_shaped_unit() const {
 // P=4000 + 50 x 200 has such a block of 200 tokens, 13 steps of 16 tokens, take as long as a
 // wide one of 13 full tiles, 24.7 us) on 1 / pair of an item slot: the paired items,
 // longest first, go to the slots in groups of pair, each group costing its longest.
-int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair) const {
+// decode_chunk > 0: decode-shaped units are cut into chunks of that many tokens instead.
+int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair, int32_t decode_chunk) const {
   constexpr int64_t kBlockQuarterTiles = 11;
   const int64_t tile = c_.kv_tile_tokens;
   pair = std::max(1, pair);
@@ -323,7 +330,7 @@ int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair) const {
   // ceil(chunk / tile) tiles (pair times that paired), so the items are counted per tile count,
   // longest first, instead of sorted: count[k] items of k tiles, and paired[k] paired items
   // (pair of them share one slot's worth).
-  const int64_t max_tiles = ceil_div(chunk, tile) * pair;
+  const int64_t max_tiles = ceil_div(std::max(chunk, decode_chunk), tile) * pair;
   std::vector<int64_t>& count = s_.span_item_cost;
   std::vector<int64_t>& paired = s_.span_paired_cost;
   count.assign(size_t(max_tiles + 1), 0);
@@ -332,8 +339,10 @@ int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair) const {
   for (size_t r = 0; r < runs.size(); r += 3) {
     const int64_t len = runs[r], queries = runs[r + 1], units = runs[r + 2];
     const int64_t query_tiles = ceil_div(queries, tile_queries_);
-    const bool pairs = pair > 1 && decode_shaped_queries(queries);
-    const int64_t per = even_chunk_tokens(len, chunk, tile);
+    const bool decode_shaped = decode_shaped_queries(queries);
+    const bool pairs = pair > 1 && decode_shaped;
+    const int64_t per =
+        even_chunk_tokens(len, decode_shaped && decode_chunk > 0 ? decode_chunk : chunk, tile);
     for (int64_t begin = 0; begin < len; begin += per) {
       const int64_t tokens = std::min(per, len - begin);
       if (pairs) {
@@ -360,10 +369,10 @@ int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair) const {
   return load.back();
 }
 
-std::pair<int32_t, int32_t> PlanBuilder::choose_chunk_tokens() const {
+PlanBuilder::ChunkChoice PlanBuilder::choose_chunk_tokens() const {
   const int32_t tile = c_.kv_tile_tokens;
   const int32_t max_tiles = c_.kv_chunk_tokens / tile;
-  if (!c_.long_context_split) return {max_tiles * tile, 1};
+  if (!c_.long_context_split) return {max_tiles * tile, 1, max_tiles * tile};
   const int64_t target = int64_t(c_.num_sms) * std::max(1, c_.min_items_per_sm);
   if (count_items(max_tiles * tile) >= target) {
     // Growth (AttentionPlanConfig::max_chunk_tokens): the chunk among 1x, 2x, 3x and 4x whose
@@ -378,7 +387,7 @@ std::pair<int32_t, int32_t> PlanBuilder::choose_chunk_tokens() const {
     // measured 36.3 -> 34.0 us; speculative t=128 90 -> 86 measured 4% slower paired); then
     // two smaller chunks are tried paired (below).
     const int32_t base = max_tiles * tile;
-    if (c_.max_chunk_tokens <= base) return {base, 1};  // no growth
+    if (c_.max_chunk_tokens <= base) return {base, 1, base};  // no growth
     build_unit_runs();
     int32_t best = base;
     int64_t best_span = simulated_span(base, 1);
@@ -393,10 +402,39 @@ std::pair<int32_t, int32_t> PlanBuilder::choose_chunk_tokens() const {
     }
     if (c_.pair_heads <= 1 || c_.item_order != AttentionPlanConfig::ItemOrder::kKvMajor ||
         !has_decode_shaped_unit()) {
-      return {best, 1};
+      return {best, 1, best};
     }
     int64_t paired_span = simulated_span(best, c_.pair_heads);
-    if (paired_span * 16 > best_span * 15) return {best, 1};
+    // Paired blocks are long (a 200-token branch at 4 kv heads is 13 tiles): where the wide
+    // items fill the slots, the paired ones left over make a tail one paired block long. The
+    // decode-shaped units cut into 2 or 3 even pieces (more, shorter paired blocks) can
+    // shorten it, so those are simulated too (decode_chunk; 0: cut as the others). H100, GQA
+    // 4, same call (bench/tree_attention/h100-2026-11-26-decode-chunk-ab.txt): few-shot P=4000
+    // + 20 x 200 24.1 -> 22.1 us and + 30 x 200 26.7 -> 25.2 (branches unpaired before, now
+    // paired in pieces of 128 and 72), every other case unchanged. With a 1/32 margin instead
+    // of 1/16 P=16000 + 64 x 200 pairs so too, 80.5 -> 78.1 us; not taken before the engine's
+    // verify steps are measured with it (at 1/32 the bench's speculative t=128 pairs 5 items).
+    int32_t decode_chunk = 0;
+    {
+      int64_t longest_decode = 0;
+      const std::vector<int64_t>& runs = s_.span_unit_runs;
+      for (size_t r = 0; r < runs.size(); r += 3) {
+        if (decode_shaped_queries(runs[r + 1])) longest_decode = std::max(longest_decode, runs[r]);
+      }
+      int32_t last = int32_t(std::min<int64_t>(best, longest_decode));
+      for (int64_t pieces = 2; pieces <= 3; ++pieces) {
+        const int32_t d =
+            int32_t(even_chunk_tokens(longest_decode, ceil_div(longest_decode, pieces), tile));
+        if (d >= last) continue;
+        last = d;
+        const int64_t span = simulated_span(best, c_.pair_heads, d);
+        if (span < paired_span) {
+          paired_span = span;
+          decode_chunk = d;
+        }
+      }
+    }
+    if (paired_span * 16 > best_span * 15) return {best, 1, best};
     // Paired, the decode-shaped items take a quarter of the slots they took, which may leave
     // room for more, shorter wide items: the chunks between base and best that cut the longest
     // unit into 1 or 2 more pieces (the shortest paired span; ties: the larger chunk). H100,
@@ -409,17 +447,18 @@ std::pair<int32_t, int32_t> PlanBuilder::choose_chunk_tokens() const {
     for (int64_t pieces = ceil_div(longest, best) + 1, n = 0; n < 2; ++pieces, ++n) {
       const int32_t chunk = int32_t(even_chunk_tokens(longest, ceil_div(longest, pieces), tile));
       if (chunk < base || chunk >= paired_best) break;
-      const int64_t span = simulated_span(chunk, c_.pair_heads);
+      const int64_t span = simulated_span(chunk, c_.pair_heads, decode_chunk);
       if (span < paired_span) {
         paired_best = chunk;
         paired_span = span;
       }
     }
-    return {paired_best, c_.pair_heads};
+    return {paired_best, c_.pair_heads,
+            decode_chunk > 0 ? std::min(decode_chunk, paired_best) : paired_best};
   }
   const int32_t min_tiles =
       std::min<int32_t>(max_tiles, int32_t(ceil_div(c_.min_split_tokens, tile)));
-  if (count_items(min_tiles * tile) < target) return {min_tiles * tile, 1};
+  if (count_items(min_tiles * tile) < target) return {min_tiles * tile, 1, min_tiles * tile};
   // Largest chunk (in KV tiles) that still reaches the target: count_items is monotone.
   int32_t lo = min_tiles, hi = max_tiles;  // count(lo) >= target > count(hi)
   while (hi - lo > 1) {
@@ -447,7 +486,7 @@ std::pair<int32_t, int32_t> PlanBuilder::choose_chunk_tokens() const {
       best_cost = cost;
     }
   }
-  return {best * tile, 1};
+  return {best * tile, 1, best * tile};
 }
 
 // Fills chain_runs (the group's context runs, root first) and group_queries.
@@ -771,14 +810,14 @@ Status PlanBuilder::build() {
 
   compute_subtree_tokens();
   build_units_and_assign();
-  const auto [chunk, pair] = choose_chunk_tokens();
+  const auto [chunk, pair, decode_chunk] = choose_chunk_tokens();
   p.split_chunk_tokens = chunk;
   p.pair_heads = 0;
   p.paired_items_begin = 0;
   for (int32_t u = 0; u < int32_t(s_.unit_first_node.size()); ++u) {
     if (s_.unit_remaining[u] == 0) continue;
     ++p.num_groups;
-    emit_group(u, chunk);
+    emit_group(u, decode_shaped_queries(s_.unit_remaining[u]) ? decode_chunk : chunk);
   }
   if (c_.item_order != AttentionPlanConfig::ItemOrder::kPlan) reorder_items();
   if (pair > 1) pair_decode_items(&p, pair);
