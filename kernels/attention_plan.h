@@ -193,6 +193,9 @@ struct AttentionPlan {
   int32_t num_folded_edges = 0;    // edges assigned 1 (parent read inside child's items)
   int32_t num_packs = 0;           // packed (masked) subtree units
   int32_t split_chunk_tokens = 0;  // chunk size actually used
+  // Chunk the decode-shaped units (one query tile of at most 16 rows) were cut into: the same
+  // as split_chunk_tokens, or shorter where chunk growth's simulation pairs them cut shorter.
+  int32_t decode_chunk_tokens = 0;
 
   AttentionPlanScratch scratch;
 

@@ -93,6 +93,7 @@ Status build_baseline_plan(const AttentionView& view, const AttentionPlanConfig&
     tiles = std::max(min_tiles, tiles / 2);
   const int64_t chunk = int64_t(tiles) * tile;
   p.split_chunk_tokens = int32_t(chunk);
+  p.decode_chunk_tokens = int32_t(chunk);
 
   for (int32_t q = 0; q < nq; ++q) {
     query_path(view, q, &path);

@@ -812,6 +812,7 @@ Status PlanBuilder::build() {
   build_units_and_assign();
   const auto [chunk, pair, decode_chunk] = choose_chunk_tokens();
   p.split_chunk_tokens = chunk;
+  p.decode_chunk_tokens = decode_chunk;
   p.pair_heads = 0;
   p.paired_items_begin = 0;
   for (int32_t u = 0; u < int32_t(s_.unit_first_node.size()); ++u) {

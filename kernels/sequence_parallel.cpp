@@ -141,6 +141,7 @@ Status split_plan_for_sequence_parallel(const AttentionPlan& plan, int32_t world
     s.num_folded_edges = plan.num_folded_edges;
     s.num_packs = plan.num_packs;
     s.split_chunk_tokens = plan.split_chunk_tokens;
+    s.decode_chunk_tokens = plan.decode_chunk_tokens;
     s.query_merge_begin.push_back(0);
   }
   std::vector<int32_t> partial_rank(plan.num_partials());

@@ -100,6 +100,7 @@ struct Result {
   std::string name, family;
   int32_t num_q_heads = 0, num_kv_heads = 0, queries = 0, items = 0, baseline_items = 0;
   int32_t chunk = 0, paired_items = 0;  // the plan's chunk; its items run kv heads paired
+  int32_t decode_chunk = 0;             // the chunk its decode-shaped units were cut into
   double unique_mb = 0, plan_kv_mb = 0, plan_build_us = 0;
   double median_us = 0, bound_us = 0, tbps = 0, copy_fraction = 0;
   double baseline_us = 0, speedup = 0;
@@ -300,6 +301,7 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   r.unique_mb = double(unique) / 1e6;
   r.plan_kv_mb = double(plan_kv_bytes(plan, num_kv_heads, kHeadDim, 2)) / 1e6;
   r.chunk = plan.split_chunk_tokens;
+  r.decode_chunk = plan.decode_chunk_tokens;
   r.paired_items = plan.num_paired_items();
   if (opt.plan_only) return r;
 
@@ -518,15 +520,15 @@ int main_impl(int argc, char** argv) {
   if (opt.plan_only) {
     std::printf("plans for 132 SMs (an H100), head pairing %s\n\n",
                 !opt.pair ? "off" : (opt.pair_all ? "offered at every GQA" : "on"));
-    std::printf("%-34s %5s %5s %6s %6s %7s %8s %8s %7s\n", "case", "heads", "q", "items", "chunk",
-                "paired", "uniqMB", "planMB", "plan_us");
+    std::printf("%-34s %5s %5s %6s %6s %7s %7s %8s %8s %7s\n", "case", "heads", "q", "items",
+                "chunk", "dchunk", "paired", "uniqMB", "planMB", "plan_us");
     for (const Case& c : cases) {
       if (!selected(c)) continue;
       for (const auto& [q_heads, kv_heads] : kHeads) {
         const Result r = run_case(c, q_heads, kv_heads, 132, 0, opt, nullptr);
-        std::printf("%-34s %2d/%-2d %5d %6d %6d %7d %8.2f %8.2f %7.1f\n", r.name.c_str(),
-                    r.num_q_heads, r.num_kv_heads, r.queries, r.items, r.chunk, r.paired_items,
-                    r.unique_mb, r.plan_kv_mb, r.plan_build_us);
+        std::printf("%-34s %2d/%-2d %5d %6d %6d %7d %7d %8.2f %8.2f %7.1f\n", r.name.c_str(),
+                    r.num_q_heads, r.num_kv_heads, r.queries, r.items, r.chunk, r.decode_chunk,
+                    r.paired_items, r.unique_mb, r.plan_kv_mb, r.plan_build_us);
       }
     }
     return 0;
