@@ -95,6 +95,9 @@ Status CudaBackend::init() {
   TS_RETURN_IF_ERROR(workspace_.init(limits));
   plan_config_ = tree_attention_plan_config(nh_, nkv_, int32_t(d_), sms);
   plan_config_.max_chunk_tokens = options_.attention_max_chunk_tokens;
+  static_assert(CudaBackendOptions{}.attention_pair_margin == AttentionPlanConfig{}.pair_margin,
+                "the engine's default margin is the builder's");
+  plan_config_.pair_margin = options_.attention_pair_margin;
   limits.apply_to(&plan_config_);  // caps it at limits.max_item_tokens too
   plan_config_.num_pages = layout_.num_pages;
   if (world_ > 1 && options_.p2p_all_reduce) {
@@ -252,6 +255,10 @@ Status check_options(const ModelConfig& config, const CudaBackendOptions& option
     return InvalidArgument("attention_max_chunk_tokens must be in [0, " +
                            std::to_string(TreeAttentionLimits{}.max_item_tokens) + "], got " +
                            std::to_string(options.attention_max_chunk_tokens));
+  }
+  if (options.attention_pair_margin < 2 || options.attention_pair_margin > 1024) {
+    return InvalidArgument("attention_pair_margin must be in [2, 1024], got " +
+                           std::to_string(options.attention_pair_margin));
   }
   if (options.page_size < 1 || options.page_size > 256) {
     return InvalidArgument("page_size must be in [1, 256]");

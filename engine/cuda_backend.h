@@ -59,6 +59,9 @@ struct CudaBackendOptions {
   // the plan may grow its KV chunks to, in tokens; 0: no growth. At most the workspace's
   // longest item (2048, the default).
   int32_t attention_max_chunk_tokens = 2048;
+  // Tree attention's head-pairing margin (AttentionPlanConfig::pair_margin): plans pair where
+  // the simulated span is at least 1 / margin shorter. In [2, 1024].
+  int32_t attention_pair_margin = 16;
   // Tree attention runs plans of only decode-shaped items (plain sequences, small trees, the
   // prefix-unaware baseline) in its decode kernel (TreeAttentionLimits::decode_kernel); false:
   // stage 1 runs every plan (A/B).

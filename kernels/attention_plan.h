@@ -69,6 +69,14 @@ struct AttentionPlanConfig {
   // sets it at GQA >= 4. H100, GQA 4: few-shot P=4000 + 50 x 200 36.7 -> 32.4 us (chunks of
   // 1024 -> 832), every other bench case unpaired (README).
   int32_t pair_heads = 0;
+  // Pairing (whole, or with the decode-shaped units cut shorter) is kept where its simulated
+  // span is at least 1 / pair_margin shorter than unpaired's (the simulation is good to about
+  // 5%). H100, GQA 4 (2026-11-26): at 16 few-shot P=4000 + 20 / 30 x 200 pair (branches in
+  // pieces of 128 and 72; 24.1 -> 22.1 / 26.7 -> 25.2 us); at 32 P=16000 + 64 x 200 pairs too
+  // (80.5 -> 78.1) and speculative t=128 pairs 5 items (unchanged), but an earlier build's
+  // paired speculative tree measured 4% slower, so 16 stays until the engine's verify steps
+  // are measured at 32. Must be >= 2.
+  int32_t pair_margin = 16;
 
   // Subtrees with at most pack_max_tokens KV tokens and one query tile of queries are read
   // by a single masked item (and consecutive such siblings share one).

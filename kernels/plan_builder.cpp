@@ -92,6 +92,7 @@ Status check_config(const AttentionPlanConfig& c) {
   }
   if (c.num_sms < 1) return bad("num_sms", c.num_sms, "must be >= 1");
   if (c.min_split_tokens < 1) return bad("min_split_tokens", c.min_split_tokens, "must be >= 1");
+  if (c.pair_margin < 2) return bad("pair_margin", c.pair_margin, "must be >= 2");
   return Status::Ok();
 }
 
@@ -411,9 +412,8 @@ PlanBuilder::ChunkChoice PlanBuilder::choose_chunk_tokens() const {
     // shorten it, so those are simulated too (decode_chunk; 0: cut as the others). H100, GQA
     // 4, same call (bench/tree_attention/h100-2026-11-26-decode-chunk-ab.txt): few-shot P=4000
     // + 20 x 200 24.1 -> 22.1 us and + 30 x 200 26.7 -> 25.2 (branches unpaired before, now
-    // paired in pieces of 128 and 72), every other case unchanged. With a 1/32 margin instead
-    // of 1/16 P=16000 + 64 x 200 pairs so too, 80.5 -> 78.1 us; not taken before the engine's
-    // verify steps are measured with it (at 1/32 the bench's speculative t=128 pairs 5 items).
+    // paired in pieces of 128 and 72), every other case unchanged (AttentionPlanConfig::
+    // pair_margin says what a 1/32 margin changes).
     int32_t decode_chunk = 0;
     {
       int64_t longest_decode = 0;
@@ -434,7 +434,7 @@ PlanBuilder::ChunkChoice PlanBuilder::choose_chunk_tokens() const {
         }
       }
     }
-    if (paired_span * 16 > best_span * 15) return {best, 1, best};
+    if (paired_span * c_.pair_margin > best_span * (c_.pair_margin - 1)) return {best, 1, best};
     // Paired, the decode-shaped items take a quarter of the slots they took, which may leave
     // room for more, shorter wide items: the chunks between base and best that cut the longest
     // unit into 1 or 2 more pieces (the shortest paired span; ties: the larger chunk). H100,

@@ -17,6 +17,8 @@
 // split count a shape was tuned for (1: unsplit).
 // --max-chunk N sets CudaBackendOptions::attention_max_chunk_tokens (tree attention's chunk
 // growth; 0: off; default 2048, the engine's).
+// --pair-margin N sets CudaBackendOptions::attention_pair_margin (tree attention pairs heads
+// where the simulated span is at least 1/N shorter; default 16, the engine's).
 // --no-decode-kernel sets CudaBackendOptions::attention_decode_kernel false (tree attention's
 // stage 1 runs every plan, also the all-decode-shaped ones; A/B).
 //
@@ -24,7 +26,7 @@
 //                [--workloads fewshot,sampled,spec,tot] [--kv-gib 6] [--tensor-parallel N]
 //                [--fewshot-branches 20,30,50] [--profile-last-step] [--graphs|--no-graphs]
 //                [--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N] [--max-chunk N]
-//                [--no-decode-kernel]
+//                [--pair-margin N] [--no-decode-kernel]
 // --profile-last-step wraps each workload's last step in cudaProfilerStart/Stop, for
 // `ncu --profile-from-start off` (per-kernel times of one step).
 #include <cuda_profiler_api.h>
@@ -63,6 +65,7 @@ struct Args {
   bool nccl_only = false;  // tensor parallel: every all-reduce through NCCL (no peer-to-peer)
   int gemm_split_k = 0;    // CudaBackendOptions::gemm_split_k
   int max_chunk = CudaBackendOptions{}.attention_max_chunk_tokens;    // --max-chunk
+  int pair_margin = CudaBackendOptions{}.attention_pair_margin;       // --pair-margin
   bool decode_kernel = CudaBackendOptions{}.attention_decode_kernel;  // --no-decode-kernel
 };
 
@@ -376,13 +379,13 @@ int run(const Args& args) {
   std::printf(
       "device: %s, copy bandwidth %.2f TB/s, tensor parallel %d%s, CUDA graphs %s, GEMM "
       "autotune %s, GEMM split-K %s, attention chunk growth up to %d tokens (0: off), attention "
-      "decode kernel %s\n",
+      "pairing margin 1/%d, attention decode kernel %s\n",
       prop.name, bw / 1e12, args.tensor_parallel,
       args.tensor_parallel == 1 ? ""
       : args.nccl_only          ? " (all-reduce: NCCL)"
                        : " (all-reduce: peer-to-peer fused with the norm, NCCL for the embedding)",
       args.cuda_graphs ? "on" : "off", args.gemm_tune ? "on" : "off", split_k.c_str(),
-      args.max_chunk, args.decode_kernel ? "on" : "off");
+      args.max_chunk, args.pair_margin, args.decode_kernel ? "on" : "off");
   if (cuda_device_count() < args.tensor_parallel) {
     std::fprintf(stderr, "bench_decode: --tensor-parallel %d needs %d devices, found %d\n",
                  args.tensor_parallel, args.tensor_parallel, cuda_device_count());
@@ -420,6 +423,7 @@ int run(const Args& args) {
     opt.gemm_autotune = args.gemm_tune && pass != 3;
     opt.gemm_split_k = args.gemm_split_k;
     opt.attention_max_chunk_tokens = args.max_chunk;
+    opt.attention_pair_margin = args.pair_margin;
     opt.attention_decode_kernel = args.decode_kernel;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
@@ -557,6 +561,7 @@ int run(const Args& args) {
         << ", \"gemm_autotune\": " << (args.gemm_tune ? "true" : "false")
         << ", \"gemm_split_k\": " << args.gemm_split_k
         << ", \"attention_max_chunk_tokens\": " << args.max_chunk
+        << ", \"attention_pair_margin\": " << args.pair_margin
         << ", \"attention_decode_kernel\": " << (args.decode_kernel ? "true" : "false")
         << ", \"results\": [";
     for (size_t i = 0; i < results.size(); ++i) {
@@ -616,6 +621,8 @@ int main(int argc, char** argv) {
       args.gemm_split_k = std::stoi(next());
     else if (a == "--max-chunk")
       args.max_chunk = std::stoi(next());
+    else if (a == "--pair-margin")
+      args.pair_margin = std::stoi(next());
     else if (a == "--no-decode-kernel")
       args.decode_kernel = false;
     else {
@@ -624,7 +631,7 @@ int main(int argc, char** argv) {
                    "[--workloads fewshot,sampled,spec,tot] [--kv-gib G] [--tensor-parallel N] "
                    "[--fewshot-branches 20,30,50] [--profile-last-step] [--graphs|--no-graphs] "
                    "[--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N] [--max-chunk N] "
-                   "[--no-decode-kernel]\n");
+                   "[--pair-margin N] [--no-decode-kernel]\n");
       return 2;
     }
   }

@@ -12,6 +12,8 @@
 //                             (--max-chunk: chunk growth's cap, AttentionPlanConfig::
 //                             max_chunk_tokens; 0 = no growth, default 4 x the chunk)
 //                             [--pack-max TOKENS]  (AttentionPlanConfig::pack_max_tokens)
+//                             [--pair-margin N]  (AttentionPlanConfig::pair_margin: pair where
+//                                                the simulated span is 1/N shorter; 16)
 //                             [--no-balance-tiles]  (full query tiles and a remainder:
 //                                                   AttentionPlanConfig::balance_query_tiles)
 //                             [--items-per-sm X]
@@ -69,8 +71,9 @@ struct Options {
   std::string filter;
   int reps = 50;
   bool flush_l2 = true;
-  int chunk = 0;       // 0: tree_attention_plan_config's default
-  int max_chunk = -1;  // AttentionPlanConfig::max_chunk_tokens (0: no chunk growth; -1: config's)
+  int chunk = 0;        // 0: tree_attention_plan_config's default
+  int max_chunk = -1;   // AttentionPlanConfig::max_chunk_tokens (0: no chunk growth; -1: config's)
+  int pair_margin = 0;  // AttentionPlanConfig::pair_margin (0: config's)
   int min_split = 0;
   int pack_max = 0;           // AttentionPlanConfig::pack_max_tokens (0: the config's)
   bool balance_tiles = true;  // AttentionPlanConfig::balance_query_tiles (--no-balance-tiles)
@@ -283,6 +286,7 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   if (opt.max_chunk >= 0) config.max_chunk_tokens = opt.max_chunk;
   if (opt.min_split > 0) config.min_split_tokens = opt.min_split;
   if (opt.pack_max > 0) config.pack_max_tokens = opt.pack_max;
+  if (opt.pair_margin > 0) config.pair_margin = opt.pair_margin;
   config.balance_query_tiles = opt.balance_tiles;  // (tree_attention_plan_config's: on)
   config.item_order = opt.item_order;
   if (!opt.pair) config.pair_heads = 0;
@@ -434,6 +438,8 @@ int main_impl(int argc, char** argv) {
       opt.pack_max = std::atoi(next().c_str());
     } else if (a == "--max-chunk") {
       opt.max_chunk = std::atoi(next().c_str());
+    } else if (a == "--pair-margin") {
+      opt.pair_margin = std::atoi(next().c_str());
     } else if (a == "--min-split") {
       opt.min_split = std::atoi(next().c_str());
     } else if (a == "--items-per-sm") {
@@ -494,7 +500,8 @@ int main_impl(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush] "
-                   "[--chunk TOKENS] [--max-chunk TOKENS] [--pack-max TOKENS] [--min-split TOKENS] "
+                   "[--chunk TOKENS] [--max-chunk TOKENS] [--pack-max TOKENS] [--pair-margin N] "
+                   "[--min-split TOKENS] "
                    "[--items-per-sm X] "
                    "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] "
                    "[--grid] [--graph] [--no-decode-kernel] [--depth-slots] [--no-balance-tiles] "

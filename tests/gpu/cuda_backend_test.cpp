@@ -167,6 +167,18 @@ TEST(CudaBackend, RejectsChunkGrowthBeyondTheWorkspace) {
     EXPECT_NE(gpu.status().message().find("attention_max_chunk_tokens"), std::string::npos)
         << gpu.status().message();
   }
+  // The same for the head-pairing margin outside [2, 1024].
+  for (int32_t bad : {1, 0, 1025}) {
+    CudaBackendOptions go;
+    go.num_pages = kPages;
+    go.page_size = kPageSize;
+    go.attention_pair_margin = bad;
+    auto gpu = create_cuda_backend(ckpt->config, ckpt->weights, go);
+    ASSERT_FALSE(gpu.ok()) << bad;
+    EXPECT_EQ(gpu.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(gpu.status().message().find("attention_pair_margin"), std::string::npos)
+        << gpu.status().message();
+  }
 }
 
 // Greedy-only steps return each row's argmax and logprob computed on the device.
