@@ -151,33 +151,29 @@ TEST(CudaBackend, SplitKForcedMatchesCpu) {
   }
 }
 
-// attention_max_chunk_tokens outside [0, the workspace's longest item] is refused by name.
-TEST(CudaBackend, RejectsChunkGrowthBeyondTheWorkspace) {
+// attention_max_chunk_tokens outside [0, the workspace's longest item] and
+// attention_pair_margin outside [2, 1024] are refused by name.
+TEST(CudaBackend, RejectsAttentionOptionsOutOfRange) {
   REQUIRE_GPU();
   const auto ckpt = testing::load_tiny_checkpoint();
   ASSERT_TRUE(ckpt);
+  auto expect_refused = [&](const char* name, int32_t bad, auto set) {
+    CudaBackendOptions go;
+    go.num_pages = kPages;
+    go.page_size = kPageSize;
+    set(go, bad);
+    auto gpu = create_cuda_backend(ckpt->config, ckpt->weights, go);
+    ASSERT_FALSE(gpu.ok()) << name << " " << bad;
+    EXPECT_EQ(gpu.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(gpu.status().message().find(name), std::string::npos) << gpu.status().message();
+  };
   for (int32_t bad : {-1, 4096}) {
-    CudaBackendOptions go;
-    go.num_pages = kPages;
-    go.page_size = kPageSize;
-    go.attention_max_chunk_tokens = bad;
-    auto gpu = create_cuda_backend(ckpt->config, ckpt->weights, go);
-    ASSERT_FALSE(gpu.ok()) << bad;
-    EXPECT_EQ(gpu.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(gpu.status().message().find("attention_max_chunk_tokens"), std::string::npos)
-        << gpu.status().message();
+    expect_refused("attention_max_chunk_tokens", bad,
+                   [](CudaBackendOptions& o, int32_t v) { o.attention_max_chunk_tokens = v; });
   }
-  // The same for the head-pairing margin outside [2, 1024].
   for (int32_t bad : {1, 0, 1025}) {
-    CudaBackendOptions go;
-    go.num_pages = kPages;
-    go.page_size = kPageSize;
-    go.attention_pair_margin = bad;
-    auto gpu = create_cuda_backend(ckpt->config, ckpt->weights, go);
-    ASSERT_FALSE(gpu.ok()) << bad;
-    EXPECT_EQ(gpu.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(gpu.status().message().find("attention_pair_margin"), std::string::npos)
-        << gpu.status().message();
+    expect_refused("attention_pair_margin", bad,
+                   [](CudaBackendOptions& o, int32_t v) { o.attention_pair_margin = v; });
   }
 }
 
