@@ -125,7 +125,7 @@ class PlanBuilder {
   void build_units_and_assign();
   int64_t count_items(int32_t chunk) const;
   int64_t simulated_span(int32_t chunk, int32_t pair, int32_t decode_chunk = 0) const;
-  bool has_decode_shaped_unit() const;
+  int64_t longest_decode_shaped_run() const;
   bool decode_shaped_queries(int64_t q) const;
   void build_unit_runs() const;
   // The chunk, the kv heads a decode-shaped item's block runs (1, or c_.pair_heads), and the
@@ -301,13 +301,15 @@ void PlanBuilder::build_unit_runs() const {
   }
 }
 
-// Reads the unit runs (build_unit_runs).
-bool PlanBuilder::has_decode_shaped_unit() const {
+// The longest unit whose items are decode-shaped, in tokens; 0 where there is none. Reads the
+// unit runs (build_unit_runs).
+int64_t PlanBuilder::longest_decode_shaped_run() const {
   const std::vector<int64_t>& runs = s_.span_unit_runs;
+  int64_t longest = 0;
   for (size_t r = 0; r < runs.size(); r += 3) {
-    if (decode_shaped_queries(runs[r + 1])) return true;
+    if (decode_shaped_queries(runs[r + 1])) longest = std::max(longest, runs[r]);
   }
-  return false;
+  return longest;
 }
 
 // Chunk growth's estimate of a launch's span (AttentionPlanConfig::max_chunk_tokens): the
@@ -401,8 +403,9 @@ PlanBuilder::ChunkChoice PlanBuilder::choose_chunk_tokens() const {
         best_span = span;
       }
     }
+    const int64_t longest_decode = longest_decode_shaped_run();
     if (c_.pair_heads <= 1 || c_.item_order != AttentionPlanConfig::ItemOrder::kKvMajor ||
-        !has_decode_shaped_unit()) {
+        longest_decode == 0) {
       return {best, 1, best};
     }
     int64_t paired_span = simulated_span(best, c_.pair_heads);
@@ -415,23 +418,16 @@ PlanBuilder::ChunkChoice PlanBuilder::choose_chunk_tokens() const {
     // paired in pieces of 128 and 72), every other case unchanged (AttentionPlanConfig::
     // pair_margin says what a 1/32 margin changes).
     int32_t decode_chunk = 0;
-    {
-      int64_t longest_decode = 0;
-      const std::vector<int64_t>& runs = s_.span_unit_runs;
-      for (size_t r = 0; r < runs.size(); r += 3) {
-        if (decode_shaped_queries(runs[r + 1])) longest_decode = std::max(longest_decode, runs[r]);
-      }
-      int32_t last = int32_t(std::min<int64_t>(best, longest_decode));
-      for (int64_t pieces = 2; pieces <= 3; ++pieces) {
-        const int32_t d =
-            int32_t(even_chunk_tokens(longest_decode, ceil_div(longest_decode, pieces), tile));
-        if (d >= last) continue;
-        last = d;
-        const int64_t span = simulated_span(best, c_.pair_heads, d);
-        if (span < paired_span) {
-          paired_span = span;
-          decode_chunk = d;
-        }
+    for (int64_t pieces = 2, last = std::min<int64_t>(best, longest_decode); pieces <= 3;
+         ++pieces) {
+      const int32_t d =
+          int32_t(even_chunk_tokens(longest_decode, ceil_div(longest_decode, pieces), tile));
+      if (d >= last) continue;
+      last = d;
+      const int64_t span = simulated_span(best, c_.pair_heads, d);
+      if (span < paired_span) {
+        paired_span = span;
+        decode_chunk = d;
       }
     }
     if (paired_span * c_.pair_margin > best_span * (c_.pair_margin - 1)) return {best, 1, best};
