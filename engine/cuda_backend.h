@@ -61,7 +61,7 @@ struct CudaBackendOptions {
   int32_t attention_max_chunk_tokens = 2048;
   // Tree attention's head-pairing margin (AttentionPlanConfig::pair_margin): plans pair where
   // the simulated span is at least 1 / margin shorter. In [2, 1024].
-  int32_t attention_pair_margin = 16;
+  int32_t attention_pair_margin = 32;
   // Tree attention runs plans of only decode-shaped items (plain sequences, small trees, the
   // prefix-unaware baseline) in its decode kernel (TreeAttentionLimits::decode_kernel); false:
   // stage 1 runs every plan (A/B).

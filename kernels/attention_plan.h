@@ -63,20 +63,21 @@ struct AttentionPlanConfig {
   // the block's fixed part (record, table, Q, first tile's latency, epilogue) among them. Chunk
   // growth then also simulates the chunk it picks with pairing (a paired item costs the fixed
   // part plus ceil(tokens * pair_heads / kv_tile_tokens) tiles on 1 / pair_heads of an item
-  // slot) and pairs where that span is at least 1/16 shorter, then tries 2 smaller chunks
-  // paired; plans outside chunk growth stay unpaired. Only with the kKvMajor item order
+  // slot) and pairs where that span is at least 1 / pair_margin shorter, then tries 2 smaller
+  // chunks paired; plans outside chunk growth stay unpaired. Only with the kKvMajor item order
   // (the paired items go last). 0 or 1: never (the struct's default); tree_attention_plan_config
   // sets it at GQA >= 4. H100, GQA 4: few-shot P=4000 + 50 x 200 36.7 -> 32.4 us (chunks of
-  // 1024 -> 832), every other bench case unpaired (README).
+  // 1024 -> 832), then b=20 / 30 and P=16000 + 64 x 200 (pair_margin).
   int32_t pair_heads = 0;
   // Pairing (whole, or with the decode-shaped units cut shorter) is kept where its simulated
   // span is at least 1 / pair_margin shorter than unpaired's (the simulation is good to about
-  // 5%). H100, GQA 4 (2026-11-26): at 16 few-shot P=4000 + 20 / 30 x 200 pair (branches in
-  // pieces of 128 and 72; 24.1 -> 22.1 / 26.7 -> 25.2 us); at 32 P=16000 + 64 x 200 pairs too
-  // (80.5 -> 78.1) and speculative t=128 pairs 5 items (unchanged), but an earlier build's
-  // paired speculative tree measured 4% slower, so 16 stays until the engine's verify steps
-  // are measured at 32. Must be >= 2.
-  int32_t pair_margin = 16;
+  // 5%). H100, GQA 4 (2026-11-26): few-shot P=4000 + 20 / 30 x 200 pair at 16 and 32
+  // (branches in pieces of 128 and 72; 24.1 -> 22.1 / 26.7 -> 25.2 us); at 32 P=16000 + 64 x
+  // 200 pairs too (80.2 / 80.8 -> 78.8 / 78.7 us, same call) and speculative t=128 pairs 5
+  // items (unchanged), while bench_decode's verify and few-shot steps were unchanged (their
+  // plans are the same at 16 and 32; bench/decode/h100-2026-11-26-pair-margin-ab.txt). Must
+  // be >= 2.
+  int32_t pair_margin = 32;
 
   // Subtrees with at most pack_max_tokens KV tokens and one query tile of queries are read
   // by a single masked item (and consecutive such siblings share one).

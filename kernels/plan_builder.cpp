@@ -385,10 +385,11 @@ PlanBuilder::ChunkChoice PlanBuilder::choose_chunk_tokens() const {
     // 512 there (README). 1.5x is not a candidate: the simulation favoured it for a tree of
     // thought at GQA 1 that measured 7% slower with it. With head pairing the chosen chunk is
     // also simulated paired (one more simulation, where the plan has decode-shaped units), and
-    // pairing is kept where its span is at least 1/16 shorter, the simulation being good to
-    // about 5% (H100, GQA 4: few-shot P=4000 + 50 x 200 at 1024 is 81 -> 75 quarter tiles and
-    // measured 36.3 -> 34.0 us; speculative t=128 90 -> 86 measured 4% slower paired); then
-    // two smaller chunks are tried paired (below).
+    // pairing is kept where its span is at least 1 / pair_margin shorter, the simulation being
+    // good to about 5% (H100, GQA 4: few-shot P=4000 + 50 x 200 at 1024 is 81 -> 75 quarter
+    // tiles and measured 36.3 -> 34.0 us; an earlier build's speculative t=128, 90 -> 86,
+    // measured 4% slower paired; at today's margin of 32 it pairs 5 items, unchanged); then two
+    // smaller chunks are tried paired (below).
     const int32_t base = max_tiles * tile;
     if (c_.max_chunk_tokens <= base) return {base, 1, base};  // no growth
     build_unit_runs();

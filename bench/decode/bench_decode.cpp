@@ -18,7 +18,7 @@
 // --max-chunk N sets CudaBackendOptions::attention_max_chunk_tokens (tree attention's chunk
 // growth; 0: off; default 2048, the engine's).
 // --pair-margin N sets CudaBackendOptions::attention_pair_margin (tree attention pairs heads
-// where the simulated span is at least 1/N shorter; default 16, the engine's).
+// where the simulated span is at least 1/N shorter; default 32, the engine's).
 // --no-decode-kernel sets CudaBackendOptions::attention_decode_kernel false (tree attention's
 // stage 1 runs every plan, also the all-decode-shaped ones; A/B).
 //

@@ -13,7 +13,7 @@
 //                             max_chunk_tokens; 0 = no growth, default 4 x the chunk)
 //                             [--pack-max TOKENS]  (AttentionPlanConfig::pack_max_tokens)
 //                             [--pair-margin N]  (AttentionPlanConfig::pair_margin: pair where
-//                                                the simulated span is 1/N shorter; 16)
+//                                                the simulated span is 1/N shorter; 32)
 //                             [--no-balance-tiles]  (full query tiles and a remainder:
 //                                                   AttentionPlanConfig::balance_query_tiles)
 //                             [--items-per-sm X]
