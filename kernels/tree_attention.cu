@@ -204,6 +204,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   // The fixed-stride table's later entries, while the first tiles are in flight: the main
   // loop's first barrier orders these writes before the load of tile 2.
   for (int t = rest_begin + tid; t < it.num_tokens; t += kThreads) tok[t] = table_row(entries[t]);
+  // The tail kernel's launch (Stage1Params::early_trigger). Here rather than right after the
+  // wait: there it took stage 1 from 202 to 227 registers (ptxas), as any trigger placed there.
+  pdl_trigger_if(p.early_trigger);
 
   constexpr int kMaxSplit = kKvTile / 16 < kWarps ? kKvTile / 16 : kWarps;
   // Items of one slab (decode branches: gqa rows) split its tiles' tokens over the 4 warps;
@@ -340,6 +343,234 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
   attend<D, T, kSplit, kDecodeQRows>(p, it, mask_words, s_q, s_k, s_v, load_tile);
   record_block_trace(p, start_ns, item, it);
   pdl_trigger();
+}
+
+// The tail kernel (TreeAttentionLimits::tail_kernel, eager launches of a plan that pairs):
+// the decode-shaped items stage 1 would pair (from paired_items_begin on) run here instead,
+// one warp a block per (item, kv head), in a kernel small enough to run beside two stage 1
+// blocks on an SM. An SM's registers are four sub-partitions' of 16,384 and a warp takes its
+// registers from one: two 202-register stage 1 blocks (8 warps, 2 per sub-partition) leave
+// 3,072 in each, one warp of at most 96 registers (__maxnreg__; a 128-register version found
+// no room beside them). Their 2 x ~92 KB of shared memory leave ~44 KB of the SM's 228 (both
+// kernels ask for the largest carveout): two of these blocks. Stage 1 triggers the launch
+// once its blocks' first copies are out, after their wait for the previous kernel, so the
+// branches' K/V (DRAM-bound) streams while stage 1's wide items run on the tensor cores
+// (compute-bound), instead of as a second wave after them. It reads no input before every
+// stage 1 block has passed that wait, so it needs no wait of its own.
+// Per warp, kTailRows (8) of the item's rows at a time, transposed so that they are the MMAs'
+// n = 8 side: S^T = K Q^T (m16n8k16; K's 16 tokens and Q by ldmatrix), the online softmax on
+// S^T's columns, P through a 384-byte scratch into the B fragment, O^T += V^T P^T (V^T by
+// ldmatrix.trans): O^T is D x 8, 32 fp32 registers at head_dim 128. 16-token K/V tiles stream
+// through a ring of kTailStages by cp.async. H100 (ninth session, design log): 3 or 5 stages
+// were slower (fewer blocks fit beside stage 1), and so was a CUDA-core version (reductions by
+// shuffles, 128 registers).
+constexpr int kTailRows = 8;
+constexpr int kTailTok = 16;
+constexpr int kTailStages = 2;
+constexpr int kTailPStride = kTailTok + 8;  // P scratch row stride (elements): no bank conflicts
+template <int D>
+__host__ __device__ constexpr int tail_q_stride() {
+  return D + 8;  // Q scratch row stride (elements): the 8 rows an ldmatrix reads, 8 bank groups
+}
+template <int D>
+constexpr int tail_smem_bytes() {
+  return kTailStages * 2 * kTailTok * D * 2 + kTailRows * (kTailPStride + tail_q_stride<D>()) * 2;
+}
+
+template <int D, typename T>
+__global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail_begin) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks a K/V row
+  constexpr int kRowsPerCopy = 32 / kChunks;
+  constexpr int kKSteps = D / 16;
+  constexpr unsigned kFull = 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, qd = lane & 3;  // MMA fragment coordinates
+  const int32_t* plan = p.plan;
+  const uint64_t start_ns = p.trace != nullptr && lane == 0 ? global_ns() : 0;
+  const int item = tail_begin + int(blockIdx.x) / p.num_kv_heads;
+  const int kv_head = int(blockIdx.x) % p.num_kv_heads;
+  if (item >= p.header.w[kNumItems]) return;
+  const int32_t* rec = plan + kHeaderWords + int64_t(item) * kItemRecordWords;
+  const int query_begin = rec[kRecQueryBegin];
+  const int num_rows = (rec[kRecQueryEnd] - query_begin) * p.gqa;
+  const int num_tokens = rec[kRecNumTokens];
+  const int mask_offset = rec[kRecMaskOffset];
+  const int words_per_row = (num_tokens + 31) >> 5;
+  const uint32_t* mask_words = reinterpret_cast<const uint32_t*>(plan + p.header.w[kMaskWords]);
+  const int32_t* partial_slot = plan + p.header.w[kPartialSlot];
+  const int32_t* entries =
+      p.token_table + (p.header.w[kTokenTable] == kTableFixedStride ? int64_t(item) * p.table_stride
+                                                                    : int64_t(rec[kRecTableBegin]));
+  const int rows_per_page = p.num_kv_heads * p.page_size;
+  const int head_row = kv_head * p.page_size;
+  auto pool_row = [&](int32_t e) { return (e >> 8) * rows_per_page + head_row + (e & 0xff); };
+  const T* k_pool = static_cast<const T*>(p.k);
+  const T* v_pool = static_cast<const T*>(p.v);
+
+  extern __shared__ __align__(1024) unsigned char tail_smem[];
+  T* ring = reinterpret_cast<T*>(tail_smem);       // [stage][K tile, V tile], 16 x D each, swizzled
+  T* s_p = ring + kTailStages * 2 * kTailTok * D;  // P [kTailRows][kTailPStride]
+  T* s_q = s_p + kTailRows * kTailPStride;         // Q [kTailRows][tail_q_stride]
+  const int steps = (num_tokens + kTailTok - 1) / kTailTok;
+
+  for (int row0 = 0; row0 < num_rows; row0 += kTailRows) {
+    // Pool rows of tokens [32 k, 32 k + 32): lane i holds token 32 k + i's (rows_cur), and the
+    // next 32 tokens' table entries are in flight (ent_next). (All of a window's rows read at
+    // once into shared memory measured slower: H100, ninth session.)
+    int32_t rows_cur = lane < num_tokens ? pool_row(__ldg(entries + lane)) : 0;
+    int32_t ent_next = 32 + lane < num_tokens ? __ldg(entries + 32 + lane) : 0;
+    // Copies step t's K and V rows into ring stage t % kTailStages (zeros past the item).
+    static_assert(32 % kTailTok == 0, "steps do not straddle 32-token groups");
+    auto issue = [&](int t) {
+      if (t < steps) {
+        constexpr int kStepsPerGroup = 32 / kTailTok;
+        if (t > 0 && t % kStepsPerGroup == 0) {
+          rows_cur = pool_row(ent_next);
+          const int at = (t + kStepsPerGroup) * kTailTok + lane;
+          ent_next = at < num_tokens ? __ldg(entries + at) : 0;
+        }
+        T* dk = ring + (t % kTailStages) * 2 * kTailTok * D;
+        T* dv = dk + kTailTok * D;
+#pragma unroll
+        for (int i = 0; i < kTailTok / kRowsPerCopy; ++i) {
+          const int j = i * kRowsPerCopy + lane / kChunks, c = lane % kChunks;
+          const int tok = t * kTailTok + j;
+          const int32_t r = __shfl_sync(kFull, rows_cur, (t % kStepsPerGroup) * kTailTok + j);
+          const bool valid = tok < num_tokens;
+          const int64_t off = valid ? int64_t(r) * D + c * 8 : 0;
+          cp_async_16(smem_u32(dk + swz<D, kTailTok>(j, c)), k_pool + off, valid);
+          cp_async_16(smem_u32(dv + swz<D, kTailTok>(j, c)), v_pool + off, valid);
+        }
+      }
+      cp_async_commit();
+    };
+    // The pass's Q rows (row n: q head kv_head * gqa + (row0 + n) % gqa; zeros past the
+    // item's rows) with the first tile: Q^T's B fragments are read back by ldmatrix each step.
+#pragma unroll
+    for (int i = 0; i < kTailRows * kChunks / 32; ++i) {
+      const int n = i * kRowsPerCopy + lane / kChunks, c = lane % kChunks;
+      const int row = row0 + n;
+      const bool valid = row < num_rows;
+      const T* src = static_cast<const T*>(p.q);
+      if (valid) {
+        const int32_t batch_row = rec[kRecQueryRows + row / p.gqa];
+        src += (int64_t(batch_row) * p.num_q_heads + kv_head * p.gqa + row % p.gqa) * D + c * 8;
+      }
+      cp_async_16(smem_u32(s_q + n * tail_q_stride<D>() + c * 8), src, valid);
+    }
+#pragma unroll
+    for (int t = 0; t < kTailStages - 1; ++t) issue(t);
+    // This thread's score columns: rows row0 + 2 qd + e (e = 0, 1), their mask rows.
+    const uint32_t* row_mask[2] = {nullptr, nullptr};
+    bool row_valid[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int row = row0 + 2 * qd + e;
+      row_valid[e] = row < num_rows;
+      if (mask_offset >= 0 && row_valid[e]) {
+        row_mask[e] = mask_words + mask_offset + (row / p.gqa) * words_per_row;
+      }
+    }
+    float o[kKSteps][4];  // O^T: dims 16 mt + g (+8), rows 2 qd (+1)
+#pragma unroll
+    for (int mt = 0; mt < kKSteps; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+    for (int t = 0; t < steps; ++t) {
+      issue(t + kTailStages - 1);
+      cp_async_wait<kTailStages - 1>();
+      __syncwarp();
+      const T* kt = ring + (t % kTailStages) * 2 * kTailTok * D;
+      const T* vt = kt + kTailTok * D;
+      // S^T = K Q^T: tokens lane/4 (+8) x rows 2 qd (+1).
+      float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        uint32_t a[4], b[2];
+        ldmatrix_x4(a, smem_u32(kt + swz<D, kTailTok>(lane & 15, 2 * kk + (lane >> 4))));
+        ldmatrix_x2(
+            b, smem_u32(s_q + (lane & 7) * tail_q_stride<D>() + 16 * kk + ((lane >> 3) & 1) * 8));
+        Dtype<T>::mma(s, a, b[0], b[1]);
+      }
+      float alpha[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float x0 = s[e], x1 = s[2 + e];  // tokens g, g + 8
+        const int t0 = t * kTailTok + g, t1 = t0 + 8;
+        bool v0 = row_valid[e] && t0 < num_tokens, v1 = row_valid[e] && t1 < num_tokens;
+        if (row_mask[e] != nullptr) {
+          v0 = v0 && ((row_mask[e][t0 >> 5] >> (t0 & 31)) & 1u);
+          v1 = v1 && ((row_mask[e][t1 >> 5] >> (t1 & 31)) & 1u);
+        }
+        x0 = v0 ? x0 * p.scale_log2 : -INFINITY;
+        x1 = v1 ? x1 * p.scale_log2 : -INFINITY;
+        float mx = fmaxf(x0, x1);
+        mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 16));
+        const float new_m = fmaxf(m[e], mx);
+        const float base = new_m == -INFINITY ? 0.f : new_m;
+        alpha[e] = fast_exp2(m[e] - base);
+        m[e] = new_m;
+        const float p0 = fast_exp2(x0 - base), p1 = fast_exp2(x1 - base);
+        l[e] = l[e] * alpha[e] + p0 + p1;  // this thread's share; reduced at the end
+        // P[row 2 qd + e][token g (+8)] for the B fragment.
+        s_p[(2 * qd + e) * kTailPStride + g] = Dtype<T>::from_float(p0);
+        s_p[(2 * qd + e) * kTailPStride + g + 8] = Dtype<T>::from_float(p1);
+      }
+#pragma unroll
+      for (int mt = 0; mt < kKSteps; ++mt) {
+        o[mt][0] *= alpha[0], o[mt][2] *= alpha[0];
+        o[mt][1] *= alpha[1], o[mt][3] *= alpha[1];
+      }
+      __syncwarp();
+      uint32_t pb[2];
+      ldmatrix_x2(pb, smem_u32(s_p + (lane & 7) * kTailPStride + ((lane >> 3) & 1) * 8));
+      // O^T += V^T P^T: V^T's A fragments by ldmatrix.trans of the [token][dim] tile.
+#pragma unroll
+      for (int mt = 0; mt < kKSteps; ++mt) {
+        uint32_t a[4];
+        const int tok = (lane & 7) + ((lane >> 4) << 3);
+        ldmatrix_x4_trans(a, smem_u32(vt + swz<D, kTailTok>(tok, 2 * mt + ((lane >> 3) & 1))));
+        Dtype<T>::mma(o[mt], a, pb[0], pb[1]);
+      }
+      __syncwarp();  // the stage and the P scratch are rewritten next step
+    }
+    cp_async_wait<0>();  // (empty groups past the item)
+
+    // Normalised partials of the pass's rows and their LSE (base 2).
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      l[e] += __shfl_xor_sync(kFull, l[e], 4);
+      l[e] += __shfl_xor_sync(kFull, l[e], 8);
+      l[e] += __shfl_xor_sync(kFull, l[e], 16);
+      const int row = row0 + 2 * qd + e;
+      if (row >= num_rows) continue;
+      const int64_t out_row = int64_t(partial_slot[query_begin + row / p.gqa]) * p.num_q_heads +
+                              kv_head * p.gqa + row % p.gqa;
+      const float inv = l[e] > 0.f ? 1.f / l[e] : 0.f;
+      float* dst = p.partial_o + out_row * D + g;
+#pragma unroll
+      for (int mt = 0; mt < kKSteps; ++mt) {
+        dst[16 * mt] = o[mt][e] * inv;
+        dst[16 * mt + 8] = o[mt][2 + e] * inv;
+      }
+      if (g == 0) p.partial_lse[out_row] = l[e] > 0.f ? m[e] + log2f(l[e]) : -INFINITY;
+    }
+    __syncwarp();
+  }
+  if (p.trace != nullptr && lane == 0) {
+    TreeAttentionBlockTrace tr;
+    tr.start_ns = start_ns;
+    tr.end_ns = global_ns();
+    asm volatile("mov.u32 %0, %smid;" : "=r"(tr.sm));
+    tr.block = blockIdx.x;
+    tr.item = item;
+    tr.kv_head = kv_head;
+    tr.rows = num_rows;
+    tr.tokens = num_tokens;
+    p.trace[int64_t(item) * p.num_kv_heads + kv_head] = tr;
+  }
 }
 
 // The upload's token table: one block per item writes (page << 8) | slot for each of its
@@ -495,6 +726,25 @@ cudaError_t allow_large_smem(const void* kernel) {
   return e;
 }
 
+// The current device's SM count, cached per device.
+cudaError_t sm_count(int* out) {
+  static std::mutex mutex;
+  static std::vector<std::pair<int, int>> known;  // (device, SMs)
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& [d, n] : known) {
+    if (d == device) {
+      *out = n;
+      return cudaSuccess;
+    }
+  }
+  e = cudaDeviceGetAttribute(out, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess) known.emplace_back(device, *out);
+  return e;
+}
+
 // Where stage 2 writes: out (model dtype rows), or, when out is null, the float32 states.
 struct MergeTarget {
   void* out = nullptr;
@@ -532,7 +782,36 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
     // items begin from the header (the grid covers every plan's blocks: a paired item takes
     // fewer); any other grid runs every item one kv head a block.
     const int paired_begin = ws.paired_items_begin();
-    if (!decode && params.num_kv_heads % kPairHeads == 0) {
+    // The tail kernel (TreeAttentionLimits::tail_kernel): eager launches of a plan with both
+    // kinds whose tokens are in the token table (it relies on stage 1's blocks, which all run
+    // an item here, triggering it only after their wait for the previous kernel).
+    bool tail = limits.tail_kernel != TreeAttentionLimits::Tail::kOff && grid.items == 0 &&
+                !decode && paired_begin >= 1 && paired_begin < items && ws.uses_token_table();
+    if (tail && limits.tail_kernel == TreeAttentionLimits::Tail::kAuto) {
+      int num_sms = 0;
+      const cudaError_t e = sm_count(&num_sms);
+      if (e != cudaSuccess) return launch_error("cudaDeviceGetAttribute", e);
+      const int64_t paired_blocks =
+          int64_t(items - paired_begin) * (params.num_kv_heads % kPairHeads == 0
+                                               ? params.num_kv_heads / kPairHeads
+                                               : params.num_kv_heads);
+      tail = tree_attention_tail_pays(int64_t(paired_begin) * params.num_kv_heads, paired_blocks,
+                                      num_sms);
+    }
+    if (tail) {
+      static const bool carveout = [] {
+        cudaFuncSetAttribute(reinterpret_cast<const void*>(tree_attention_stage1<D, T>),
+                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+        cudaFuncSetAttribute(reinterpret_cast<const void*>(tree_attention_tail<D, T>),
+                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+        return true;
+      }();
+      (void)carveout;
+      blocks_1 = dim3(paired_begin * params.num_kv_heads);
+      p1.early_trigger = 1;
+    } else if (!decode && params.num_kv_heads % kPairHeads == 0) {
       if (grid.items > 0 && grid.paired) {
         p1.pair_begin = kPairFromHeader;
       } else if (grid.items == 0 && paired_begin >= 0) {
@@ -549,6 +828,13 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
     if (e1 != cudaSuccess) {
       return launch_error(decode ? "tree_attention_decode launch" : "tree_attention_stage1 launch",
                           e1);
+    }
+    if (tail) {
+      const int64_t units = int64_t(items - paired_begin) * params.num_kv_heads;
+      const cudaError_t e2 =
+          launch_pdl(dim3(unsigned(units)), dim3(32), size_t(tail_smem_bytes<D>()), stream,
+                     tree_attention_tail<D, T>, p1, paired_begin);
+      if (e2 != cudaSuccess) return launch_error("tree_attention_tail launch", e2);
     }
   }
   const int64_t pairs = int64_t(queries) * params.num_q_heads;
@@ -628,6 +914,7 @@ Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int
   params->table_items = workspace.table_items();
   params->table_stride = params->table_items > 0 ? workspace.table_stride() : 0;
   params->pair_begin = -1;
+  params->early_trigger = 0;
   params->trace = static_cast<TreeAttentionBlockTrace*>(workspace.block_trace());
   return Status::Ok();
 }

@@ -62,9 +62,31 @@ struct TreeAttentionLimits {
   // token table: 3 blocks an SM instead of 2), where the upload fills a token table. Off:
   // stage 1 runs every plan.
   bool decode_kernel = true;
+  // Not a capacity: whether eager launches of a plan that pairs run its paired (decode-shaped)
+  // items in the tail kernel, beside stage 1's blocks, instead of in stage 1 after its other
+  // items (tree_attention.cu): never (the default), where tree_attention_tail_pays() says so,
+  // or always (tests). Graph launches (TreeAttentionGrid) never do yet.
+  enum class Tail : int32_t { kOff = 0, kAuto = 1, kAlways = 2 };
+  Tail tail_kernel = Tail::kOff;
 
   void apply_to(AttentionPlanConfig* config) const;
 };
+
+// Stage 1 blocks that fit an SM at once (registers and shared memory).
+inline constexpr int32_t kTreeAttentionStage1BlocksPerSm = 2;
+
+// TreeAttentionLimits::Tail::kAuto: the tail kernel runs a plan's paired items where stage 1's
+// other (wide) items fill at most one wave of its block slots but the paired items' blocks do
+// not fit beside them, so that stage 1 would run them as a second, DRAM-bound wave after the
+// compute-bound wide one (few-shot P=16000 + 64 x 200 at GQA 4 on an H100: 256 wide blocks,
+// 256 paired, 264 slots). Where the paired blocks fit beside the wide ones (few-shot P=4000 +
+// b x 200) or the wide items alone take more than a wave (speculative t=128), stage 1 already
+// runs both kinds side by side and the tail kernel measured slower (design log, ninth session).
+inline bool tree_attention_tail_pays(int64_t wide_blocks, int64_t paired_blocks, int32_t num_sms) {
+  const int64_t slots = int64_t(kTreeAttentionStage1BlocksPerSm) * num_sms;
+  return paired_blocks > 0 && wide_blocks > 0 && wide_blocks <= slots &&
+         wide_blocks + paired_blocks > slots;
+}
 
 // One stage 1 block's record (TreeAttentionWorkspace::enable_block_trace): %globaltimer
 // nanoseconds at its start and end, the SM it ran on, its grid index, and its item's shape

@@ -43,6 +43,9 @@
 //                                           the builder's simulation still decides)
 //                             [--plan-only]  (no GPU: each case's plan only, as it would be
 //                                            built for an H100's 132 SMs)
+//                             [--tail | --tail-always]  (TreeAttentionLimits::tail_kernel:
+//                                            paired items in the tail kernel beside stage 1
+//                                            where tree_attention_tail_pays, or always)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -91,6 +94,8 @@ struct Options {
   bool pair = true;        // AttentionPlanConfig::pair_heads as configured (--no-pair: 0)
   bool pair_all = false;   // --pair-all: offered at any GQA (kv heads in groups of 4)
   bool plan_only = false;  // --plan-only: build the plans, print their shape, no GPU
+  // TreeAttentionLimits::tail_kernel (--tail: kAuto, --tail-always: kAlways)
+  TreeAttentionLimits::Tail tail = TreeAttentionLimits::Tail::kOff;
 };
 
 struct Case {
@@ -313,7 +318,9 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   CHECK_OK(problem.init(c.tree, num_q_heads, num_kv_heads, kHeadDim, TreeAttentionDtype::kFloat16,
                         1234, 2.f));
   TreeAttentionWorkspace ws, ws_base;
-  CHECK_OK(ws.init(limits_for(plan, num_q_heads, opt.table, opt.decode_kernel)));
+  TreeAttentionLimits plan_limits = limits_for(plan, num_q_heads, opt.table, opt.decode_kernel);
+  plan_limits.tail_kernel = opt.tail;
+  CHECK_OK(ws.init(plan_limits));
   CHECK_OK(ws_base.init(limits_for(baseline, num_q_heads, opt.table, opt.decode_kernel)));
   CHECK_OK(ws.upload(plan, nullptr));
   CHECK_OK(ws_base.upload(baseline, nullptr));
@@ -454,6 +461,10 @@ int main_impl(int argc, char** argv) {
       opt.pair_all = true;
     } else if (a == "--plan-only") {
       opt.plan_only = true;
+    } else if (a == "--tail") {
+      opt.tail = TreeAttentionLimits::Tail::kAuto;
+    } else if (a == "--tail-always") {
+      opt.tail = TreeAttentionLimits::Tail::kAlways;
     } else if (a == "--no-decode-kernel") {
       opt.decode_kernel = false;
     } else if (a == "--no-token-table") {
@@ -505,7 +516,8 @@ int main_impl(int argc, char** argv) {
                    "[--items-per-sm X] "
                    "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] "
                    "[--grid] [--graph] [--no-decode-kernel] [--depth-slots] [--no-balance-tiles] "
-                   "[--few-shot P,B,S] [--trace PATH] [--no-pair] [--pair-all] [--plan-only]\n",
+                   "[--few-shot P,B,S] [--trace PATH] [--no-pair] [--pair-all] [--plan-only] "
+                   "[--tail | --tail-always]\n",
                    argv[0]);
       return 2;
     }
@@ -551,11 +563,15 @@ int main_impl(int argc, char** argv) {
               prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_bw / 1e12);
   std::printf(
       "fp16, head_dim 128, one layer, page 16, L2 %s before each rep, median of %d; decode "
-      "kernel %s, run slots %s; launches %s\n\n",
+      "kernel %s, run slots %s; launches %s; tail kernel %s\n\n",
       opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps, opt.decode_kernel ? "on" : "off",
       opt.depth_slots ? "at depth % page" : "random",
       opt.graph ? "replayed from CUDA graphs (--graph)"
-                : (opt.grid_launch ? "eager, bucketed grids (--grid)" : "eager"));
+                : (opt.grid_launch ? "eager, bucketed grids (--grid)" : "eager"),
+      opt.tail == TreeAttentionLimits::Tail::kOff
+          ? "off"
+          : (opt.tail == TreeAttentionLimits::Tail::kAuto ? "where it pays (--tail)"
+                                                          : "always (--tail-always)"));
   std::printf("%-34s %5s %5s %6s %8s %8s %7s %8s %8s %6s %5s %9s %7s %9s %9s %6s %6s\n", "case",
               "heads", "q", "items", "uniqMB", "planMB", "plan_us", "us", "bound", "TB/s", "%cp",
               "base_us", "speedup", "max_err", "base_err", "chunk", "paired");

@@ -29,6 +29,17 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// pdl_trigger() where `when` is nonzero, as one predicated instruction (no branch), and without
+// ordering the caller's memory accesses around it: for a kernel's prologue whose dependent
+// reads nothing the caller writes.
+__device__ __forceinline__ void pdl_trigger_if(int when) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.s32 p, %0, 0;\n @p griddepcontrol.launch_dependents;\n}\n" ::"r"(
+          when));
+#endif
+}
+
 // Whether `kernel` may go out as a programmatic launch on the current device: its code there
 // comes from PTX of sm_90 or later. A build for older GPUs only (pdl_wait() a no-op), JIT-
 // compiled for a Hopper, would start before the kernel it depends on has finished. Cached per

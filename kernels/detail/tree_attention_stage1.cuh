@@ -33,7 +33,7 @@ constexpr int kKvTile = 64;  // tokens per K/V tile
 // in registers, its buffer the third stage) measured no better: -1% on few-shot b=50 and
 // P=16000, +3-5% on small trees (H100, 2026-11-25).
 constexpr int kStages = 2;  // K/V tiles resident (kStages - 1 in flight)
-constexpr int kMinBlocksPerSm = 2;
+constexpr int kMinBlocksPerSm = kTreeAttentionStage1BlocksPerSm;
 // Kv heads a block runs a paired (decode-shaped) item for (AttentionPlan::pair_heads).
 constexpr int kPairHeads = kTreeAttentionPairHeads;
 static_assert(kKvTile / kPairHeads == 16 && kWarps == kPairHeads,
@@ -85,6 +85,10 @@ struct Stage1Params {
   // kPairHeads kv heads a block, in the grid's blocks past pair_begin * num_kv_heads. -1: none;
   // kPairFromHeader: the header's kPairedBegin says (TreeAttentionGrid::paired launches).
   int32_t pair_begin;
+  // Trigger the next grid once the block's first copies are out (after its wait for the
+  // previous kernel) instead of at its end: set where the next grid is the tail kernel
+  // (tree_attention_tail), which then runs beside stage 1's blocks.
+  int32_t early_trigger;
   TreeAttentionBlockTrace* trace;  // null unless the workspace's block trace is enabled
 };
 

@@ -3,7 +3,8 @@
 // (depth 1-10, width 1-256, runs of 1-8000 tokens, head_dim 64/128, GQA 1/4/8/16, page sizes
 // 1/16/64, causal prefill chunks and speculative token trees, so masked items), the
 // DESIGN.md workload shapes with Llama-3-8B heads, the prefix-unaware baseline plan against
-// the naive reference, CUDA-graph replay of a fixed-grid launch, and the launcher's checks.
+// the naive reference, CUDA-graph replay of a fixed-grid launch, head pairing and the tail
+// kernel, and the launcher's checks.
 // Without a CUDA device every test is skipped with a message (never a silent pass).
 #include "kernels/tree_attention.h"
 
@@ -362,6 +363,77 @@ TEST(TreeAttentionGpu, PairedDecodeItemsMatchPlanExecutor) {
                                         true};
   EXPECT_LE(gpu_vs_cpu(b50, llama, baseline, &shared_workspace(), 15, baseline_grid),
             kFp16Tolerance);
+}
+
+// Workspaces whose eager launches always run paired items in the tail kernel
+// (TreeAttentionLimits::Tail::kAlways): with the default token table, or without one (then
+// stage 1 runs them as before: the tail kernel reads the table).
+TreeAttentionWorkspace& tail_workspace(bool with_table) {
+  static TreeAttentionWorkspace ws[2];
+  TreeAttentionWorkspace& w = ws[with_table ? 0 : 1];
+  if (!w.initialized()) {
+    TreeAttentionLimits limits;
+    limits.tail_kernel = TreeAttentionLimits::Tail::kAlways;
+    if (!with_table) limits.max_table_tokens = 0;
+    const Status s = w.init(limits);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  return w;
+}
+
+// The tail kernel: a plan's paired items in a kernel of their own beside stage 1, one warp per
+// (item, kv head), 8 rows a pass. Random trees with every plan's decode-shaped items paired
+// (masks from speculative query trees, packs, internal queries; GQA 1, 4, 8 and 16, so items of
+// 1-32 rows and up to 4 passes; page sizes 1, 16 and 64; both head dims and dtypes; fixed-stride
+// and packed tables, and no table); then few-shot b=50 at Llama-3-8B heads traced: one record
+// per (wide item, kv head) and per (paired item, kv head), so the tail kernel ran every paired
+// item's heads.
+TEST(TreeAttentionGpu, TailKernelMatchesPlanExecutor) {
+  SKIP_WITHOUT_GPU();
+  int tail_plans = 0;
+  for (uint64_t seed = 301; seed <= 328; ++seed) {
+    const TreeCase tree = testing::random_tree_case(seed * 7333, random_options(seed));
+    Shape shape;
+    shape.gqa = std::vector<int32_t>{1, 4, 8, 16}[seed % 4];
+    shape.num_kv_heads = shape.gqa == 16 ? 2 : (shape.gqa == 8 || seed % 3 == 0 ? 4 : 8);
+    shape.head_dim = (seed / 4) % 2 ? 64 : 128;
+    shape.dtype = seed % 5 == 0 ? TreeAttentionDtype::kBFloat16 : TreeAttentionDtype::kFloat16;
+    AttentionPlanConfig config = config_for(shape);
+    config.kv_chunk_tokens = std::vector<int32_t>{512, 128, 1024}[seed % 3];
+    AttentionPlan plan;
+    ASSERT_TRUE(build_attention_plan(tree.view, config, &plan).ok());
+    pair_decode_items(&plan, kTreeAttentionPairHeads);
+    ASSERT_TRUE(validate_attention_plan(plan).ok());
+    tail_plans += plan.paired_items_begin >= 1 && plan.paired_items_begin < plan.num_items();
+    const float err = gpu_vs_cpu(tree, shape, plan, &tail_workspace(seed % 7 != 0), seed);
+    EXPECT_LE(err, shape.dtype == TreeAttentionDtype::kFloat16 ? kFp16Tolerance : kBf16Tolerance)
+        << "seed " << seed << " " << describe(shape);
+  }
+  EXPECT_GT(tail_plans, 12);
+
+  const TreeCase b50 = testing::few_shot_case(4000, 50, 200, 16, 3);
+  const Shape llama{8, 4, 128};
+  AttentionPlan plan;
+  ASSERT_TRUE(build_attention_plan(b50.view, config_for(llama), &plan).ok());
+  const int32_t wide = plan.paired_items_begin, paired = plan.num_items() - wide;
+  ASSERT_EQ(paired, 50);
+  TreeAttentionWorkspace& ws = tail_workspace(true);
+  if (ws.block_trace() == nullptr) {
+    ASSERT_TRUE(ws.enable_block_trace().ok());
+  }
+  EXPECT_LE(gpu_vs_cpu(b50, llama, plan, &ws, 16), kFp16Tolerance);
+  std::vector<TreeAttentionBlockTrace> trace;
+  ASSERT_TRUE(ws.download_block_trace(&trace).ok());
+  ASSERT_EQ(trace.size(), size_t(plan.num_items()) * size_t(llama.num_kv_heads));
+  std::set<std::pair<int32_t, int32_t>> seen;
+  for (const TreeAttentionBlockTrace& r : trace) {
+    EXPECT_TRUE(seen.insert({r.item, r.kv_head}).second) << "item " << r.item;
+    EXPECT_EQ(r.tokens, plan.item_num_tokens[size_t(r.item)]);
+    EXPECT_EQ(
+        r.rows,
+        (plan.item_query_end[size_t(r.item)] - plan.item_query_begin[size_t(r.item)]) * llama.gqa);
+  }
+  EXPECT_EQ(seen.size(), size_t(wide + paired) * size_t(llama.num_kv_heads));
 }
 
 // TreeAttentionLimits::decode_kernel: a plan of only decode-shaped items (at most 16 rows: the

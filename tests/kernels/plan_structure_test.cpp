@@ -866,5 +866,43 @@ TEST(TreeAttentionGridBucket, CoversTheCountWithAtMostAnEighthSpare) {
   }
 }
 
+// TreeAttentionLimits::Tail::kAuto's rule, on the plans the builder makes for an H100's 132 SMs
+// at Llama-3-8B heads: the tail kernel runs P=16000 + 64 x 200's paired items (one wave of
+// wide blocks, the paired ones a second), not those of few-shot P=4000 + b x 200 (the paired
+// blocks fit beside the wide ones) or of speculative t=128 (the wide items alone take more
+// than a wave); H100 measurements in the design log (ninth session).
+TEST(TreeAttentionTail, PaysWhereThePairedBlocksWouldFormASecondWave) {
+  EXPECT_FALSE(tree_attention_tail_pays(0, 100, 132));
+  EXPECT_FALSE(tree_attention_tail_pays(100, 0, 132));
+  EXPECT_FALSE(tree_attention_tail_pays(264, 0, 132));
+  EXPECT_TRUE(tree_attention_tail_pays(264, 1, 132));
+  EXPECT_FALSE(tree_attention_tail_pays(265, 500, 132));
+  EXPECT_FALSE(tree_attention_tail_pays(200, 64, 132));
+  EXPECT_TRUE(tree_attention_tail_pays(200, 65, 132));
+  struct Expect {
+    std::string name;
+    testing::TreeCase tree;
+    bool pays;
+  };
+  std::vector<Expect> cases;
+  cases.push_back({"P=16000 + 64x200", testing::few_shot_case(16000, 64, 200, 16, 7), true});
+  for (int32_t b : {20, 30, 50}) {
+    cases.push_back({"P=4000 + " + std::to_string(b) + "x200",
+                     testing::few_shot_case(4000, b, 200, 16, 4), false});
+  }
+  cases.push_back({"speculative t=128",
+                   testing::speculative_case(4000, testing::medusa_like_paths(127), 16, 5), false});
+  const AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
+  for (const Expect& e : cases) {
+    AttentionPlan plan;
+    ASSERT_TRUE(build_attention_plan(e.tree.view, config, &plan).ok());
+    ASSERT_EQ(plan.pair_heads, kTreeAttentionPairHeads) << e.name;
+    const int64_t wide = int64_t(plan.paired_items_begin) * 8;
+    const int64_t paired = int64_t(plan.num_paired_items()) * (8 / kTreeAttentionPairHeads);
+    EXPECT_EQ(tree_attention_tail_pays(wide, paired, 132), e.pays)
+        << e.name << ": " << wide << " wide blocks, " << paired << " paired";
+  }
+}
+
 }  // namespace
 }  // namespace treeserve
