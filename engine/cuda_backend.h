@@ -11,6 +11,7 @@
 
 #include "common/status.h"
 #include "engine/backend.h"
+#include "kernels/tree_attention.h"
 
 namespace treeserve {
 
@@ -66,6 +67,9 @@ struct CudaBackendOptions {
   // prefix-unaware baseline) in its decode kernel (TreeAttentionLimits::decode_kernel); false:
   // stage 1 runs every plan (A/B).
   bool attention_decode_kernel = true;
+  // Tree attention's tail kernel (TreeAttentionLimits::tail_kernel): a plan's paired items run
+  // beside stage 1's wide ones where tree_attention_tail_pays (kAuto), never, or always.
+  TreeAttentionLimits::Tail attention_tail_kernel = TreeAttentionLimits::Tail::kAuto;
 };
 
 // Number of usable CUDA devices (0 when there is no driver or device).

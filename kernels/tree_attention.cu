@@ -387,20 +387,28 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
   const int g = lane >> 2, qd = lane & 3;  // MMA fragment coordinates
   const int32_t* plan = p.plan;
   const uint64_t start_ns = p.trace != nullptr && lane == 0 ? global_ns() : 0;
-  const int item = tail_begin + int(blockIdx.x) / p.num_kv_heads;
+  // Eager launches pass where the paired items begin; grids (tail_begin < 0) read it, and the
+  // rest of the header, from the plan buffer.
+  const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
+  const int begin = tail_begin >= 0 ? tail_begin : h.w[kPairedBegin];
+  if (begin < 0 || h.w[kTokenTable] == kTableNone) return;  // stage 1 runs every item
+  // Where stage 1 runs no item, none of its blocks waited for the previous kernel before
+  // triggering this launch.
+  if (begin == 0) pdl_wait();
+  const int item = begin + int(blockIdx.x) / p.num_kv_heads;
   const int kv_head = int(blockIdx.x) % p.num_kv_heads;
-  if (item >= p.header.w[kNumItems]) return;
+  if (item >= h.w[kNumItems]) return;
   const int32_t* rec = plan + kHeaderWords + int64_t(item) * kItemRecordWords;
   const int query_begin = rec[kRecQueryBegin];
   const int num_rows = (rec[kRecQueryEnd] - query_begin) * p.gqa;
   const int num_tokens = rec[kRecNumTokens];
   const int mask_offset = rec[kRecMaskOffset];
   const int words_per_row = (num_tokens + 31) >> 5;
-  const uint32_t* mask_words = reinterpret_cast<const uint32_t*>(plan + p.header.w[kMaskWords]);
-  const int32_t* partial_slot = plan + p.header.w[kPartialSlot];
+  const uint32_t* mask_words = reinterpret_cast<const uint32_t*>(plan + h.w[kMaskWords]);
+  const int32_t* partial_slot = plan + h.w[kPartialSlot];
   const int32_t* entries =
-      p.token_table + (p.header.w[kTokenTable] == kTableFixedStride ? int64_t(item) * p.table_stride
-                                                                    : int64_t(rec[kRecTableBegin]));
+      p.token_table + (h.w[kTokenTable] == kTableFixedStride ? int64_t(item) * p.table_stride
+                                                             : int64_t(rec[kRecTableBegin]));
   const int rows_per_page = p.num_kv_heads * p.page_size;
   const int head_row = kv_head * p.page_size;
   auto pool_row = [&](int32_t e) { return (e >> 8) * rows_per_page + head_row + (e & 0xff); };
@@ -782,22 +790,11 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
     // items begin from the header (the grid covers every plan's blocks: a paired item takes
     // fewer); any other grid runs every item one kv head a block.
     const int paired_begin = ws.paired_items_begin();
-    // The tail kernel (TreeAttentionLimits::tail_kernel): eager launches of a plan with both
-    // kinds whose tokens are in the token table (it relies on stage 1's blocks, which all run
-    // an item here, triggering it only after their wait for the previous kernel).
-    bool tail = limits.tail_kernel != TreeAttentionLimits::Tail::kOff && grid.items == 0 &&
-                !decode && paired_begin >= 1 && paired_begin < items && ws.uses_token_table();
-    if (tail && limits.tail_kernel == TreeAttentionLimits::Tail::kAuto) {
-      int num_sms = 0;
-      const cudaError_t e = sm_count(&num_sms);
-      if (e != cudaSuccess) return launch_error("cudaDeviceGetAttribute", e);
-      const int64_t paired_blocks =
-          int64_t(items - paired_begin) * (params.num_kv_heads % kPairHeads == 0
-                                               ? params.num_kv_heads / kPairHeads
-                                               : params.num_kv_heads);
-      tail = tree_attention_tail_pays(int64_t(paired_begin) * params.num_kv_heads, paired_blocks,
-                                      num_sms);
-    }
+    // The tail kernel (TreeAttentionLimits::tail_kernel; TreeAttentionGrid::tail). It is
+    // launched once every stage 1 block has triggered, which a block running an item does only
+    // after its wait for the previous kernel (where none does, the tail kernel waits itself).
+    const bool tail =
+        grid.items > 0 ? grid.tail && !decode : tree_attention_runs_tail(ws, params.num_kv_heads);
     if (tail) {
       static const bool carveout = [] {
         cudaFuncSetAttribute(reinterpret_cast<const void*>(tree_attention_stage1<D, T>),
@@ -809,7 +806,11 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
         return true;
       }();
       (void)carveout;
-      blocks_1 = dim3(paired_begin * params.num_kv_heads);
+      if (grid.items > 0) {
+        p1.pair_begin = kTailFromHeader;
+      } else {
+        blocks_1 = dim3(paired_begin * params.num_kv_heads);
+      }
       p1.early_trigger = 1;
     } else if (!decode && params.num_kv_heads % kPairHeads == 0) {
       if (grid.items > 0 && grid.paired) {
@@ -830,10 +831,12 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
                           e1);
     }
     if (tail) {
-      const int64_t units = int64_t(items - paired_begin) * params.num_kv_heads;
+      // A grid covers every item of its plans (a plan's paired items start at 0 or later).
+      const int64_t units =
+          int64_t(grid.items > 0 ? items : items - paired_begin) * params.num_kv_heads;
       const cudaError_t e2 =
           launch_pdl(dim3(unsigned(units)), dim3(32), size_t(tail_smem_bytes<D>()), stream,
-                     tree_attention_tail<D, T>, p1, paired_begin);
+                     tree_attention_tail<D, T>, p1, grid.items > 0 ? -1 : paired_begin);
       if (e2 != cudaSuccess) return launch_error("tree_attention_tail launch", e2);
     }
   }
@@ -946,6 +949,25 @@ Status enqueue_token_table_fill(const void* device_plan, const int32_t* header, 
 }
 
 }  // namespace detail
+
+bool tree_attention_runs_tail(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads) {
+  const TreeAttentionLimits::Tail mode = workspace.limits().tail_kernel;
+  const int32_t begin = workspace.paired_items_begin(), items = workspace.num_items();
+  if (mode == TreeAttentionLimits::Tail::kOff || workspace.runs_decode_kernel() || begin < 1 ||
+      begin >= items || !workspace.uses_token_table() || num_kv_heads < 1) {
+    return false;
+  }
+  if (mode == TreeAttentionLimits::Tail::kAlways) return true;
+  int num_sms = 0;
+  if (sm_count(&num_sms) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const int64_t paired_blocks =
+      int64_t(items - begin) *
+      (num_kv_heads % kPairHeads == 0 ? num_kv_heads / kPairHeads : num_kv_heads);
+  return tree_attention_tail_pays(int64_t(begin) * num_kv_heads, paired_blocks, num_sms);
+}
 
 Status launch_tree_attention(const void* q, const void* k_pool, const void* v_pool, void* out,
                              TreeAttentionDtype dtype, int32_t num_q_heads, int32_t num_kv_heads,

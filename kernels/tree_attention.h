@@ -62,12 +62,13 @@ struct TreeAttentionLimits {
   // token table: 3 blocks an SM instead of 2), where the upload fills a token table. Off:
   // stage 1 runs every plan.
   bool decode_kernel = true;
-  // Not a capacity: whether eager launches of a plan that pairs run its paired (decode-shaped)
-  // items in the tail kernel, beside stage 1's blocks, instead of in stage 1 after its other
-  // items (tree_attention.cu): never (the default), where tree_attention_tail_pays() says so,
-  // or always (tests). Graph launches (TreeAttentionGrid) never do yet.
+  // Not a capacity: whether launches of a plan that pairs run its paired (decode-shaped) items
+  // in the tail kernel, beside stage 1's blocks, instead of in stage 1 after its other items
+  // (tree_attention.cu): never, where tree_attention_tail_pays() says so (the default), or
+  // always (tests). Eager launches decide with tree_attention_runs_tail(); a grid
+  // (TreeAttentionGrid::tail) is told.
   enum class Tail : int32_t { kOff = 0, kAuto = 1, kAlways = 2 };
-  Tail tail_kernel = Tail::kOff;
+  Tail tail_kernel = Tail::kAuto;
 
   void apply_to(AttentionPlanConfig* config) const;
 };
@@ -200,7 +201,19 @@ struct TreeAttentionGrid {
   // runs them one kv head a block (the same results). Any plan runs in either grid; the engine
   // keys its graphs on it.
   bool paired = false;
+  // The tail kernel runs the items from the header's paired_items_begin on, stage 1 the others
+  // (its blocks for those exit), where the upload has a token table; with none, or a plan that
+  // pairs none, stage 1 runs every item one kv head a block. Any plan runs in either grid; the
+  // engine keys its graphs on tree_attention_runs_tail().
+  bool tail = false;
 };
+
+// Whether a launch of the workspace's last upload with num_kv_heads kv heads runs its paired
+// items in the tail kernel (the workspace's limits().tail_kernel; at kAuto the current device's
+// SM count and tree_attention_tail_pays decide): what an eager launch does and what a grid for
+// it should ask for. False where the plan runs in the decode kernel, pairs no item or only
+// paired items, or has no token table.
+bool tree_attention_runs_tail(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads);
 
 // A capacity for a count: the next of 64, 72, 80, .. 128, 144, .. (8 steps per power of two),
 // so a graph captured for one plan serves the next plans of about its size with at most 1/8

@@ -43,9 +43,9 @@
 //                                           the builder's simulation still decides)
 //                             [--plan-only]  (no GPU: each case's plan only, as it would be
 //                                            built for an H100's 132 SMs)
-//                             [--tail | --tail-always]  (TreeAttentionLimits::tail_kernel:
-//                                            paired items in the tail kernel beside stage 1
-//                                            where tree_attention_tail_pays, or always)
+//                             [--no-tail | --tail-always]  (TreeAttentionLimits::tail_kernel:
+//                                            never, or always, instead of where
+//                                            tree_attention_tail_pays)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -94,8 +94,8 @@ struct Options {
   bool pair = true;        // AttentionPlanConfig::pair_heads as configured (--no-pair: 0)
   bool pair_all = false;   // --pair-all: offered at any GQA (kv heads in groups of 4)
   bool plan_only = false;  // --plan-only: build the plans, print their shape, no GPU
-  // TreeAttentionLimits::tail_kernel (--tail: kAuto, --tail-always: kAlways)
-  TreeAttentionLimits::Tail tail = TreeAttentionLimits::Tail::kOff;
+  // TreeAttentionLimits::tail_kernel (default kAuto; --no-tail: kOff, --tail-always: kAlways)
+  TreeAttentionLimits::Tail tail = TreeAttentionLimits::Tail::kAuto;
 };
 
 struct Case {
@@ -461,8 +461,8 @@ int main_impl(int argc, char** argv) {
       opt.pair_all = true;
     } else if (a == "--plan-only") {
       opt.plan_only = true;
-    } else if (a == "--tail") {
-      opt.tail = TreeAttentionLimits::Tail::kAuto;
+    } else if (a == "--no-tail") {
+      opt.tail = TreeAttentionLimits::Tail::kOff;
     } else if (a == "--tail-always") {
       opt.tail = TreeAttentionLimits::Tail::kAlways;
     } else if (a == "--no-decode-kernel") {
@@ -517,7 +517,7 @@ int main_impl(int argc, char** argv) {
                    "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] "
                    "[--grid] [--graph] [--no-decode-kernel] [--depth-slots] [--no-balance-tiles] "
                    "[--few-shot P,B,S] [--trace PATH] [--no-pair] [--pair-all] [--plan-only] "
-                   "[--tail | --tail-always]\n",
+                   "[--no-tail | --tail-always]\n",
                    argv[0]);
       return 2;
     }
@@ -569,8 +569,8 @@ int main_impl(int argc, char** argv) {
       opt.graph ? "replayed from CUDA graphs (--graph)"
                 : (opt.grid_launch ? "eager, bucketed grids (--grid)" : "eager"),
       opt.tail == TreeAttentionLimits::Tail::kOff
-          ? "off"
-          : (opt.tail == TreeAttentionLimits::Tail::kAuto ? "where it pays (--tail)"
+          ? "off (--no-tail)"
+          : (opt.tail == TreeAttentionLimits::Tail::kAuto ? "where it pays"
                                                           : "always (--tail-always)"));
   std::printf("%-34s %5s %5s %6s %8s %8s %7s %8s %8s %6s %5s %9s %7s %9s %9s %6s %6s\n", "case",
               "heads", "q", "items", "uniqMB", "planMB", "plan_us", "us", "bound", "TB/s", "%cp",

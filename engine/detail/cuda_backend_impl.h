@@ -227,6 +227,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     int32_t items = 0, queries = 0;
     bool decode_kernel = false;  // attention runs the decode kernel (all items decode-shaped)
     bool paired = false;         // attention pairs kv heads (TreeAttentionGrid::paired)
+    bool tail = false;           // attention runs the tail kernel (TreeAttentionGrid::tail)
     std::array<const void*, 12> buffers{};
     bool operator==(const GraphKey&) const = default;
   };

@@ -205,9 +205,23 @@ struct ItemTile {
 // *pair_begin: the first paired item (-1: none). Where it comes from the header, the blocks
 // past the paired items' get an item past the plan's (they exit).
 constexpr int32_t kPairFromHeader = -2;
+// TreeAttentionGrid::tail launches: the blocks of items from the header's kPairedBegin on exit
+// (the tail kernel runs them), unless the upload has no token table.
+constexpr int32_t kTailFromHeader = -3;
 __device__ __forceinline__ void block_item(const Stage1Params& p, int* item, int* kv_head,
                                            int* pair_begin) {
   int pb = p.pair_begin, num_items = p.header.w[kNumItems];
+  if (pb == kTailFromHeader) {
+    const int tail_begin = __ldg(p.plan + kPairedBegin);
+    const bool table = __ldg(p.plan + kTokenTable) != kTableNone;
+    num_items = __ldg(p.plan + kNumItems);
+    *pair_begin = -1;
+    const int grid_items = gridDim.x / p.num_kv_heads;
+    *item = p.heads_first ? blockIdx.x / p.num_kv_heads : blockIdx.x % grid_items;
+    *kv_head = p.heads_first ? blockIdx.x % p.num_kv_heads : blockIdx.x / grid_items;
+    if (table && tail_begin >= 0 && *item >= tail_begin) *item = num_items;
+    return;
+  }
   if (pb == kPairFromHeader) {
     pb = __ldg(p.plan + kPairedBegin);
     num_items = __ldg(p.plan + kNumItems);

@@ -405,7 +405,14 @@ TEST(TreeAttentionGpu, TailKernelMatchesPlanExecutor) {
     pair_decode_items(&plan, kTreeAttentionPairHeads);
     ASSERT_TRUE(validate_attention_plan(plan).ok());
     tail_plans += plan.paired_items_begin >= 1 && plan.paired_items_begin < plan.num_items();
-    const float err = gpu_vs_cpu(tree, shape, plan, &tail_workspace(seed % 7 != 0), seed);
+    // Every third plan in a tail grid (TreeAttentionGrid::tail: where the paired items begin
+    // read from the header, as the engine's graphs launch it).
+    const TreeAttentionGrid grid =
+        seed % 3 == 1
+            ? TreeAttentionGrid{tree_attention_grid_bucket(plan.num_items()),
+                                tree_attention_grid_bucket(plan.num_queries()), false, false, true}
+            : TreeAttentionGrid{};
+    const float err = gpu_vs_cpu(tree, shape, plan, &tail_workspace(seed % 7 != 0), seed, grid);
     EXPECT_LE(err, shape.dtype == TreeAttentionDtype::kFloat16 ? kFp16Tolerance : kBf16Tolerance)
         << "seed " << seed << " " << describe(shape);
   }
@@ -434,6 +441,38 @@ TEST(TreeAttentionGpu, TailKernelMatchesPlanExecutor) {
         (plan.item_query_end[size_t(r.item)] - plan.item_query_begin[size_t(r.item)]) * llama.gqa);
   }
   EXPECT_EQ(seen.size(), size_t(wide + paired) * size_t(llama.num_kv_heads));
+
+  // Tail grids run any plan: this one, its unpaired twin (stage 1 runs every item), the
+  // baseline's plan with every item paired (the tail kernel runs every item, waiting for the
+  // previous kernel itself), and this plan where the workspace has no token table (stage 1).
+  const TreeAttentionGrid tail_grid{tree_attention_grid_bucket(plan.num_items()),
+                                    tree_attention_grid_bucket(plan.num_queries()), false, false,
+                                    true};
+  EXPECT_LE(gpu_vs_cpu(b50, llama, plan, &ws, 17, tail_grid), kFp16Tolerance);
+  ASSERT_TRUE(ws.download_block_trace(&trace).ok());
+  EXPECT_EQ(trace.size(), size_t(plan.num_items()) * size_t(llama.num_kv_heads));
+  AttentionPlanConfig off = config_for(llama);
+  off.pair_heads = 0;
+  AttentionPlan unpaired;
+  ASSERT_TRUE(build_attention_plan(b50.view, off, &unpaired).ok());
+  EXPECT_LE(gpu_vs_cpu(b50, llama, unpaired, &ws, 18, tail_grid), kFp16Tolerance);
+  AttentionPlan baseline;
+  ASSERT_TRUE(build_baseline_plan(b50.view, config_for(llama), &baseline).ok());
+  pair_decode_items(&baseline, kTreeAttentionPairHeads);
+  ASSERT_EQ(baseline.paired_items_begin, 0);
+  const TreeAttentionGrid baseline_grid{tree_attention_grid_bucket(baseline.num_items()),
+                                        tree_attention_grid_bucket(baseline.num_queries()), false,
+                                        false, true};
+  EXPECT_LE(gpu_vs_cpu(b50, llama, baseline, &ws, 19, baseline_grid), kFp16Tolerance);
+  EXPECT_LE(gpu_vs_cpu(b50, llama, plan, &tail_workspace(false), 20, tail_grid), kFp16Tolerance);
+  // Eager launches decide by the workspace's mode: kAlways runs the b=50 plan's paired items
+  // in the tail kernel, kAuto (the default) does not (tree_attention_tail_pays).
+  ASSERT_TRUE(ws.upload(plan, nullptr).ok());
+  EXPECT_TRUE(tree_attention_runs_tail(ws, llama.num_kv_heads));
+  ASSERT_TRUE(shared_workspace().upload(plan, nullptr).ok());
+  EXPECT_FALSE(tree_attention_runs_tail(shared_workspace(), llama.num_kv_heads));
+  ASSERT_TRUE(tail_workspace(false).upload(plan, nullptr).ok());
+  EXPECT_FALSE(tree_attention_runs_tail(tail_workspace(false), llama.num_kv_heads));
 }
 
 // TreeAttentionLimits::decode_kernel: a plan of only decode-shaped items (at most 16 rows: the
