@@ -567,18 +567,8 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
     }
     __syncwarp();
   }
-  if (p.trace != nullptr && lane == 0) {
-    TreeAttentionBlockTrace tr;
-    tr.start_ns = start_ns;
-    tr.end_ns = global_ns();
-    asm volatile("mov.u32 %0, %smid;" : "=r"(tr.sm));
-    tr.block = blockIdx.x;
-    tr.item = item;
-    tr.kv_head = kv_head;
-    tr.rows = num_rows;
-    tr.tokens = num_tokens;
-    p.trace[int64_t(item) * p.num_kv_heads + kv_head] = tr;
-  }
+  if (p.trace != nullptr && lane == 0)
+    write_trace(p, start_ns, item, kv_head, num_rows, num_tokens);
 }
 
 // The upload's token table: one block per item writes (page << 8) | slot for each of its

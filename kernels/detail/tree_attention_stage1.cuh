@@ -271,21 +271,27 @@ __device__ __forceinline__ const T* q_row_source(const Stage1Params& p, const It
   return static_cast<const T*>(p.q) + (int64_t(batch_row) * p.num_q_heads + head) * D;
 }
 
-// Thread 0's block trace record (TreeAttentionWorkspace::enable_block_trace), once the block's
-// partials are written.
-__device__ __forceinline__ void record_block_trace(const Stage1Params& p, uint64_t start_ns,
-                                                   int item, const ItemTile& it) {
-  if (p.trace == nullptr || threadIdx.x != 0) return;
+// The block trace record of (item, kv_head) (TreeAttentionWorkspace::enable_block_trace),
+// written by one thread once the partials are: from start_ns to now, on this SM.
+__device__ __forceinline__ void write_trace(const Stage1Params& p, uint64_t start_ns, int item,
+                                            int kv_head, int rows, int tokens) {
   TreeAttentionBlockTrace r;
   r.start_ns = start_ns;
   r.end_ns = global_ns();
   asm volatile("mov.u32 %0, %smid;" : "=r"(r.sm));
   r.block = blockIdx.x;
   r.item = item;
-  r.kv_head = it.kv_head;
-  r.rows = it.num_rows;
-  r.tokens = it.num_tokens;
-  p.trace[int64_t(item) * p.num_kv_heads + it.kv_head] = r;
+  r.kv_head = kv_head;
+  r.rows = rows;
+  r.tokens = tokens;
+  p.trace[int64_t(item) * p.num_kv_heads + kv_head] = r;
+}
+
+// Thread 0's block trace record, once the block's partials are written.
+__device__ __forceinline__ void record_block_trace(const Stage1Params& p, uint64_t start_ns,
+                                                   int item, const ItemTile& it) {
+  if (p.trace == nullptr || threadIdx.x != 0) return;
+  write_trace(p, start_ns, item, it.kv_head, it.num_rows, it.num_tokens);
 }
 
 // Online-softmax step of one tile for this thread's rows r0 and r0 + 8: s holds the raw

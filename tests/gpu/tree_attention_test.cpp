@@ -89,6 +89,13 @@ AttentionPlanConfig config_for(const Shape& shape) {
                                     shape.head_dim);
 }
 
+// A bucketed stage 1 grid for plan (as the engine's graphs launch it), pairing or running the
+// tail kernel as asked.
+TreeAttentionGrid bucket_grid(const AttentionPlan& plan, bool paired, bool tail = false) {
+  return TreeAttentionGrid{tree_attention_grid_bucket(plan.num_items()),
+                           tree_attention_grid_bucket(plan.num_queries()), false, paired, tail};
+}
+
 TreeAttentionWorkspace& shared_workspace() {
   static TreeAttentionWorkspace ws;
   if (!ws.initialized()) {
@@ -294,6 +301,22 @@ TEST(TreeAttentionGpu, BlockTraceRecordsEveryBlockOnce) {
   }
 }
 
+// The plan of tree at shape, with a KV chunk picked by seed and every decode-shaped item
+// paired (pair_decode_items), as the head-pairing and tail-kernel tests run random trees.
+AttentionPlan paired_plan_for(const TreeCase& tree, const Shape& shape, uint64_t seed) {
+  AttentionPlanConfig config = config_for(shape);
+  config.kv_chunk_tokens = std::vector<int32_t>{512, 128, 1024}[seed % 3];
+  AttentionPlan plan;
+  EXPECT_TRUE(build_attention_plan(tree.view, config, &plan).ok());
+  pair_decode_items(&plan, kTreeAttentionPairHeads);
+  EXPECT_TRUE(validate_attention_plan(plan).ok());
+  return plan;
+}
+
+float tolerance(const Shape& shape) {
+  return shape.dtype == TreeAttentionDtype::kFloat16 ? kFp16Tolerance : kBf16Tolerance;
+}
+
 // Head pairing (AttentionPlanConfig::pair_heads): decode-shaped items run 4 kv heads a block.
 // Random trees (masks from speculative query trees, packs, internal queries) with every plan's
 // decode-shaped items paired, at GQA 1, 4 and 8, 4 or 8 kv heads, both head dims and dtypes;
@@ -310,22 +333,12 @@ TEST(TreeAttentionGpu, PairedDecodeItemsMatchPlanExecutor) {
     shape.num_kv_heads = shape.gqa == 8 || seed % 4 < 2 ? 4 : 8;  // at most 32 q heads
     shape.head_dim = (seed / 3) % 2 ? 64 : 128;
     shape.dtype = seed % 5 == 0 ? TreeAttentionDtype::kBFloat16 : TreeAttentionDtype::kFloat16;
-    AttentionPlanConfig config = config_for(shape);
-    config.kv_chunk_tokens = std::vector<int32_t>{512, 128, 1024}[seed % 3];
-    AttentionPlan plan;
-    ASSERT_TRUE(build_attention_plan(tree.view, config, &plan).ok());
-    pair_decode_items(&plan, kTreeAttentionPairHeads);
-    ASSERT_TRUE(validate_attention_plan(plan).ok());
+    const AttentionPlan plan = paired_plan_for(tree, shape, seed);
     paired_plans += plan.paired_items_begin < plan.num_items();
     TreeAttentionWorkspace* ws = seed % 2 ? &shared_workspace() : &small_table_workspace(0);
     // Every third plan in a paired grid (blocks read where the paired items begin).
-    const TreeAttentionGrid grid =
-        seed % 3 == 2
-            ? TreeAttentionGrid{tree_attention_grid_bucket(plan.num_items()),
-                                tree_attention_grid_bucket(plan.num_queries()), false, true}
-            : TreeAttentionGrid{};
-    const float err = gpu_vs_cpu(tree, shape, plan, ws, seed, grid);
-    EXPECT_LE(err, shape.dtype == TreeAttentionDtype::kFloat16 ? kFp16Tolerance : kBf16Tolerance)
+    const TreeAttentionGrid grid = seed % 3 == 2 ? bucket_grid(plan, true) : TreeAttentionGrid{};
+    EXPECT_LE(gpu_vs_cpu(tree, shape, plan, ws, seed, grid), tolerance(shape))
         << "seed " << seed << " " << describe(shape);
   }
   EXPECT_GT(paired_plans, 12);
@@ -358,10 +371,7 @@ TEST(TreeAttentionGpu, PairedDecodeItemsMatchPlanExecutor) {
   ASSERT_FALSE(baseline.heads_first);
   pair_decode_items(&baseline, kTreeAttentionPairHeads);
   ASSERT_EQ(baseline.paired_items_begin, 0);
-  const TreeAttentionGrid baseline_grid{tree_attention_grid_bucket(baseline.num_items()),
-                                        tree_attention_grid_bucket(baseline.num_queries()), false,
-                                        true};
-  EXPECT_LE(gpu_vs_cpu(b50, llama, baseline, &shared_workspace(), 15, baseline_grid),
+  EXPECT_LE(gpu_vs_cpu(b50, llama, baseline, &shared_workspace(), 15, bucket_grid(baseline, true)),
             kFp16Tolerance);
 }
 
@@ -398,22 +408,14 @@ TEST(TreeAttentionGpu, TailKernelMatchesPlanExecutor) {
     shape.num_kv_heads = shape.gqa == 16 ? 2 : (shape.gqa == 8 || seed % 3 == 0 ? 4 : 8);
     shape.head_dim = (seed / 4) % 2 ? 64 : 128;
     shape.dtype = seed % 5 == 0 ? TreeAttentionDtype::kBFloat16 : TreeAttentionDtype::kFloat16;
-    AttentionPlanConfig config = config_for(shape);
-    config.kv_chunk_tokens = std::vector<int32_t>{512, 128, 1024}[seed % 3];
-    AttentionPlan plan;
-    ASSERT_TRUE(build_attention_plan(tree.view, config, &plan).ok());
-    pair_decode_items(&plan, kTreeAttentionPairHeads);
-    ASSERT_TRUE(validate_attention_plan(plan).ok());
+    const AttentionPlan plan = paired_plan_for(tree, shape, seed);
     tail_plans += plan.paired_items_begin >= 1 && plan.paired_items_begin < plan.num_items();
     // Every third plan in a tail grid (TreeAttentionGrid::tail: where the paired items begin
     // read from the header, as the engine's graphs launch it).
     const TreeAttentionGrid grid =
-        seed % 3 == 1
-            ? TreeAttentionGrid{tree_attention_grid_bucket(plan.num_items()),
-                                tree_attention_grid_bucket(plan.num_queries()), false, false, true}
-            : TreeAttentionGrid{};
-    const float err = gpu_vs_cpu(tree, shape, plan, &tail_workspace(seed % 7 != 0), seed, grid);
-    EXPECT_LE(err, shape.dtype == TreeAttentionDtype::kFloat16 ? kFp16Tolerance : kBf16Tolerance)
+        seed % 3 == 1 ? bucket_grid(plan, false, true) : TreeAttentionGrid{};
+    EXPECT_LE(gpu_vs_cpu(tree, shape, plan, &tail_workspace(seed % 7 != 0), seed, grid),
+              tolerance(shape))
         << "seed " << seed << " " << describe(shape);
   }
   EXPECT_GT(tail_plans, 12);
@@ -445,9 +447,7 @@ TEST(TreeAttentionGpu, TailKernelMatchesPlanExecutor) {
   // Tail grids run any plan: this one, its unpaired twin (stage 1 runs every item), the
   // baseline's plan with every item paired (the tail kernel runs every item, waiting for the
   // previous kernel itself), and this plan where the workspace has no token table (stage 1).
-  const TreeAttentionGrid tail_grid{tree_attention_grid_bucket(plan.num_items()),
-                                    tree_attention_grid_bucket(plan.num_queries()), false, false,
-                                    true};
+  const TreeAttentionGrid tail_grid = bucket_grid(plan, false, true);
   EXPECT_LE(gpu_vs_cpu(b50, llama, plan, &ws, 17, tail_grid), kFp16Tolerance);
   ASSERT_TRUE(ws.download_block_trace(&trace).ok());
   EXPECT_EQ(trace.size(), size_t(plan.num_items()) * size_t(llama.num_kv_heads));
@@ -460,10 +460,8 @@ TEST(TreeAttentionGpu, TailKernelMatchesPlanExecutor) {
   ASSERT_TRUE(build_baseline_plan(b50.view, config_for(llama), &baseline).ok());
   pair_decode_items(&baseline, kTreeAttentionPairHeads);
   ASSERT_EQ(baseline.paired_items_begin, 0);
-  const TreeAttentionGrid baseline_grid{tree_attention_grid_bucket(baseline.num_items()),
-                                        tree_attention_grid_bucket(baseline.num_queries()), false,
-                                        false, true};
-  EXPECT_LE(gpu_vs_cpu(b50, llama, baseline, &ws, 19, baseline_grid), kFp16Tolerance);
+  EXPECT_LE(gpu_vs_cpu(b50, llama, baseline, &ws, 19, bucket_grid(baseline, false, true)),
+            kFp16Tolerance);
   EXPECT_LE(gpu_vs_cpu(b50, llama, plan, &tail_workspace(false), 20, tail_grid), kFp16Tolerance);
   // Eager launches decide by the workspace's mode: kAlways runs the b=50 plan's paired items
   // in the tail kernel, kAuto (the default) does not (tree_attention_tail_pays).
