@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -706,22 +707,34 @@ Status cuda_status(const char* what) {
   return e == cudaSuccess ? Status::Ok() : launch_error(what, e);
 }
 
-// Stage 1's and the decode kernel's opt-in to more than 48 KB of dynamic shared memory. The
-// attribute belongs to the kernel in one device's context, so it is set once per (kernel,
-// device) (tensor parallelism launches on several), before any launch there — so never during
-// a graph capture, whose eager first step comes first.
-cudaError_t allow_large_smem(const void* kernel) {
+// Sets a kernel attribute once per (kernel, attribute, device): function attributes belong to
+// the kernel in one device's context (tensor parallelism launches on several). Called before
+// any launch of the kernel there, so never during a graph capture, whose eager first step
+// comes first.
+cudaError_t set_attribute_once(const void* kernel, cudaFuncAttribute attribute, int value) {
   static std::mutex mutex;
-  static std::vector<std::pair<const void*, int>> done;  // (kernel, device) pairs set
+  static std::vector<std::tuple<const void*, int, int>> done;  // (kernel, attribute, device)
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;
   std::lock_guard<std::mutex> lock(mutex);
-  const std::pair<const void*, int> key(kernel, device);
+  const std::tuple<const void*, int, int> key(kernel, int(attribute), device);
   if (std::find(done.begin(), done.end(), key) != done.end()) return cudaSuccess;
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+  e = cudaFuncSetAttribute(kernel, attribute, value);
   if (e == cudaSuccess) done.push_back(key);
   return e;
+}
+
+// Stage 1's and the decode kernel's opt-in to more than 48 KB of dynamic shared memory.
+cudaError_t allow_large_smem(const void* kernel) {
+  return set_attribute_once(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+}
+
+// Stage 1 and the tail kernel ask for the SM's largest shared-memory carveout where they run
+// together, so the tail kernel's blocks find room beside two stage 1 blocks.
+cudaError_t prefer_max_shared(const void* kernel) {
+  return set_attribute_once(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                            cudaSharedmemCarveoutMaxShared);
 }
 
 // The current device's SM count, cached per device.
@@ -786,16 +799,11 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
     const bool tail =
         grid.items > 0 ? grid.tail && !decode : tree_attention_runs_tail(ws, params.num_kv_heads);
     if (tail) {
-      static const bool carveout = [] {
-        cudaFuncSetAttribute(reinterpret_cast<const void*>(tree_attention_stage1<D, T>),
-                             cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
-        cudaFuncSetAttribute(reinterpret_cast<const void*>(tree_attention_tail<D, T>),
-                             cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
-        return true;
-      }();
-      (void)carveout;
+      for (const void* kernel : {reinterpret_cast<const void*>(tree_attention_stage1<D, T>),
+                                 reinterpret_cast<const void*>(tree_attention_tail<D, T>)}) {
+        const cudaError_t attr = prefer_max_shared(kernel);
+        if (attr != cudaSuccess) return launch_error("cudaFuncSetAttribute", attr);
+      }
       if (grid.items > 0) {
         p1.pair_begin = kTailFromHeader;
       } else {
