@@ -129,12 +129,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
     }
   }
 
-  // tok[t] = row of item token t in the K (or V) pool viewed as [rows][head_dim], for this
-  // block's kv head; int32 rows halve the table (a pool of 2^31 rows is 512 GB of fp16 at
-  // head_dim 128, far beyond one layer).
+  // tok[t] = pool row of item token t for this block's kv head (table_pool_row); int32 rows
+  // halve the table.
   const int rows_per_page = p.num_kv_heads * page_size;
   const int head_row = it.kv_head * page_size;
-  auto table_row = [&](int32_t e) { return (e >> 8) * rows_per_page + head_row + (e & 0xff); };
+  auto table_row = [&](int32_t e) { return table_pool_row(e, rows_per_page, head_row); };
   int rest_begin = 0;  // tokens from here on are read from the table after the first tiles go out
   const int32_t* entries = p.token_table;
   if (table_mode == kTableFixedStride) {
@@ -333,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
       const int t = tile * kKvTile + r;
       const bool valid = t < num_tokens;
       const int32_t e = ent0[pass];
-      const int64_t row = valid ? int64_t((e >> 8) * rows_per_page + head_row + (e & 0xff)) * D : 0;
+      const int64_t row = valid ? int64_t(table_pool_row(e, rows_per_page, head_row)) * D : 0;
       copy_kv_row<D>(dk, dv, r, row, valid, k_pool, v_pool);
       ent0[pass] = ent1[pass];
     }
@@ -412,7 +411,7 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
                                                              : int64_t(rec[kRecTableBegin]));
   const int rows_per_page = p.num_kv_heads * p.page_size;
   const int head_row = kv_head * p.page_size;
-  auto pool_row = [&](int32_t e) { return (e >> 8) * rows_per_page + head_row + (e & 0xff); };
+  auto pool_row = [&](int32_t e) { return table_pool_row(e, rows_per_page, head_row); };
   const T* k_pool = static_cast<const T*>(p.k);
   const T* v_pool = static_cast<const T*>(p.v);
 

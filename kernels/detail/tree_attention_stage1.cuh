@@ -185,6 +185,14 @@ __device__ int resolve_tokens(const int32_t* plan, const PlanHeaderArg& h, int s
   return pos;
 }
 
+// Row of a token table entry ((page << 8) | slot, detail/tree_attention_layout.h) in the K (or
+// V) pool viewed as [rows][head_dim], for the kv head whose rows start head_row rows into each
+// page (rows_per_page: num_kv_heads * page_size); int32 rows: a pool of 2^31 rows is 512 GB of
+// fp16 at head_dim 128, far beyond one layer.
+__device__ __forceinline__ int32_t table_pool_row(int32_t e, int rows_per_page, int head_row) {
+  return (e >> 8) * rows_per_page + head_row + (e & 0xff);
+}
+
 // What the main loop needs about its block's item.
 struct ItemTile {
   int num_rows;     // valid rows of the query tile
