@@ -736,25 +736,6 @@ cudaError_t prefer_max_shared(const void* kernel) {
                             cudaSharedmemCarveoutMaxShared);
 }
 
-// The current device's SM count, cached per device.
-cudaError_t sm_count(int* out) {
-  static std::mutex mutex;
-  static std::vector<std::pair<int, int>> known;  // (device, SMs)
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return e;
-  std::lock_guard<std::mutex> lock(mutex);
-  for (const auto& [d, n] : known) {
-    if (d == device) {
-      *out = n;
-      return cudaSuccess;
-    }
-  }
-  e = cudaDeviceGetAttribute(out, cudaDevAttrMultiProcessorCount, device);
-  if (e == cudaSuccess) known.emplace_back(device, *out);
-  return e;
-}
-
 // Where stage 2 writes: out (model dtype rows), or, when out is null, the float32 states.
 struct MergeTarget {
   void* out = nullptr;
@@ -955,15 +936,11 @@ bool tree_attention_runs_tail(const TreeAttentionWorkspace& workspace, int32_t n
     return false;
   }
   if (mode == TreeAttentionLimits::Tail::kAlways) return true;
-  int num_sms = 0;
-  if (sm_count(&num_sms) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
   const int64_t paired_blocks =
       int64_t(items - begin) *
       (num_kv_heads % kPairHeads == 0 ? num_kv_heads / kPairHeads : num_kv_heads);
-  return tree_attention_tail_pays(int64_t(begin) * num_kv_heads, paired_blocks, num_sms);
+  return tree_attention_tail_pays(int64_t(begin) * num_kv_heads, paired_blocks,
+                                  workspace.num_sms());
 }
 
 Status launch_tree_attention(const void* q, const void* k_pool, const void* v_pool, void* out,

@@ -115,6 +115,8 @@ class TreeAttentionWorkspace {
   void release();
   bool initialized() const { return device_plan_ != nullptr; }
   const TreeAttentionLimits& limits() const { return limits_; }
+  // SMs of the device the workspace was initialised on (and its launches run on).
+  int32_t num_sms() const { return num_sms_; }
 
   // Copies the plan into the device buffers with one cudaMemcpyAsync on stream. The plan may
   // be changed or destroyed once this returns; a later upload first waits for this copy.
@@ -174,6 +176,7 @@ class TreeAttentionWorkspace {
   int32_t num_items_ = 0, num_queries_ = 0, num_partials_ = 0;
   int32_t gqa_group_size_ = 0, page_size_ = 0, max_item_tokens_ = 0;
   int32_t table_stride_ = 0, table_items_ = 0;
+  int32_t num_sms_ = 0;
   int32_t paired_items_begin_ = -1;
   bool table_filled_ = false, table_fixed_ = false, decode_kernel_ = false;
 };
@@ -209,8 +212,8 @@ struct TreeAttentionGrid {
 };
 
 // Whether a launch of the workspace's last upload with num_kv_heads kv heads runs its paired
-// items in the tail kernel (the workspace's limits().tail_kernel; at kAuto the current device's
-// SM count and tree_attention_tail_pays decide): what an eager launch does and what a grid for
+// items in the tail kernel (the workspace's limits().tail_kernel; at kAuto its num_sms() and
+// tree_attention_tail_pays decide): what an eager launch does and what a grid for
 // it should ask for. False where the plan runs in the decode kernel, pairs no item or only
 // paired items, or has no token table.
 bool tree_attention_runs_tail(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads);

@@ -84,9 +84,14 @@ Status TreeAttentionWorkspace::init(const TreeAttentionLimits& limits) {
         "and max_head_dim 64|128");
   }
   limits_ = limits;
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return cuda_error("cudaGetDevice", e);
+  e = cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute(SMs)", e);
   table_stride_ = tree_attention_table_stride(limits.max_item_tokens);
   plan_words_ = capacity_words(limits);
-  cudaError_t e = cudaMalloc(&device_plan_, size_t(plan_words_) * 4);
+  e = cudaMalloc(&device_plan_, size_t(plan_words_) * 4);
   if (e != cudaSuccess) return cuda_error("cudaMalloc(plan)", e);
   e = cudaMallocHost(&host_staging_, size_t(plan_words_) * 4);
   if (e != cudaSuccess) return cuda_error("cudaMallocHost(staging)", e);
