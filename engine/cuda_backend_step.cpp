@@ -125,9 +125,12 @@ Status CudaBackend::run_step_graph(const StepBatch& batch) {
   key.paired = workspace_.paired_items_begin() >= 0;
   // As an eager launch of this upload would (so a step runs the same kernels either way).
   key.tail = tree_attention_runs_tail(workspace_, int32_t(nkv_));
+  // Stage 1's grid covers the wide items only (runs_tail: the plan pairs and has a token table).
+  key.wide_items = key.tail ? tree_attention_wide_bucket(workspace_.paired_items_begin()) : 0;
   key.buffers = {residual_.ptr, x_.ptr,   tmp_.ptr,   qkv_.ptr,    q_.ptr,    attn_.ptr,
                  gu_.ptr,       act_.ptr, final_.ptr, logits_.ptr, meta_.ptr, partial_.ptr};
-  const TreeAttentionGrid grid{key.items, key.queries, key.decode_kernel, key.paired, key.tail};
+  const TreeAttentionGrid grid{key.items,  key.queries, key.decode_kernel,
+                               key.paired, key.tail,    key.wide_items};
   // step_graphs_ is kept least recently used first.
   auto found = std::find_if(step_graphs_.begin(), step_graphs_.end(),
                             [&](const StepGraph& g) { return g.key == key; });

@@ -786,6 +786,7 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
       }
       if (grid.items > 0) {
         p1.pair_begin = kTailFromHeader;
+        if (grid.wide_items > 0) blocks_1 = dim3(grid.wide_items * params.num_kv_heads);
       } else {
         blocks_1 = dim3(paired_begin * params.num_kv_heads);
       }
@@ -870,6 +871,17 @@ Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int
                            std::to_string(grid.queries) + " queries is smaller than the plan's " +
                            std::to_string(workspace.num_items()) + " / " +
                            std::to_string(workspace.num_queries()));
+  }
+  if (grid.items > 0 && grid.tail && grid.wide_items > 0) {
+    const int32_t begin = workspace.paired_items_begin();
+    const int32_t stage1_items =
+        begin >= 0 && workspace.uses_token_table() ? begin : workspace.num_items();
+    if (grid.wide_items < stage1_items || grid.wide_items > grid.items) {
+      return InvalidArgument(
+          "launch grid's wide_items = " + std::to_string(grid.wide_items) + " must cover the " +
+          std::to_string(stage1_items) +
+          " items stage 1 runs and be at most its items = " + std::to_string(grid.items));
+    }
   }
   if (grid.items > 0 && grid.decode_kernel && !workspace.runs_decode_kernel()) {
     return InvalidArgument(

@@ -209,7 +209,20 @@ struct TreeAttentionGrid {
   // pairs none, stage 1 runs every item one kv head a block. Any plan runs in either grid; the
   // engine keys its graphs on tree_attention_runs_tail().
   bool tail = false;
+  // With tail: stage 1's grid covers this many items (0: items) and the tail kernel's covers
+  // items. Stage 1's blocks for items it does not run (the grid's padding past the plan's
+  // wide items, or everything past them where wide_items is 0) come first in the grid and exit
+  // at once, so the wide items' blocks, and the tail launch behind them, do not wait for
+  // their dispatch; a grid sized by tree_attention_wide_bucket keeps them few. It must cover
+  // the items stage 1 runs: paired_items_begin() (all items where that is -1 or the upload has
+  // no token table).
+  int32_t wide_items = 0;
 };
+
+// A capacity for the wide items of a tail grid (TreeAttentionGrid::wide_items): the next
+// multiple of 8, so a stage 1 grid has at most 7 items' blocks of padding (the one-wave
+// plans the tail kernel pays for have a few dozen wide items).
+inline int32_t tree_attention_wide_bucket(int32_t n) { return n <= 8 ? 8 : (n + 7) / 8 * 8; }
 
 // Whether a launch of the workspace's last upload with num_kv_heads kv heads runs its paired
 // items in the tail kernel (the workspace's limits().tail_kernel; at kAuto its num_sms() and

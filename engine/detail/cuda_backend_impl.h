@@ -228,6 +228,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     bool decode_kernel = false;  // attention runs the decode kernel (all items decode-shaped)
     bool paired = false;         // attention pairs kv heads (TreeAttentionGrid::paired)
     bool tail = false;           // attention runs the tail kernel (TreeAttentionGrid::tail)
+    int32_t wide_items = 0;      // with tail: stage 1's grid (TreeAttentionGrid::wide_items)
     std::array<const void*, 12> buffers{};
     bool operator==(const GraphKey&) const = default;
   };

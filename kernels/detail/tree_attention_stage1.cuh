@@ -213,8 +213,10 @@ struct ItemTile {
 // *pair_begin: the first paired item (-1: none). Where it comes from the header, the blocks
 // past the paired items' get an item past the plan's (they exit).
 constexpr int32_t kPairFromHeader = -2;
-// TreeAttentionGrid::tail launches: the blocks of items from the header's kPairedBegin on exit
-// (the tail kernel runs them), unless the upload has no token table.
+// TreeAttentionGrid::tail launches: stage 1 runs the items before the header's kPairedBegin
+// (the tail kernel runs the rest), or every item where the upload has no token table, in the
+// grid's last blocks; the blocks before them exit at once (dispatched first, so they are gone
+// before the wide blocks take the SMs).
 constexpr int32_t kTailFromHeader = -3;
 __device__ __forceinline__ void block_item(const Stage1Params& p, int* item, int* kv_head,
                                            int* pair_begin) {
@@ -224,10 +226,10 @@ __device__ __forceinline__ void block_item(const Stage1Params& p, int* item, int
     const bool table = __ldg(p.plan + kTokenTable) != kTableNone;
     num_items = __ldg(p.plan + kNumItems);
     *pair_begin = -1;
-    const int grid_items = gridDim.x / p.num_kv_heads;
-    *item = p.heads_first ? blockIdx.x / p.num_kv_heads : blockIdx.x % grid_items;
-    *kv_head = p.heads_first ? blockIdx.x % p.num_kv_heads : blockIdx.x / grid_items;
-    if (table && tail_begin >= 0 && *item >= tail_begin) *item = num_items;
+    const int run = table && tail_begin >= 0 ? tail_begin : num_items;
+    const int b = int(blockIdx.x) - (int(gridDim.x) - run * p.num_kv_heads);
+    *item = b < 0 ? num_items : (p.heads_first ? b / p.num_kv_heads : b % run);
+    *kv_head = b < 0 ? 0 : (p.heads_first ? b % p.num_kv_heads : b / run);
     return;
   }
   if (pb == kPairFromHeader) {

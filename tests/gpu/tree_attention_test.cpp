@@ -96,6 +96,17 @@ TreeAttentionGrid bucket_grid(const AttentionPlan& plan, bool paired, bool tail 
                            tree_attention_grid_bucket(plan.num_queries()), false, paired, tail};
 }
 
+// A tail grid whose stage 1 grid covers only the items stage 1 runs
+// (TreeAttentionGrid::wide_items), as the engine's graphs launch it: the plan's wide items, or
+// every item where it pairs none or the workspace has no token table.
+TreeAttentionGrid wide_tail_grid(const AttentionPlan& plan, bool with_table) {
+  TreeAttentionGrid grid = bucket_grid(plan, false, true);
+  const int32_t run =
+      plan.paired_items_begin >= 0 && with_table ? plan.paired_items_begin : plan.num_items();
+  grid.wide_items = tree_attention_wide_bucket(run);
+  return grid;
+}
+
 TreeAttentionWorkspace& shared_workspace() {
   static TreeAttentionWorkspace ws;
   if (!ws.initialized()) {
@@ -411,11 +422,13 @@ TEST(TreeAttentionGpu, TailKernelMatchesPlanExecutor) {
     const AttentionPlan plan = paired_plan_for(tree, shape, seed);
     tail_plans += plan.paired_items_begin >= 1 && plan.paired_items_begin < plan.num_items();
     // Every third plan in a tail grid (TreeAttentionGrid::tail: where the paired items begin
-    // read from the header, as the engine's graphs launch it).
+    // read from the header, as the engine's graphs launch it), half of them with stage 1's
+    // grid over the items it runs only (wide_items).
+    const bool table = seed % 7 != 0;
     const TreeAttentionGrid grid =
-        seed % 3 == 1 ? bucket_grid(plan, false, true) : TreeAttentionGrid{};
-    EXPECT_LE(gpu_vs_cpu(tree, shape, plan, &tail_workspace(seed % 7 != 0), seed, grid),
-              tolerance(shape))
+        seed % 3 != 1 ? TreeAttentionGrid{}
+                      : (seed % 2 ? wide_tail_grid(plan, table) : bucket_grid(plan, false, true));
+    EXPECT_LE(gpu_vs_cpu(tree, shape, plan, &tail_workspace(table), seed, grid), tolerance(shape))
         << "seed " << seed << " " << describe(shape);
   }
   EXPECT_GT(tail_plans, 12);
@@ -451,6 +464,30 @@ TEST(TreeAttentionGpu, TailKernelMatchesPlanExecutor) {
   EXPECT_LE(gpu_vs_cpu(b50, llama, plan, &ws, 17, tail_grid), kFp16Tolerance);
   ASSERT_TRUE(ws.download_block_trace(&trace).ok());
   EXPECT_EQ(trace.size(), size_t(plan.num_items()) * size_t(llama.num_kv_heads));
+  // Stage 1's grid over the wide items only (its padding blocks exit first): every (item, kv
+  // head) traced once again. One that does not cover them is refused before any launch.
+  const TreeAttentionGrid wide_grid = wide_tail_grid(plan, true);
+  ASSERT_LT(wide_grid.wide_items, wide_grid.items);
+  EXPECT_LE(gpu_vs_cpu(b50, llama, plan, &ws, 21, wide_grid), kFp16Tolerance);
+  ASSERT_TRUE(ws.download_block_trace(&trace).ok());
+  seen.clear();
+  for (const TreeAttentionBlockTrace& r : trace) seen.insert({r.item, r.kv_head});
+  EXPECT_EQ(trace.size(), size_t(plan.num_items()) * size_t(llama.num_kv_heads));
+  EXPECT_EQ(seen.size(), trace.size());
+  {
+    testing::GpuAttentionProblem problem;
+    ASSERT_TRUE(problem
+                    .init(b50, llama.num_kv_heads * llama.gqa, llama.num_kv_heads, llama.head_dim,
+                          TreeAttentionDtype::kFloat16, 22)
+                    .ok());
+    TreeAttentionGrid short_grid = wide_grid;
+    short_grid.wide_items = wide - 1;
+    const Status refused = problem.launch_uploaded(ws, nullptr, short_grid);
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+    EXPECT_NE(refused.message().find("wide_items"), std::string::npos) << refused.ToString();
+    ASSERT_TRUE(ws.download_block_trace(&trace).ok());
+    EXPECT_TRUE(trace.empty());
+  }
   AttentionPlanConfig off = config_for(llama);
   off.pair_heads = 0;
   AttentionPlan unpaired;

@@ -866,6 +866,22 @@ TEST(TreeAttentionGridBucket, CoversTheCountWithAtMostAnEighthSpare) {
   }
 }
 
+// A tail grid's stage 1 capacity (TreeAttentionGrid::wide_items): at most 7 items of padding,
+// and never more than the grid's items (the launch refuses wide_items > items), taking the
+// items the plan has as the bound for the wide ones it runs.
+TEST(TreeAttentionGridBucket, WideItemsPadAtMostSevenWithinTheGrid) {
+  EXPECT_EQ(tree_attention_wide_bucket(0), 8);
+  EXPECT_EQ(tree_attention_wide_bucket(8), 8);
+  EXPECT_EQ(tree_attention_wide_bucket(9), 16);
+  EXPECT_EQ(tree_attention_wide_bucket(32), 32);
+  for (int32_t n = 1; n < 200000; n += 1 + n / 50) {
+    const int32_t b = tree_attention_wide_bucket(n);
+    EXPECT_GE(b, n);
+    EXPECT_LE(b - n, 7) << n;
+    EXPECT_LE(b, tree_attention_grid_bucket(n)) << n;
+  }
+}
+
 // TreeAttentionLimits::Tail::kAuto's rule, on the plans the builder makes for an H100's 132 SMs
 // at Llama-3-8B heads: the tail kernel runs P=16000 + 64 x 200's paired items (one wave of
 // wide blocks, the paired ones a second), not those of few-shot P=4000 + b x 200 (the paired
