@@ -352,29 +352,42 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
 // registers from one: two 202-register stage 1 blocks (8 warps, 2 per sub-partition) leave
 // 3,072 in each, one warp of at most 96 registers (__maxnreg__; a 128-register version found
 // no room beside them). Their 2 x ~92 KB of shared memory leave ~44 KB of the SM's 228 (both
-// kernels ask for the largest carveout): two of these blocks. Stage 1 triggers the launch
+// kernels ask for the largest carveout): four of these 11 KB blocks (10 KB and the 1 KB every
+// block reserves), one a sub-partition. Stage 1 triggers the launch
 // once its blocks' first copies are out, after their wait for the previous kernel, so the
 // branches' K/V (DRAM-bound) streams while stage 1's wide items run on the tensor cores
 // (compute-bound), instead of as a second wave after them. It reads no input before every
 // stage 1 block has passed that wait, so it needs no wait of its own.
 // Per warp, kTailRows (8) of the item's rows at a time, transposed so that they are the MMAs'
 // n = 8 side: S^T = K Q^T (m16n8k16; K's 16 tokens and Q by ldmatrix), the online softmax on
-// S^T's columns, P through a 384-byte scratch into the B fragment, O^T += V^T P^T (V^T by
-// ldmatrix.trans): O^T is D x 8, 32 fp32 registers at head_dim 128. 16-token K/V tiles stream
-// through a ring of kTailStages by cp.async. H100 (ninth session, design log): 3 or 5 stages
-// were slower (fewer blocks fit beside stage 1), and so was a CUDA-core version (reductions by
-// shuffles, 128 registers).
+// S^T's columns, P transposed in registers (movmatrix) into the B fragment, O^T += V^T P^T
+// (V^T by ldmatrix.trans): O^T is D x 8, 32 fp32 registers at head_dim 128. One 16-token K
+// tile and one V tile, refilled by cp.async as soon as each is read (K_{t+1} while step t's
+// softmax and O^T product run, V_{t+1} while step t + 1's S^T does), so a warp keeps about one
+// step's K/V in flight in 10 KB. The ninth session's form (a two-stage ring of K and V, a P
+// scratch, a padded Q: 19 KB) fit two beside stage 1; 3 or 5 stages fit fewer and were
+// slower, and so was a CUDA-core version (reductions by shuffles, 128 registers).
 constexpr int kTailRows = 8;
 constexpr int kTailTok = 16;
-constexpr int kTailStages = 2;
-constexpr int kTailPStride = kTailTok + 8;  // P scratch row stride (elements): no bank conflicts
-template <int D>
-__host__ __device__ constexpr int tail_q_stride() {
-  return D + 8;  // Q scratch row stride (elements): the 8 rows an ldmatrix reads, 8 bank groups
-}
 template <int D>
 constexpr int tail_smem_bytes() {
-  return kTailStages * 2 * kTailTok * D * 2 + kTailRows * (kTailPStride + tail_q_stride<D>()) * 2;
+  return (2 * kTailTok + kTailRows) * D * 2;  // one K and one V tile, Q
+}
+
+// The tail kernel's shared memory a block, at launch: its own, padded so that three of its
+// blocks fit beside two stage 1 blocks of stage1_smem bytes on an SM rather than four (the
+// padding aims between the two counts' limits, whatever the allocation granularity). H100,
+// tenth session, P=16000 + 64x200 GQA 4 (design log): two beside 69.5 us, three 67.8, four
+// 68.5 (with four the wide blocks end last). Where that takes more than twice the kernel's
+// own (head_dim 64), it is not padded: the padding also bounds the tail blocks an SM holds
+// once stage 1's are gone.
+template <int D>
+int tail_launch_smem(int stage1_smem, const TreeAttentionWorkspace& ws) {
+  const int reserved = ws.smem_reserved_per_block();
+  const int left = ws.smem_per_sm() - kTreeAttentionStage1BlocksPerSm * (stage1_smem + reserved);
+  const int padded = (2 * left / 7 - reserved) / 128 * 128;  // left / 3.5 a block
+  return padded > tail_smem_bytes<D>() && padded <= 2 * tail_smem_bytes<D>() ? padded
+                                                                             : tail_smem_bytes<D>();
 }
 
 template <int D, typename T>
@@ -416,9 +429,9 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
   const T* v_pool = static_cast<const T*>(p.v);
 
   extern __shared__ __align__(1024) unsigned char tail_smem[];
-  T* ring = reinterpret_cast<T*>(tail_smem);       // [stage][K tile, V tile], 16 x D each, swizzled
-  T* s_p = ring + kTailStages * 2 * kTailTok * D;  // P [kTailRows][kTailPStride]
-  T* s_q = s_p + kTailRows * kTailPStride;         // Q [kTailRows][tail_q_stride]
+  T* s_k = reinterpret_cast<T*>(tail_smem);  // K tile [kTailTok][D], swizzled
+  T* s_v = s_k + kTailTok * D;               // V tile [kTailTok][D], swizzled
+  T* s_q = s_v + kTailTok * D;               // Q [kTailRows][D], swizzled
   const int steps = (num_tokens + kTailTok - 1) / kTailTok;
 
   for (int row0 = 0; row0 < num_rows; row0 += kTailRows) {
@@ -427,18 +440,19 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
     // once into shared memory measured slower: H100, ninth session.)
     int32_t rows_cur = lane < num_tokens ? pool_row(__ldg(entries + lane)) : 0;
     int32_t ent_next = 32 + lane < num_tokens ? __ldg(entries + 32 + lane) : 0;
-    // Copies step t's K and V rows into ring stage t % kTailStages (zeros past the item).
+    // Copies step t's K (k) or V rows into their tile (zeros past the item), one commit group.
+    // K of step t moves to the next 32 tokens' rows, which V of step t then reads too.
     static_assert(32 % kTailTok == 0, "steps do not straddle 32-token groups");
-    auto issue = [&](int t) {
+    auto issue = [&](int t, bool k) {
       if (t < steps) {
         constexpr int kStepsPerGroup = 32 / kTailTok;
-        if (t > 0 && t % kStepsPerGroup == 0) {
+        if (k && t > 0 && t % kStepsPerGroup == 0) {
           rows_cur = pool_row(ent_next);
           const int at = (t + kStepsPerGroup) * kTailTok + lane;
           ent_next = at < num_tokens ? __ldg(entries + at) : 0;
         }
-        T* dk = ring + (t % kTailStages) * 2 * kTailTok * D;
-        T* dv = dk + kTailTok * D;
+        T* dst = k ? s_k : s_v;
+        const T* pool = k ? k_pool : v_pool;
 #pragma unroll
         for (int i = 0; i < kTailTok / kRowsPerCopy; ++i) {
           const int j = i * kRowsPerCopy + lane / kChunks, c = lane % kChunks;
@@ -446,14 +460,13 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
           const int32_t r = __shfl_sync(kFull, rows_cur, (t % kStepsPerGroup) * kTailTok + j);
           const bool valid = tok < num_tokens;
           const int64_t off = valid ? int64_t(r) * D + c * 8 : 0;
-          cp_async_16(smem_u32(dk + swz<D, kTailTok>(j, c)), k_pool + off, valid);
-          cp_async_16(smem_u32(dv + swz<D, kTailTok>(j, c)), v_pool + off, valid);
+          cp_async_16(smem_u32(dst + swz<D, kTailTok>(j, c)), pool + off, valid);
         }
       }
       cp_async_commit();
     };
     // The pass's Q rows (row n: q head kv_head * gqa + (row0 + n) % gqa; zeros past the
-    // item's rows) with the first tile: Q^T's B fragments are read back by ldmatrix each step.
+    // item's rows) with the first K tile: Q^T's B fragments are read back by ldmatrix each step.
 #pragma unroll
     for (int i = 0; i < kTailRows * kChunks / 32; ++i) {
       const int n = i * kRowsPerCopy + lane / kChunks, c = lane % kChunks;
@@ -464,10 +477,10 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
         const int32_t batch_row = rec[kRecQueryRows + row / p.gqa];
         src += (int64_t(batch_row) * p.num_q_heads + kv_head * p.gqa + row % p.gqa) * D + c * 8;
       }
-      cp_async_16(smem_u32(s_q + n * tail_q_stride<D>() + c * 8), src, valid);
+      cp_async_16(smem_u32(s_q + swz<D, kTailRows>(n, c)), src, valid);
     }
-#pragma unroll
-    for (int t = 0; t < kTailStages - 1; ++t) issue(t);
+    issue(0, true);
+    issue(0, false);
     // This thread's score columns: rows row0 + 2 qd + e (e = 0, 1), their mask rows.
     const uint32_t* row_mask[2] = {nullptr, nullptr};
     bool row_valid[2];
@@ -484,23 +497,23 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
     for (int mt = 0; mt < kKSteps; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
+    // Commit groups go K_0 (with Q), V_0, then K_{t+1} once S_t has read K_t and V_{t+1} once
+    // O has read V_t: each wait lets the one group after the needed one stay in flight.
     for (int t = 0; t < steps; ++t) {
-      issue(t + kTailStages - 1);
-      cp_async_wait<kTailStages - 1>();
+      cp_async_wait<1>();  // K_t (and Q)
       __syncwarp();
-      const T* kt = ring + (t % kTailStages) * 2 * kTailTok * D;
-      const T* vt = kt + kTailTok * D;
       // S^T = K Q^T: tokens lane/4 (+8) x rows 2 qd (+1).
       float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
         uint32_t a[4], b[2];
-        ldmatrix_x4(a, smem_u32(kt + swz<D, kTailTok>(lane & 15, 2 * kk + (lane >> 4))));
-        ldmatrix_x2(
-            b, smem_u32(s_q + (lane & 7) * tail_q_stride<D>() + 16 * kk + ((lane >> 3) & 1) * 8));
+        ldmatrix_x4(a, smem_u32(s_k + swz<D, kTailTok>(lane & 15, 2 * kk + (lane >> 4))));
+        ldmatrix_x2(b, smem_u32(s_q + swz<D, kTailRows>(lane & 7, 2 * kk + ((lane >> 3) & 1))));
         Dtype<T>::mma(s, a, b[0], b[1]);
       }
-      float alpha[2];
+      __syncwarp();  // every lane's K reads are done before the next K lands
+      issue(t + 1, true);
+      float alpha[2], pr[2][2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float x0 = s[e], x1 = s[2 + e];  // tokens g, g + 8
@@ -520,29 +533,32 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
         const float base = new_m == -INFINITY ? 0.f : new_m;
         alpha[e] = fast_exp2(m[e] - base);
         m[e] = new_m;
-        const float p0 = fast_exp2(x0 - base), p1 = fast_exp2(x1 - base);
-        l[e] = l[e] * alpha[e] + p0 + p1;  // this thread's share; reduced at the end
-        // P[row 2 qd + e][token g (+8)] for the B fragment.
-        s_p[(2 * qd + e) * kTailPStride + g] = Dtype<T>::from_float(p0);
-        s_p[(2 * qd + e) * kTailPStride + g + 8] = Dtype<T>::from_float(p1);
+        pr[e][0] = fast_exp2(x0 - base);
+        pr[e][1] = fast_exp2(x1 - base);
+        l[e] = l[e] * alpha[e] + pr[e][0] + pr[e][1];  // this thread's share; reduced at the end
       }
 #pragma unroll
       for (int mt = 0; mt < kKSteps; ++mt) {
         o[mt][0] *= alpha[0], o[mt][2] *= alpha[0];
         o[mt][1] *= alpha[1], o[mt][3] *= alpha[1];
       }
-      __syncwarp();
+      // P^T's B fragment (tokens 2 qd (+1) (+8) x row g) is the transpose of the 8 x 8 blocks
+      // this thread holds (token g (+8) x rows 2 qd, 2 qd + 1): movmatrix, no shared memory.
       uint32_t pb[2];
-      ldmatrix_x2(pb, smem_u32(s_p + (lane & 7) * kTailPStride + ((lane >> 3) & 1) * 8));
+      pb[0] = movmatrix_trans(Dtype<T>::pack(pr[0][0], pr[1][0]));
+      pb[1] = movmatrix_trans(Dtype<T>::pack(pr[0][1], pr[1][1]));
+      cp_async_wait<1>();  // V_t
+      __syncwarp();
       // O^T += V^T P^T: V^T's A fragments by ldmatrix.trans of the [token][dim] tile.
 #pragma unroll
       for (int mt = 0; mt < kKSteps; ++mt) {
         uint32_t a[4];
         const int tok = (lane & 7) + ((lane >> 4) << 3);
-        ldmatrix_x4_trans(a, smem_u32(vt + swz<D, kTailTok>(tok, 2 * mt + ((lane >> 3) & 1))));
+        ldmatrix_x4_trans(a, smem_u32(s_v + swz<D, kTailTok>(tok, 2 * mt + ((lane >> 3) & 1))));
         Dtype<T>::mma(o[mt], a, pb[0], pb[1]);
       }
-      __syncwarp();  // the stage and the P scratch are rewritten next step
+      __syncwarp();  // every lane's V reads are done before the next V lands
+      issue(t + 1, false);
     }
     cp_async_wait<0>();  // (empty groups past the item)
 
@@ -814,7 +830,7 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
       const int64_t units =
           int64_t(grid.items > 0 ? items : items - paired_begin) * params.num_kv_heads;
       const cudaError_t e2 =
-          launch_pdl(dim3(unsigned(units)), dim3(32), size_t(tail_smem_bytes<D>()), stream,
+          launch_pdl(dim3(unsigned(units)), dim3(32), size_t(tail_launch_smem<D>(smem, ws)), stream,
                      tree_attention_tail<D, T>, p1, grid.items > 0 ? -1 : paired_begin);
       if (e2 != cudaSuccess) return launch_error("tree_attention_tail launch", e2);
     }

@@ -117,6 +117,9 @@ class TreeAttentionWorkspace {
   const TreeAttentionLimits& limits() const { return limits_; }
   // SMs of the device the workspace was initialised on (and its launches run on).
   int32_t num_sms() const { return num_sms_; }
+  // That device's shared memory an SM holds, and what it reserves for every block (bytes).
+  int32_t smem_per_sm() const { return smem_per_sm_; }
+  int32_t smem_reserved_per_block() const { return smem_reserved_; }
 
   // Copies the plan into the device buffers with one cudaMemcpyAsync on stream. The plan may
   // be changed or destroyed once this returns; a later upload first waits for this copy.
@@ -176,7 +179,7 @@ class TreeAttentionWorkspace {
   int32_t num_items_ = 0, num_queries_ = 0, num_partials_ = 0;
   int32_t gqa_group_size_ = 0, page_size_ = 0, max_item_tokens_ = 0;
   int32_t table_stride_ = 0, table_items_ = 0;
-  int32_t num_sms_ = 0;
+  int32_t num_sms_ = 0, smem_per_sm_ = 0, smem_reserved_ = 0;
   int32_t paired_items_begin_ = -1;
   bool table_filled_ = false, table_fixed_ = false, decode_kernel_ = false;
 };

@@ -89,6 +89,10 @@ Status TreeAttentionWorkspace::init(const TreeAttentionLimits& limits) {
   if (e != cudaSuccess) return cuda_error("cudaGetDevice", e);
   e = cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute(SMs)", e);
+  e = cudaDeviceGetAttribute(&smem_per_sm_, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute(shared memory per SM)", e);
+  e = cudaDeviceGetAttribute(&smem_reserved_, cudaDevAttrReservedSharedMemoryPerBlock, device);
+  if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute(reserved shared memory)", e);
   table_stride_ = tree_attention_table_stride(limits.max_item_tokens);
   plan_words_ = capacity_words(limits);
   e = cudaMalloc(&device_plan_, size_t(plan_words_) * 4);

@@ -51,6 +51,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
+// The transpose of an 8 x 8 b16 matrix held one 32-bit pair a lane (lane holds row lane / 4,
+// columns 2 (lane % 4) and + 1; so does the result, of the transpose).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 // 2^x by the SFU (ex2.approx: ~2 ulp, -inf -> 0); exp2f adds range handling we do not need.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
