@@ -21,12 +21,16 @@
 // where the simulated span is at least 1/N shorter; default 32, the engine's).
 // --no-decode-kernel sets CudaBackendOptions::attention_decode_kernel false (tree attention's
 // stage 1 runs every plan, also the all-decode-shaped ones; A/B).
+// --fewshot-prompt N sets the few-shot trees' shared prompt (default 4000 tokens; 16000 with
+// --fewshot-branches 64 is the kernel bench's P=16000 + 64x200, whose paired items run in
+// tree attention's tail kernel).
 // --no-tail sets CudaBackendOptions::attention_tail_kernel to kOff (tree attention never runs
 // a plan's paired items in its tail kernel; A/B).
 //
 //   bench_decode [--config configs/models/llama-3-8b.json] [--steps 16] [--json FILE]
 //                [--workloads fewshot,sampled,spec,tot] [--kv-gib 6] [--tensor-parallel N]
-//                [--fewshot-branches 20,30,50] [--profile-last-step] [--graphs|--no-graphs]
+//                [--fewshot-branches 20,30,50] [--fewshot-prompt 4000] [--profile-last-step]
+//                [--graphs|--no-graphs]
 //                [--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N] [--max-chunk N]
 //                [--pair-margin N] [--no-decode-kernel] [--no-tail]
 // --profile-last-step wraps each workload's last step in cudaProfilerStart/Stop, for
@@ -61,6 +65,7 @@ struct Args {
   double kv_gib = 6.0;
   int tensor_parallel = 1;
   std::vector<int> fewshot_branches = {20, 30, 50};
+  int fewshot_prompt = 4000;       // --fewshot-prompt: the few-shot trees' shared prompt, tokens
   bool profile_last_step = false;  // cudaProfilerStart/Stop around each workload's last step
   bool cuda_graphs = true;
   bool gemm_tune = true;
@@ -465,14 +470,15 @@ int run(const Args& args) {
         KvCacheConfig kc{16, int32_t(opt.num_pages)};
         auto kv = KvCache::create(kc);
         Runner r(*config, backend->get(), kv->get());
-        BranchId root = r.prefill(tokens(4000, 1));
+        const int prompt = args.fewshot_prompt;
+        BranchId root = r.prefill(tokens(prompt, 1));
         auto forked = (*kv)->fork(root, b);
         Workload w;
-        w.name = "fewshot P=4000 b=" + std::to_string(b) + " +200";
+        w.name = "fewshot P=" + std::to_string(prompt) + " b=" + std::to_string(b) + " +200";
         w.branches = forked->branches;
         r.extend(w.branches, 200, 7);
         const double ms = r.measure(w, args.steps, args.profile_last_step);
-        record(w.name, b, 4000 + int64_t(b) * 200, ms);
+        record(w.name, b, prompt + int64_t(b) * 200, ms);
       }
     }
     if (want("sampled")) {
@@ -612,6 +618,12 @@ int main(int argc, char** argv) {
       for (std::string item; std::getline(list, item, ',');) {
         args.fewshot_branches.push_back(std::stoi(item));
       }
+    } else if (a == "--fewshot-prompt") {
+      args.fewshot_prompt = std::stoi(next());
+      if (args.fewshot_prompt < 1) {
+        std::fprintf(stderr, "--fewshot-prompt must be >= 1\n");
+        return 2;
+      }
     } else if (a == "--profile-last-step")
       args.profile_last_step = true;
     else if (a == "--graphs")
@@ -636,7 +648,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_decode [--config F] [--steps N] [--json F] "
                    "[--workloads fewshot,sampled,spec,tot] [--kv-gib G] [--tensor-parallel N] "
-                   "[--fewshot-branches 20,30,50] [--profile-last-step] [--graphs|--no-graphs] "
+                   "[--fewshot-branches 20,30,50] [--fewshot-prompt 4000] [--profile-last-step] "
+                   "[--graphs|--no-graphs] "
                    "[--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N] [--max-chunk N] "
                    "[--pair-margin N] [--no-decode-kernel] [--no-tail]\n");
       return 2;
