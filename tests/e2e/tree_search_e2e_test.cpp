@@ -50,8 +50,8 @@ class Client {
   explicit Client(std::shared_ptr<grpc::Channel> channel)
       : stub_(v1::TreeServe::NewStub(std::move(channel))) {}
 
-  // cancel_at_level > 0: the client cancels the call as soon as that level's message arrives
-  // (the server is then generating the next level, however fast the device).
+  // cancel_at_level > 0: the client cancels the call once that level's message has arrived
+  // and its reply (if any) is written.
   SearchRun search(const v1::TreeSearchRequest& first, Scorer scorer = nullptr,
                    milliseconds deadline = milliseconds(0), int cancel_at_level = 0) {
     grpc::ClientContext ctx;
@@ -67,11 +67,11 @@ class Client {
     while (stream->Read(&r)) {
       if (r.has_level()) {
         out.levels.push_back(r.level());
-        if (r.level().level() == cancel_at_level) ctx.TryCancel();
         if (open) {
           std::optional<v1::TreeSearchRequest> reply = scorer(r.level());
           if (reply) open = stream->Write(*reply);
         }
+        if (r.level().level() == cancel_at_level) ctx.TryCancel();
       } else if (r.has_done()) {
         out.done = r.done();
       }
@@ -323,14 +323,29 @@ TEST_F(TreeSearchApi, ErrorTable) {
 TEST_F(TreeSearchApi, CancelAndDeadlinePruneWhatTheSearchMade) {
   auto tree = client_->create_tree(kPrompt);
   const std::string t = tree.tree_id();
-  // Cancelled while a level generates (long thoughts): as soon as level 1's message arrives,
-  // while level 2 generates. (A cancel 150 ms after the start was too late on an H100, where
-  // the whole search had finished and kept its leaves: 2026-11-27.)
-  SearchRun cancelled =
-      client_->search(start(t, 2, 2, 2, 1500), nullptr, milliseconds(0), /*cancel_at_level=*/1);
+  // Cancelled mid-search: the client scores level 1, keeping a thought that did not end (so
+  // level 2 must generate), and cancels at once. The server is then reading those scores or
+  // generating level 2, and depth 3 makes it wait for level 2's scores, which never come, so
+  // the search cannot complete before it sees the cancel. (The cancel used to come 150 ms after
+  // the start: on an H100 the whole search, whose 1500-token thoughts of the 512-token tiny
+  // model mostly end early with EOS, had finished by then and rightly kept its leaves.)
+  SearchRun cancelled = client_->search(
+      start(t, 4, 1, 3, 64, v1::SCORE_CLIENT),
+      [](const v1::TreeSearchLevel& level) -> std::optional<v1::TreeSearchRequest> {
+        if (level.level() != 1) return std::nullopt;
+        return scores_by(level, [](const v1::TreeSearchCandidate& c, int) {
+          return c.finish_reason() == v1::FINISH_EOS ? 0.f : 1.f;
+        });
+      },
+      milliseconds(0), /*cancel_at_level=*/1);
   EXPECT_EQ(cancelled.status.error_code(), grpc::StatusCode::CANCELLED)
       << cancelled.status.error_message();
-  EXPECT_EQ(cancelled.levels.size(), 1u);
+  ASSERT_FALSE(cancelled.levels.empty());
+  int unfinished = 0;
+  for (const v1::TreeSearchCandidate& c : cancelled.levels[0].candidates()) {
+    unfinished += c.finish_reason() != v1::FINISH_EOS;
+  }
+  ASSERT_GT(unfinished, 0) << "every level-1 thought ended with EOS: nothing to cancel";
   EXPECT_FALSE(cancelled.done.has_value());
   EXPECT_EQ(client_->live_settled(t, 1), std::set<std::string>{"b0"});
   // The deadline passes while the server waits for the client's scores of level 2.
