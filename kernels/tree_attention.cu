@@ -352,12 +352,13 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
 // registers from one: two 202-register stage 1 blocks (8 warps, 2 per sub-partition) leave
 // 3,072 in each, one warp of at most 96 registers (__maxnreg__; a 128-register version found
 // no room beside them). Their 2 x ~92 KB of shared memory leave ~44 KB of the SM's 228 (both
-// kernels ask for the largest carveout): four of these 11 KB blocks (10 KB and the 1 KB every
-// block reserves), one a sub-partition. Stage 1 triggers the launch
-// once its blocks' first copies are out, after their wait for the previous kernel, so the
-// branches' K/V (DRAM-bound) streams while stage 1's wide items run on the tensor cores
-// (compute-bound), instead of as a second wave after them. It reads no input before every
-// stage 1 block has passed that wait, so it needs no wait of its own.
+// kernels ask for the largest carveout): room for four of these 11 KB blocks (10 KB and the 1 KB
+// every block reserves), one a sub-partition, which the launch pads so that three fit
+// (tree_attention_tail_block_smem). Stage 1 triggers the launch once its blocks' first copies
+// are out, after their wait for the previous kernel, so the branches' K/V (DRAM-bound) streams
+// while stage 1's wide items run on the tensor cores (compute-bound), instead of as a second
+// wave after them. It reads no input before every stage 1 block has passed that wait, so it
+// needs no wait of its own.
 // Per warp, kTailRows (8) of the item's rows at a time, transposed so that they are the MMAs'
 // n = 8 side: S^T = K Q^T (m16n8k16; K's 16 tokens and Q by ldmatrix), the online softmax on
 // S^T's columns, P transposed in registers (movmatrix) into the B fragment, O^T += V^T P^T
@@ -372,22 +373,6 @@ constexpr int kTailTok = 16;
 template <int D>
 constexpr int tail_smem_bytes() {
   return (2 * kTailTok + kTailRows) * D * 2;  // one K and one V tile, Q
-}
-
-// The tail kernel's shared memory a block, at launch: its own, padded so that three of its
-// blocks fit beside two stage 1 blocks of stage1_smem bytes on an SM rather than four (the
-// padding aims between the two counts' limits, whatever the allocation granularity). H100,
-// tenth session, P=16000 + 64x200 GQA 4 (design log): two beside 69.5 us, three 67.8, four
-// 68.5 (with four the wide blocks end last). Where that takes more than twice the kernel's
-// own (head_dim 64), it is not padded: the padding also bounds the tail blocks an SM holds
-// once stage 1's are gone.
-template <int D>
-int tail_launch_smem(int stage1_smem, const TreeAttentionWorkspace& ws) {
-  const int reserved = ws.smem_reserved_per_block();
-  const int left = ws.smem_per_sm() - kTreeAttentionStage1BlocksPerSm * (stage1_smem + reserved);
-  const int padded = (2 * left / 7 - reserved) / 128 * 128;  // left / 3.5 a block
-  return padded > tail_smem_bytes<D>() && padded <= 2 * tail_smem_bytes<D>() ? padded
-                                                                             : tail_smem_bytes<D>();
 }
 
 template <int D, typename T>
@@ -829,9 +814,11 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
       // A grid covers every item of its plans (a plan's paired items start at 0 or later).
       const int64_t units =
           int64_t(grid.items > 0 ? items : items - paired_begin) * params.num_kv_heads;
-      const cudaError_t e2 =
-          launch_pdl(dim3(unsigned(units)), dim3(32), size_t(tail_launch_smem<D>(smem, ws)), stream,
-                     tree_attention_tail<D, T>, p1, grid.items > 0 ? -1 : paired_begin);
+      const cudaError_t e2 = launch_pdl(
+          dim3(unsigned(units)), dim3(32),
+          size_t(tree_attention_tail_block_smem(tail_smem_bytes<D>(), smem, ws.smem_per_sm(),
+                                                ws.smem_reserved_per_block())),
+          stream, tree_attention_tail<D, T>, p1, grid.items > 0 ? -1 : paired_begin);
       if (e2 != cudaSuccess) return launch_error("tree_attention_tail launch", e2);
     }
   }
@@ -887,6 +874,10 @@ Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int
                            std::to_string(grid.queries) + " queries is smaller than the plan's " +
                            std::to_string(workspace.num_items()) + " / " +
                            std::to_string(workspace.num_queries()));
+  }
+  if (grid.wide_items < 0) {
+    return InvalidArgument("launch grid's wide_items = " + std::to_string(grid.wide_items) +
+                           " must be >= 0");
   }
   if (grid.items > 0 && grid.tail && grid.wide_items > 0) {
     const int32_t begin = workspace.paired_items_begin();

@@ -76,6 +76,22 @@ struct TreeAttentionLimits {
 // Stage 1 blocks that fit an SM at once (registers and shared memory).
 inline constexpr int32_t kTreeAttentionStage1BlocksPerSm = 2;
 
+// The tail kernel's shared memory a block at launch, given its own (own_bytes), a stage 1
+// block's (stage1_bytes) and the device's per SM and reserved per block: padded so that three
+// of its blocks fit beside kTreeAttentionStage1BlocksPerSm stage 1 blocks on an SM rather
+// than four (aiming between the two counts' limits, whatever the allocation granularity), in
+// whole 128-byte units. H100, tenth session, P=16000 + 64 x 200 GQA 4 (design log): two
+// beside 69.5 us, three 67.8, four 68.5 (with four the wide blocks end last). Not padded where
+// that would more than double the block (head_dim 64), since the padding also bounds the tail
+// blocks an SM holds once stage 1's are gone, nor where three would not fit.
+inline int32_t tree_attention_tail_block_smem(int32_t own_bytes, int32_t stage1_bytes,
+                                              int32_t smem_per_sm, int32_t reserved_per_block) {
+  const int64_t left = int64_t(smem_per_sm) - int64_t(kTreeAttentionStage1BlocksPerSm) *
+                                                  (int64_t(stage1_bytes) + reserved_per_block);
+  const int64_t padded = (2 * left / 7 - reserved_per_block) / 128 * 128;  // left / 3.5 a block
+  return padded > own_bytes && padded <= 2 * int64_t(own_bytes) ? int32_t(padded) : own_bytes;
+}
+
 // TreeAttentionLimits::Tail::kAuto: the tail kernel runs a plan's paired items where stage 1's
 // other (wide) items fill at most one wave of its block slots but the paired items' blocks do
 // not fit beside them, so that stage 1 would run them as a second, DRAM-bound wave after the

@@ -465,7 +465,8 @@ TEST(TreeAttentionGpu, TailKernelMatchesPlanExecutor) {
   ASSERT_TRUE(ws.download_block_trace(&trace).ok());
   EXPECT_EQ(trace.size(), size_t(plan.num_items()) * size_t(llama.num_kv_heads));
   // Stage 1's grid over the wide items only (its padding blocks exit first): every (item, kv
-  // head) traced once again. One that does not cover them is refused before any launch.
+  // head) traced once again. One that does not cover them, or is negative or larger than the
+  // grid's items, is refused before any launch.
   const TreeAttentionGrid wide_grid = wide_tail_grid(plan, true);
   ASSERT_LT(wide_grid.wide_items, wide_grid.items);
   EXPECT_LE(gpu_vs_cpu(b50, llama, plan, &ws, 21, wide_grid), kFp16Tolerance);
@@ -485,6 +486,12 @@ TEST(TreeAttentionGpu, TailKernelMatchesPlanExecutor) {
     const Status refused = problem.launch_uploaded(ws, nullptr, short_grid);
     EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
     EXPECT_NE(refused.message().find("wide_items"), std::string::npos) << refused.ToString();
+    short_grid.wide_items = -8;
+    EXPECT_EQ(problem.launch_uploaded(ws, nullptr, short_grid).code(),
+              StatusCode::kInvalidArgument);
+    short_grid.wide_items = wide_grid.items + 8;
+    EXPECT_EQ(problem.launch_uploaded(ws, nullptr, short_grid).code(),
+              StatusCode::kInvalidArgument);
     ASSERT_TRUE(ws.download_block_trace(&trace).ok());
     EXPECT_TRUE(trace.empty());
   }

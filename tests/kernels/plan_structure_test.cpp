@@ -882,6 +882,28 @@ TEST(TreeAttentionGridBucket, WideItemsPadAtMostSevenWithinTheGrid) {
   }
 }
 
+// The tail kernel's launch padding on an H100 (228 KB an SM, 1 KB reserved a block; stage 1
+// at head_dim 128 with a 2048-token table takes 92,704 bytes): three of its blocks fit beside
+// two stage 1 blocks and four do not, at any allocation granularity up to 256 bytes; no padding
+// where it would more than double the block, or where three would not fit.
+TEST(TreeAttentionTail, LaunchPaddingFitsThreeBesideStageOne) {
+  constexpr int32_t kSm = 233472, kReserved = 1024, kOwn = 10240, kStage1 = 92704;
+  const int32_t pad = tree_attention_tail_block_smem(kOwn, kStage1, kSm, kReserved);
+  EXPECT_EQ(pad, 12032);
+  EXPECT_EQ(pad % 128, 0);
+  for (int32_t unit : {1, 128, 256}) {
+    auto round = [unit](int32_t b) { return (b + unit - 1) / unit * unit; };
+    const int32_t left = kSm - 2 * round(kStage1 + kReserved);
+    const int32_t block = round(pad + kReserved);
+    EXPECT_LE(3 * block, left) << unit;
+    EXPECT_GT(4 * block, left) << unit;
+  }
+  // head_dim 64: stage 1's block is smaller, three would take more than twice the kernel's own.
+  EXPECT_EQ(tree_attention_tail_block_smem(5120, 51744, kSm, kReserved), 5120);
+  // A stage 1 block that leaves no room for three: the kernel's own.
+  EXPECT_EQ(tree_attention_tail_block_smem(kOwn, 110000, kSm, kReserved), kOwn);
+}
+
 // TreeAttentionLimits::Tail::kAuto's rule, on the plans the builder makes for an H100's 132 SMs
 // at Llama-3-8B heads: the tail kernel runs P=16000 + 64 x 200's paired items (one wave of
 // wide blocks, the paired ones a second), not those of few-shot P=4000 + b x 200 (the paired
