@@ -119,18 +119,10 @@ Status CudaBackend::run_step_graph(const StepBatch& batch) {
   GraphKey key;
   key.rows = batch.num_rows();
   key.n_logits = int64_t(batch.logit_rows.size());
-  key.items = tree_attention_grid_bucket(workspace_.num_items());
-  key.queries = tree_attention_grid_bucket(workspace_.num_queries());
-  key.decode_kernel = workspace_.runs_decode_kernel();
-  key.paired = workspace_.paired_items_begin() >= 0;
-  // As an eager launch of this upload would (so a step runs the same kernels either way).
-  key.tail = tree_attention_runs_tail(workspace_, int32_t(nkv_));
-  // Stage 1's grid covers the wide items only (runs_tail: the plan pairs and has a token table).
-  key.wide_items = key.tail ? tree_attention_wide_bucket(workspace_.paired_items_begin()) : 0;
+  // As an eager launch of this upload would run (so a step runs the same kernels either way).
+  key.grid = tree_attention_graph_grid(workspace_, int32_t(nkv_));
   key.buffers = {residual_.ptr, x_.ptr,   tmp_.ptr,   qkv_.ptr,    q_.ptr,    attn_.ptr,
                  gu_.ptr,       act_.ptr, final_.ptr, logits_.ptr, meta_.ptr, partial_.ptr};
-  const TreeAttentionGrid grid{key.items,  key.queries, key.decode_kernel,
-                               key.paired, key.tail,    key.wide_items};
   // step_graphs_ is kept least recently used first.
   auto found = std::find_if(step_graphs_.begin(), step_graphs_.end(),
                             [&](const StepGraph& g) { return g.key == key; });
@@ -139,17 +131,17 @@ Status CudaBackend::run_step_graph(const StepBatch& batch) {
   } else {
     if (key != last_eager_key_) {
       last_eager_key_ = key;
-      return enqueue_layers(batch, grid);
+      return enqueue_layers(batch, key.grid);
     }
     cudaGraphExec_t exec = nullptr;
-    const Status captured = capture_layers(batch, grid, &exec);
+    const Status captured = capture_layers(batch, key.grid, &exec);
     if (!captured.ok()) {
       // Not expected. The step runs again, eagerly (a real error of the step shows there
       // too), and later steps do not try again.
       std::fprintf(stderr, "treeserve: CUDA graph capture failed (%s); running without graphs\n",
                    captured.ToString().c_str());
       graphs_ = false;
-      return enqueue_layers(batch, grid);
+      return enqueue_layers(batch, key.grid);
     }
     if (step_graphs_.size() >= kMaxGraphs) {
       cudaGraphExecDestroy(step_graphs_.front().exec);

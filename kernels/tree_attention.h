@@ -236,6 +236,11 @@ struct TreeAttentionGrid {
   // the items stage 1 runs: paired_items_begin() (all items where that is -1 or the upload has
   // no token table).
   int32_t wide_items = 0;
+  // Every field (nvcc does not take a defaulted comparison here).
+  bool operator==(const TreeAttentionGrid& o) const {
+    return items == o.items && queries == o.queries && decode_kernel == o.decode_kernel &&
+           paired == o.paired && tail == o.tail && wide_items == o.wide_items;
+  }
 };
 
 // A capacity for the wide items of a tail grid (TreeAttentionGrid::wide_items): the next
@@ -259,6 +264,23 @@ inline int32_t tree_attention_grid_bucket(int32_t n) {
   while (pow2 < (n + 1) / 2) pow2 *= 2;  // pow2 < n <= 2 pow2
   const int32_t step = pow2 / 8;
   return (n + step - 1) / step * step;
+}
+
+// The grid to capture a CUDA graph of the workspace's last upload with (the engine keys its
+// decode-step graphs on it; bench_tree_attention --grid / --graph launch it): items and
+// queries bucketed, the decode kernel, head pairing and the tail kernel as an eager launch of
+// that upload would run them, and with the tail kernel stage 1's grid over the wide items only.
+inline TreeAttentionGrid tree_attention_graph_grid(const TreeAttentionWorkspace& workspace,
+                                                   int32_t num_kv_heads) {
+  TreeAttentionGrid grid;
+  grid.items = tree_attention_grid_bucket(workspace.num_items());
+  grid.queries = tree_attention_grid_bucket(workspace.num_queries());
+  grid.decode_kernel = workspace.runs_decode_kernel();
+  grid.paired = workspace.paired_items_begin() >= 0;
+  grid.tail = tree_attention_runs_tail(workspace, num_kv_heads);
+  // runs_tail: the plan pairs from an item past the first and has a token table.
+  grid.wide_items = grid.tail ? tree_attention_wide_bucket(workspace.paired_items_begin()) : 0;
+  return grid;
 }
 
 // q:      [num_rows][num_q_heads][head_dim]   batch rows; only the plan's query rows are read

@@ -353,16 +353,7 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   // --grid: bucketed grids whose kernels read the plan header from the device, as the engine's
   // captured decode steps launch them.
   auto grid_for = [&](const TreeAttentionWorkspace& w) {
-    if (!opt.grid_launch) return TreeAttentionGrid{};
-    // As the engine keys its graphs: the tail kernel where an eager launch would run it, and
-    // then stage 1's grid over the wide items only.
-    const bool tail = tree_attention_runs_tail(w, num_kv_heads);
-    return TreeAttentionGrid{tree_attention_grid_bucket(w.num_items()),
-                             tree_attention_grid_bucket(w.num_queries()),
-                             w.runs_decode_kernel(),
-                             w.paired_items_begin() >= 0,
-                             tail,
-                             tail ? tree_attention_wide_bucket(w.paired_items_begin()) : 0};
+    return opt.grid_launch ? tree_attention_graph_grid(w, num_kv_heads) : TreeAttentionGrid{};
   };
   const TreeAttentionGrid grid = grid_for(ws), grid_base = grid_for(ws_base);
   // --graph: each launch captured once on the timer's stream and replayed from the graph.

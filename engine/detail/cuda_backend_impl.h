@@ -224,11 +224,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   // (split_k_parts), so it needs no place in the key.
   struct GraphKey {
     int64_t rows = 0, n_logits = 0;
-    int32_t items = 0, queries = 0;
-    bool decode_kernel = false;  // attention runs the decode kernel (all items decode-shaped)
-    bool paired = false;         // attention pairs kv heads (TreeAttentionGrid::paired)
-    bool tail = false;           // attention runs the tail kernel (TreeAttentionGrid::tail)
-    int32_t wide_items = 0;      // with tail: stage 1's grid (TreeAttentionGrid::wide_items)
+    TreeAttentionGrid grid;  // the attention's (tree_attention_graph_grid)
     std::array<const void*, 12> buffers{};
     bool operator==(const GraphKey&) const = default;
   };

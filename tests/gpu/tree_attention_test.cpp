@@ -511,8 +511,15 @@ TEST(TreeAttentionGpu, TailKernelMatchesPlanExecutor) {
   // in the tail kernel, kAuto (the default) does not (tree_attention_tail_pays).
   ASSERT_TRUE(ws.upload(plan, nullptr).ok());
   EXPECT_TRUE(tree_attention_runs_tail(ws, llama.num_kv_heads));
+  // The graph grid (tree_attention_graph_grid) asks for what the eager launch runs (paired
+  // says the plan pairs; the tail kernel takes those items).
+  TreeAttentionGrid tail_expected = wide_grid;
+  tail_expected.paired = true;
+  EXPECT_EQ(tree_attention_graph_grid(ws, llama.num_kv_heads), tail_expected);
   ASSERT_TRUE(shared_workspace().upload(plan, nullptr).ok());
   EXPECT_FALSE(tree_attention_runs_tail(shared_workspace(), llama.num_kv_heads));
+  const TreeAttentionGrid paired_only = bucket_grid(plan, true);
+  EXPECT_EQ(tree_attention_graph_grid(shared_workspace(), llama.num_kv_heads), paired_only);
   ASSERT_TRUE(tail_workspace(false).upload(plan, nullptr).ok());
   EXPECT_FALSE(tree_attention_runs_tail(tail_workspace(false), llama.num_kv_heads));
 }
