@@ -363,23 +363,10 @@ __global__ void __launch_bounds__(384, 1)
     const float sc = p.scale_log2;
 
     auto issue_scores = [&](int tile) {
-      const __half* k_tile = s_k + (tile % kStages) * kTileElems;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t off = (kk >> 2) * kSwzHalfBytes + (kk & 3) * 32;
-        Wgmma<__half>::ss_n64(s, sw128_desc(smem_u32(q_tile) + off, 16, 1024),
-                              sw128_desc(smem_u32(k_tile) + off, 16, 1024), kk > 0);
-      }
-      wgmma_commit();
+      wgmma_scores<D, __half>(s, smem_u32(q_tile), smem_u32(s_k + (tile % kStages) * kTileElems));
     };
     auto issue_pv = [&](const uint32_t(&pa)[4][4], int tile) {
-      const __half* v_tile = s_v + (tile % kStages) * kTileElems;
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        Wgmma<__half>::rs_n128(o_acc, pa[kk],
-                               sw128_desc(smem_u32(v_tile) + kk * 16 * 128, kSwzHalfBytes, 1024));
-      }
-      wgmma_commit();
+      wgmma_pv<D, __half>(o_acc, pa, smem_u32(s_v + (tile % kStages) * kTileElems));
     };
     auto zero_s = [&]() {
 #pragma unroll

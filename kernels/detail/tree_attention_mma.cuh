@@ -218,4 +218,36 @@ __device__ __forceinline__ int swz(int row, int chunk) {
   return (chunk >> 3) * (kRows * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
 }
 
+// The two products of a 64-row tile against a 64-token K/V tile (sm_90a; swizzled tiles at
+// shared addresses), each committed as one wgmma group:
+// S (64 x 64) = Q K^T: D / 16 k-steps of 16 head dims (32 bytes inside a 128-byte swizzled row;
+// steps 4-7 in the second 64-column half). The caller zeroes s before its wgmma_fence
+// (accumulator registers written after the fence make ptxas serialise).
+template <int D, typename T>
+__device__ __forceinline__ void wgmma_scores(float (&s)[8][4], uint32_t q_tile, uint32_t k_tile) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t off = (kk >> 2) * kSwzHalfBytes + (kk & 3) * 32;
+    Wgmma<T>::ss_n64(s, sw128_desc(q_tile + off, 16, 1024), sw128_desc(k_tile + off, 16, 1024),
+                     kk > 0);
+  }
+  wgmma_commit();
+}
+// O (64 x D) += P V: k-steps of 16 tokens (2048 bytes of V rows; P's A fragments in pa), V
+// MN-major (head dims contiguous), its two 64-column halves kSwzHalfBytes apart.
+template <int D, typename T>
+__device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&pa)[4][4],
+                                         uint32_t v_tile) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint64_t b = sw128_desc(v_tile + kk * 16 * 128, kSwzHalfBytes, 1024);
+    if constexpr (D == 128) {
+      Wgmma<T>::rs_n128(o, pa[kk], b);
+    } else {
+      Wgmma<T>::rs_n64(o, pa[kk], b);
+    }
+  }
+  wgmma_commit();
+}
+
 }  // namespace treeserve::detail::ta

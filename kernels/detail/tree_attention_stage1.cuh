@@ -408,31 +408,12 @@ __device__ __forceinline__ void wgmma_main_loop(const Stage1Params& p, const Ite
   static_assert(kStages == 2, "K_{t+2} reuses K_t's buffer, V_{t+1} V_{t-1}'s");
   const int n = it.num_tiles;
   if (n == 0) return;
-  // S = Q K_tile^T into s, committed as one group. The caller zeroes s before its
-  // wgmma_fence (accumulator registers written after the fence make ptxas serialise).
+  static_assert(kKvTile / 16 == 4, "wgmma_pv: 4 k-steps of 16 tokens");
   auto issue_scores = [&](float(&s)[8][4], int tile) {
-    const T* k_tile = s_k + (tile % kStages) * kKvTile * D;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t off = (kk >> 2) * kSwzHalfBytes + (kk & 3) * 32;
-      Wgmma<T>::ss_n64(s, sw128_desc(smem_u32(s_q) + off, 16, 1024),
-                       sw128_desc(smem_u32(k_tile) + off, 16, 1024), kk > 0);
-    }
-    wgmma_commit();
+    wgmma_scores<D, T>(s, smem_u32(s_q), smem_u32(s_k + (tile % kStages) * kKvTile * D));
   };
-  // O += P V_tile, committed as one group.
   auto issue_pv = [&](const uint32_t(&pa)[kKvTile / 16][4], int tile) {
-    const T* v_tile = s_v + (tile % kStages) * kKvTile * D;
-#pragma unroll
-    for (int kk = 0; kk < kKvTile / 16; ++kk) {
-      const uint64_t b = sw128_desc(smem_u32(v_tile) + kk * 16 * 128, kSwzHalfBytes, 1024);
-      if constexpr (D == 128) {
-        Wgmma<T>::rs_n128(o_acc, pa[kk], b);
-      } else {
-        Wgmma<T>::rs_n64(o_acc, pa[kk], b);
-      }
-    }
-    wgmma_commit();
+    wgmma_pv<D, T>(o_acc, pa, smem_u32(s_v + (tile % kStages) * kKvTile * D));
   };
   auto zero_scores = [](float(&s)[8][4]) {
 #pragma unroll
