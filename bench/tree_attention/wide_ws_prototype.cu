@@ -24,8 +24,9 @@
 // 1 alone with bulk copies into a ring of --tail-bufs 8 KB buffers.
 //
 // The shape (defaults): P=16384 shared tokens read by 256 query rows a kv head (64 queries x
-// GQA 4), 8 kv heads, head_dim 128, fp16, chunks of 2048 (--tokens, --chunk): the wide phase of
-// few-shot P=16000 + 64 x 200, in 128 blocks of 128 rows where stage 1 runs 256 of 64.
+// GQA 4; --rows, a multiple of 128), 8 kv heads, head_dim 128, fp16, chunks of 2048 (--tokens,
+// --chunk): the wide phase of few-shot P=16000 + 64 x 200, in 128 blocks of 128 rows where
+// stage 1 runs 256 of 64.
 // Prints, per setting: the event time (L2 flushed before each launch; median of --iters), the
 // blocks' durations and last end (%globaltimer), and the max error of O and LSE against a
 // float32 reference on two (head, chunk) pairs. Needs an sm_90a GPU.
@@ -178,9 +179,10 @@ __global__ void __launch_bounds__(384, 1)
 
   const uint64_t t_start = gtime();
   const int nch = p.tokens / p.chunk;
-  const int pair = blockIdx.x % 2;
-  const int c = (blockIdx.x / 2) % nch;
-  const int h = blockIdx.x / (2 * nch);
+  const int pairs = p.R / 128;  // blocks (query-tile pairs) per (kv head, chunk)
+  const int pair = blockIdx.x % pairs;
+  const int c = (blockIdx.x / pairs) % nch;
+  const int h = blockIdx.x / (pairs * nch);
   const int token0 = c * p.chunk;
   const int n = p.chunk / kTok;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -550,6 +552,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--chunk")) chunk = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--tokens")) tokens = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--rows")) R = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--stages")) stages = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--lag")) lag = std::atoi(argv[++i]);
@@ -569,7 +572,11 @@ int main(int argc, char** argv) {
   int32_t* d_table;
   float *o, *lse, *ref_o, *ref_lse;
   unsigned long long* trace;
-  const int blocks = H * nch * 2;
+  if (R % 128 != 0 || chunk % kTok != 0 || tokens % chunk != 0 || tokens % page != 0) {
+    std::fprintf(stderr, "need --rows a multiple of 128, --chunk of 64, --tokens of both\n");
+    return 2;
+  }
+  const int blocks = H * nch * (R / 128);
   CK(cudaMalloc(&q, q_n * 2));
   CK(cudaMalloc(&k, kv_n * 2));
   CK(cudaMalloc(&v, kv_n * 2));
@@ -596,7 +603,7 @@ int main(int argc, char** argv) {
     p.tail_bytes = int64_t(tail_mb) << 20;
     CK(cudaMalloc(&tail, p.tail_bytes));
     CK(cudaMemset(tail, 0, p.tail_bytes));
-    CK(cudaMalloc(&p.tail_out, int64_t(H) * nch * 2 * 3 * 32 * 4));
+    CK(cudaMalloc(&p.tail_out, int64_t(blocks) * 3 * 32 * 4));
     p.tail = static_cast<const uint4*>(tail);
   }
 
