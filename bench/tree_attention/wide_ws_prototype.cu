@@ -16,6 +16,8 @@
 //       proxy after their wait;
 //   L>0 128 threads, cp.async, tile t's barrier signalled once tile t + L is issued and t has
 //       landed (cp.async.wait_group L, then a proxy fence).
+// --independent (TMA only) gives the two consumers query tiles of two different chunks, each
+// with its own ring of kStages / 2 stages, so nothing is shared.
 // --pingpong (both settings are always run) makes the two consumers issue their products in
 // turns (named barriers), so one's softmax runs under the other's products. --ablate drops
 // parts (1 softmax, 2 the K/V copies, 4 O's rescale, 8 the bulk tail's proxy fence) for
@@ -75,6 +77,9 @@ struct Params {
   int64_t tail_bytes;
   float* tail_out;
   int tail_bufs;
+  // TMA mode: the two consumers run query tiles of two different chunks (no K/V shared), each
+  // from its own ring of kStages / 2 stages, instead of two query tiles of one chunk.
+  int independent;
   unsigned long long* trace;  // [blocks][2]
 };
 
@@ -179,17 +184,24 @@ __global__ void __launch_bounds__(384, 1)
 
   const uint64_t t_start = gtime();
   const int nch = p.tokens / p.chunk;
-  const int pairs = p.R / 128;  // blocks (query-tile pairs) per (kv head, chunk)
-  const int pair = blockIdx.x % pairs;
-  const int c = (blockIdx.x / pairs) % nch;
-  const int h = blockIdx.x / (pairs * nch);
+  // Shared: block = (kv head, chunk, pair of query tiles), both consumers on that chunk.
+  // Independent: block = (kv head, pair of chunks, query tile), consumer w on chunk 2 cp + w.
+  const bool indep = kLag < 0 && p.independent != 0;
+  const int per_chunk = indep ? p.R / 64 : p.R / 128;  // blocks per (kv head, chunk [pair])
+  const int nc = indep ? nch / 2 : nch;
+  const int sub = blockIdx.x % per_chunk;
+  const int cb = (blockIdx.x / per_chunk) % nc;
+  const int h = blockIdx.x / (per_chunk * nc);
+  const int c = indep ? 2 * cb : cb;  // the chunk of consumer 0 (and the cp.async producer)
   const int token0 = c * p.chunk;
   const int n = p.chunk / kTok;
+  const int nring = indep ? 2 : 1, rs = kStages / nring;  // rings, stages per ring
+  auto stage_of = [&](int ring, int t) { return ring * rs + t % rs; };
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], kLag < 0 ? 1 : 128);
-      mbar_init(&empty[s], 8);
+      mbar_init(&empty[s], indep ? 4 : 8);
     }
     for (int b = 0; b < kMaxTailBufs; ++b) mbar_init(&tail_bar[b], 1);
   }
@@ -289,29 +301,39 @@ __global__ void __launch_bounds__(384, 1)
     if (kLag < 0) {
       if (copies && tid == 0) {
         // Tile t's 4 pages (16 tokens each, consecutive in a page): pool row of (page, head h).
-        const int32_t* tab = p.table + token0;
-        int32_t e_next[4];
+        // Ring r's tiles come from chunk c + r (independent consumers) or c.
+        int32_t e_next[2][4];
 #pragma unroll
-        for (int g = 0; g < 4; ++g) e_next[g] = tab[16 * g];
+        for (int r = 0; r < 2; ++r) {
+          if (r >= nring) break;
+#pragma unroll
+          for (int g = 0; g < 4; ++g) e_next[r][g] = p.table[token0 + r * p.chunk + 16 * g];
+        }
         for (int t = 0; t < n; ++t) {
-          const int st = t % kStages;
-          int32_t e[4];
 #pragma unroll
-          for (int g = 0; g < 4; ++g) {
-            e[g] = e_next[g];
-            if (t + 1 < n) e_next[g] = tab[(t + 1) * kTok + 16 * g];
-          }
-          if (t >= kStages) mbar_wait(&empty[st], ((t / kStages) - 1) & 1);
-          mbar_expect_tx(&full[st], 2 * kTileElems * 2);
-          const uint32_t dk = smem_u32(s_k + st * kTileElems), dv = smem_u32(s_v + st * kTileElems);
+          for (int r = 0; r < 2; ++r) {  // unrolled: e_next stays in registers
+            if (r >= nring) break;
+            const int32_t* tab = p.table + token0 + r * p.chunk;
+            const int st = stage_of(r, t);
+            int32_t e[4];
 #pragma unroll
-          for (int g = 0; g < 4; ++g) {
-            const int row = e[g] + h * p.page;
+            for (int g = 0; g < 4; ++g) {
+              e[g] = e_next[r][g];
+              if (t + 1 < n) e_next[r][g] = tab[(t + 1) * kTok + 16 * g];
+            }
+            if (t >= rs) mbar_wait(&empty[st], ((t / rs) - 1) & 1);
+            mbar_expect_tx(&full[st], 2 * kTileElems * 2);
+            const uint32_t dk = smem_u32(s_k + st * kTileElems);
+            const uint32_t dv = smem_u32(s_v + st * kTileElems);
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const uint32_t off = half * kSwzHalfBytes + g * 16 * 128;
-              tma_load_2d(dk + off, &maps.k, half * 64, row, &full[st]);
-              tma_load_2d(dv + off, &maps.v, half * 64, row, &full[st]);
+            for (int g = 0; g < 4; ++g) {
+              const int row = e[g] + h * p.page;
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                const uint32_t off = half * kSwzHalfBytes + g * 16 * 128;
+                tma_load_2d(dk + off, &maps.k, half * 64, row, &full[st]);
+                tma_load_2d(dv + off, &maps.v, half * 64, row, &full[st]);
+              }
             }
           }
         }
@@ -340,8 +362,10 @@ __global__ void __launch_bounds__(384, 1)
     const int w = wg - 1;
     const int lane = tid & 31, warp = tid >> 5;
     __half* q_tile = s_q + w * kTileElems;
-    const int row_base = pair * 128 + w * 64;  // of the head's R rows
-                                               // Q: 64 rows x 16 chunks, 8 a thread.
+    const int row_base = indep ? sub * 64 : sub * 128 + w * 64;  // of the head's R rows
+    const int ring = indep ? w : 0;
+    const int my_chunk = c + ring;
+    // Q: 64 rows x 16 chunks, 8 a thread.
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int idx = tid + 128 * i;
@@ -365,10 +389,11 @@ __global__ void __launch_bounds__(384, 1)
     const float sc = p.scale_log2;
 
     auto issue_scores = [&](int tile) {
-      wgmma_scores<D, __half>(s, smem_u32(q_tile), smem_u32(s_k + (tile % kStages) * kTileElems));
+      wgmma_scores<D, __half>(s, smem_u32(q_tile),
+                              smem_u32(s_k + stage_of(ring, tile) * kTileElems));
     };
     auto issue_pv = [&](const uint32_t(&pa)[4][4], int tile) {
-      wgmma_pv<D, __half>(o_acc, pa, smem_u32(s_v + (tile % kStages) * kTileElems));
+      wgmma_pv<D, __half>(o_acc, pa, smem_u32(s_v + stage_of(ring, tile) * kTileElems));
     };
     auto zero_s = [&]() {
 #pragma unroll
@@ -415,10 +440,10 @@ __global__ void __launch_bounds__(384, 1)
       }
     };
     auto release = [&](int tile) {
-      if (copies && lane == 0) mbar_arrive(&empty[tile % kStages]);
+      if (copies && lane == 0) mbar_arrive(&empty[stage_of(ring, tile)]);
     };
     auto wait_full = [&](int tile) {
-      if (copies) mbar_wait(&full[tile % kStages], (tile / kStages) & 1);
+      if (copies) mbar_wait(&full[stage_of(ring, tile)], (tile / rs) & 1);
       if (kLag == 0) fence_proxy_async_smem();  // cp.async (generic proxy) -> wgmma
     };
 
@@ -483,7 +508,7 @@ __global__ void __launch_bounds__(384, 1)
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const float inv = 1.f / sum;
       const int row = row_base + r0 + 8 * i;
-      const int64_t at = (int64_t(h) * nch + c) * p.R + row;
+      const int64_t at = (int64_t(h) * nch + my_chunk) * p.R + row;
       float* dst = p.out_o + at * D + 2 * (lane & 3);
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) {
@@ -548,7 +573,7 @@ __global__ void fill(__half* x, int64_t n, uint32_t seed, float scale) {
 
 int main(int argc, char** argv) {
   int H = 8, R = 256, tokens = 16384, chunk = 2048, page = 16, iters = 30, stages = 5, lag = 2;
-  int ablate = 0, rounds = 2, tail_mb = 0, tail_bufs = 0;
+  int ablate = 0, rounds = 2, tail_mb = 0, tail_bufs = 0, independent = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--chunk")) chunk = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--tokens")) tokens = std::atoi(argv[++i]);
@@ -560,6 +585,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--rounds")) rounds = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--tail-mb")) tail_mb = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--tail-bufs")) tail_bufs = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--independent")) independent = 1;
   }
   const int pages = tokens / page;
   std::vector<int32_t> perm(pages), table(tokens);
@@ -572,6 +598,10 @@ int main(int argc, char** argv) {
   int32_t* d_table;
   float *o, *lse, *ref_o, *ref_lse;
   unsigned long long* trace;
+  if (independent && (lag >= 0 || (tokens / chunk) % 2 != 0)) {
+    std::fprintf(stderr, "--independent needs --lag -1 and an even number of chunks\n");
+    return 2;
+  }
   if (R % 128 != 0 || chunk % kTok != 0 || tokens % chunk != 0 || tokens % page != 0) {
     std::fprintf(stderr, "need --rows a multiple of 128, --chunk of 64, --tokens of both\n");
     return 2;
@@ -593,10 +623,12 @@ int main(int argc, char** argv) {
   fill<<<1024, 256>>>(k, kv_n, 2, 1.f);
   fill<<<1024, 256>>>(v, kv_n, 3, 1.f);
   CK(cudaMemcpy(d_table, table.data(), tokens * 4, cudaMemcpyHostToDevice));
-  Params p{q,    k,      v,       d_table, o,       lse,
-           H,    R,      tokens,  chunk,   page,    0.0883883f * 1.4426950408889634f,
-           0,    ablate, nullptr, 0,       nullptr, std::min(tail_bufs, kMaxTailBufs),
-           trace};
+  Params p{};
+  p.q = q, p.k = k, p.v = v, p.table = d_table, p.out_o = o, p.out_lse = lse;
+  p.H = H, p.R = R, p.tokens = tokens, p.chunk = chunk, p.page = page;
+  p.scale_log2 = 0.0883883f * 1.4426950408889634f;  // 1 / sqrt(128), base 2
+  p.ablate = ablate, p.tail_bufs = std::min(tail_bufs, kMaxTailBufs);
+  p.independent = independent, p.trace = trace;
   const int tail_region = tail_mb == 0 ? 0 : tail_bufs > 0 ? p.tail_bufs * 8192 : 3 * 16384;
   if (tail_mb > 0) {
     void* tail;
@@ -677,12 +709,12 @@ int main(int argc, char** argv) {
     }
     const double flop = 4.0 * R * double(tokens) * D * H;
     std::printf(
-        "stages %d lag %d ablate %d tail %d MB bufs %d pingpong %d chunk %d: median %.2f us (min "
+        "stages %d lag %d%s ablate %d tail %d MB bufs %d pingpong %d chunk %d: median %.2f us (min "
         "%.2f) %.0f TFLOP/s; blocks %d "
         "duration median %.2f max %.2f us, last end %.2f us; max err O %.2e LSE %.2e\n",
-        stages, lag, ablate, tail_mb, tail_bufs, pp, chunk, ms[ms.size() / 2], ms[0],
-        flop / (ms[ms.size() / 2] * 1e-6) / 1e12, blocks, dur[dur.size() / 2], dur.back(),
-        ends.back(), err, lerr);
+        stages, lag, independent ? " independent" : "", ablate, tail_mb, tail_bufs, pp, chunk,
+        ms[ms.size() / 2], ms[0], flop / (ms[ms.size() / 2] * 1e-6) / 1e12, blocks,
+        dur[dur.size() / 2], dur.back(), ends.back(), err, lerr);
     // The ablations (1, 2) compute something else on purpose; every other run must match.
     if ((ablate & 3) == 0 && !(err <= 2e-3 && lerr <= 2e-3)) wrong = true;
   };
