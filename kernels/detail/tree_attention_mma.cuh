@@ -59,6 +59,13 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   return y;
 }
 
+// The global nanosecond timer (%globaltimer; block traces).
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
 // 2^x by the SFU (ex2.approx: ~2 ulp, -inf -> 0); exp2f adds range handling we do not need.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;

@@ -92,12 +92,6 @@ struct Stage1Params {
   TreeAttentionBlockTrace* trace;  // null unless the workspace's block trace is enabled
 };
 
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-
 template <int D>
 constexpr int stage1_smem_bytes_fixed() {
   // Q tile, kStages K and V tiles, segment scratch (start, first slot, page, warp sums x2),
