@@ -371,12 +371,17 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
 constexpr int kTailRows = 8;
 constexpr int kTailTok = 16;
 template <int D>
-constexpr int tail_smem_bytes() {
+__host__ __device__ constexpr int tail_smem_bytes() {
   return (2 * kTailTok + kTailRows) * D * 2;  // one K and one V tile, Q
 }
 
+// One (item, kv head) of the tail kernel's work, by one warp (lane: threadIdx.x % 32) in
+// tail_smem_bytes<D>() of shared memory at tail_smem (1024-byte aligned): the tail kernel's
+// blocks and the wide kernel's tail warps.
 template <int D, typename T>
-__global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail_begin) {
+__device__ __forceinline__ void tail_unit(const Stage1Params& p, const PlanHeaderArg& h, int item,
+                                          int kv_head, unsigned char* tail_smem,
+                                          uint64_t start_ns) {
   constexpr int kChunks = D / 8;  // 16-byte chunks a K/V row
   constexpr int kRowsPerCopy = 32 / kChunks;
   constexpr int kKSteps = D / 16;
@@ -384,18 +389,6 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, qd = lane & 3;  // MMA fragment coordinates
   const int32_t* plan = p.plan;
-  const uint64_t start_ns = p.trace != nullptr && lane == 0 ? global_ns() : 0;
-  // Eager launches pass where the paired items begin; grids (tail_begin < 0) read it, and the
-  // rest of the header, from the plan buffer.
-  const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
-  const int begin = tail_begin >= 0 ? tail_begin : h.w[kPairedBegin];
-  if (begin < 0 || h.w[kTokenTable] == kTableNone) return;  // stage 1 runs every item
-  // Where stage 1 runs no item, none of its blocks waited for the previous kernel before
-  // triggering this launch.
-  if (begin == 0) pdl_wait();
-  const int item = begin + int(blockIdx.x) / p.num_kv_heads;
-  const int kv_head = int(blockIdx.x) % p.num_kv_heads;
-  if (item >= h.w[kNumItems]) return;
   const int32_t* rec = plan + kHeaderWords + int64_t(item) * kItemRecordWords;
   const int query_begin = rec[kRecQueryBegin];
   const int num_rows = (rec[kRecQueryEnd] - query_begin) * p.gqa;
@@ -413,7 +406,6 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
   const T* k_pool = static_cast<const T*>(p.k);
   const T* v_pool = static_cast<const T*>(p.v);
 
-  extern __shared__ __align__(1024) unsigned char tail_smem[];
   T* s_k = reinterpret_cast<T*>(tail_smem);  // K tile [kTailTok][D], swizzled
   T* s_v = s_k + kTailTok * D;               // V tile [kTailTok][D], swizzled
   T* s_q = s_v + kTailTok * D;               // Q [kTailRows][D], swizzled
@@ -571,6 +563,314 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
   if (p.trace != nullptr && lane == 0)
     write_trace(p, start_ns, item, kv_head, num_rows, num_tokens);
 }
+
+template <int D, typename T>
+__global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail_begin) {
+  const int lane = threadIdx.x & 31;
+  const int32_t* plan = p.plan;
+  const uint64_t start_ns = p.trace != nullptr && lane == 0 ? global_ns() : 0;
+  // Eager launches pass where the paired items begin; grids (tail_begin < 0) read it, and the
+  // rest of the header, from the plan buffer.
+  const PlanHeaderArg h = load_header(p.header, plan, p.header_on_device);
+  const int begin = tail_begin >= 0 ? tail_begin : h.w[kPairedBegin];
+  if (begin < 0 || h.w[kTokenTable] == kTableNone) return;  // stage 1 runs every item
+  // Where stage 1 runs no item, none of its blocks waited for the previous kernel before
+  // triggering this launch.
+  if (begin == 0) pdl_wait();
+  const int item = begin + int(blockIdx.x) / p.num_kv_heads;
+  const int kv_head = int(blockIdx.x) % p.num_kv_heads;
+  if (item >= h.w[kNumItems]) return;
+  extern __shared__ __align__(1024) unsigned char tail_smem[];
+  tail_unit<D, T>(p, h, item, kv_head, tail_smem, start_ns);
+}
+
+// The wide kernel (TreeAttentionLimits::wide_kernel; eager launches at head_dim 128): the
+// plan's leading pairs of wide items over the same tokens (tree_attention_wide_pairs) in
+// FlashAttention-3's shape, prototyped in bench_wide_ws_prototype (design log, eleventh
+// session). One block of three warpgroups an SM, each looping over units (pair, kv head):
+//  - warpgroups 1 and 2 (consumers) each run one item of the pair: its query tile (GQA heads
+//    as rows) by stage 1's pipelined wgmma step (S_{t+1} and P_t V_t in flight together, the
+//    softmax of t + 1 under P_t V_t), both reading every K/V tile of one ring of kWideStages
+//    64-token stages, and write its partials as stage 1 does;
+//  - warp 0 of warpgroup 0 (producer) fills the ring from the token table by cp.async, each
+//    lane's copies arriving on the stage's "full" barrier as they land; the consumers free a
+//    stage through its "empty" barrier once their P V of it is done;
+//  - warps 1-3 of warpgroup 0 run the plan's head-paired (decode-shaped) items from
+//    tail_begin on, one (item, kv head) at a time as the tail kernel's warps do (tail_unit),
+//    so the branches' K/V stream from DRAM while the tensor cores run the wide pairs.
+//  - once a block's wide units are done, its producer and consumer warps take tail units too
+//    (in 10 KB slots of the freed ring); tail units go to warps as they ask (an atomic counter
+//    that the grid's last block resets), so the branches' work ends about together.
+// Registers (setmaxnreg): warpgroup 0 keeps 128 a thread, the consumers take 184, a split
+// where ptxas spills nothing (96 / 208 and 120 / 192 spilled). Shared memory: two Q tiles, the
+// ring, three tail warps' 10 KB (227 KB in all).
+constexpr int kWideStages = 5;
+constexpr int kWideThreads = 384;
+constexpr int kWideTailWarps = 3;
+template <int D>
+constexpr int wide_smem_bytes() {
+  return 1024 + (2 * kTileRows + 2 * kWideStages * kKvTile) * D * 2 +
+         kWideTailWarps * tail_smem_bytes<D>() + 2 * kWideStages * 8;
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(kWideThreads, 1)
+    tree_attention_wide(Stage1Params p, int32_t pairs, int32_t tail_begin, int32_t* counters) {
+#if TS_WGMMA
+  static_assert(tail_smem_bytes<D>() % 1024 == 0, "tail warps' regions stay 1024-byte aligned");
+  constexpr int kTileElems = kKvTile * D;
+  const int32_t* plan = p.plan;
+  const PlanHeaderArg& h = p.header;  // eager launches only
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int lane = tid & 31, warp = tid >> 5;
+  extern __shared__ __align__(1024) unsigned char wide_smem[];
+  unsigned char* base = wide_smem + ((1024 - (smem_u32(wide_smem) & 1023)) & 1023);
+  T* s_q = reinterpret_cast<T*>(base);  // [2][kTileRows][D], swizzled
+  T* s_k = s_q + 2 * kTileRows * D;     // [kWideStages][kKvTile][D]
+  T* s_v = s_k + kWideStages * kTileElems;
+  unsigned char* s_tail = reinterpret_cast<unsigned char*>(s_v + kWideStages * kTileElems);
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_tail + kWideTailWarps * tail_smem_bytes<D>());
+  uint64_t* empty = full + kWideStages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kWideStages; ++s) {
+      mbar_init(&full[s], 32);  // the producer's lanes, each once its copies landed
+      mbar_init(&empty[s], 8);  // the consumers' warps
+    }
+  }
+  __syncthreads();
+  // Q, the K/V pages and the token table are earlier kernels' output.
+  pdl_wait();
+  const int units = pairs * p.num_kv_heads;
+  const int rows_per_page = p.num_kv_heads * p.page_size;
+  const T* k_pool = static_cast<const T*>(p.k);
+  const T* v_pool = static_cast<const T*>(p.v);
+  // Tail units (paired item, kv head) go to warps as they ask (counters[0]): the tail warps
+  // from the start, the producer and consumer warps once the block's wide units are done.
+  const int tail_units = tail_begin >= 0 ? (h.w[kNumItems] - tail_begin) * p.num_kv_heads : 0;
+  auto run_tail_units = [&](unsigned char* smem) {
+    while (tail_units > 0) {
+      int u = 0;
+      if (lane == 0) u = atomicAdd(counters, 1);
+      u = __shfl_sync(0xffffffffu, u, 0);
+      if (u >= tail_units) break;
+      const uint64_t start_ns = p.trace != nullptr && lane == 0 ? global_ns() : 0;
+      tail_unit<D, T>(p, h, tail_begin + u / p.num_kv_heads, u % p.num_kv_heads, smem, start_ns);
+    }
+  };
+  // The ring is free once the producer and both consumers are past their wide units (named
+  // barrier 1: the producer warp and the consumers' 8); then their warps take tail units in
+  // 10 KB slots of it.
+  constexpr int kRingUsers = 32 + 256;
+  static_assert(9 * tail_smem_bytes<D>() <= 2 * kWideStages * kTileElems * int(sizeof(T)),
+                "nine tail slots fit in the ring");
+  auto ring_slot = [&](int k) {
+    return reinterpret_cast<unsigned char*>(s_k) + k * tail_smem_bytes<D>();
+  };
+  auto item_entries = [&](int item, const int32_t* rec) {
+    return p.token_table + (h.w[kTokenTable] == kTableFixedStride ? int64_t(item) * p.table_stride
+                                                                  : int64_t(rec[kRecTableBegin]));
+  };
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 128;\n");
+    if (warp == 0) {
+      // Producer. Lane l copies rows 8 pass + l / 4 of a tile (pass 0..7), 16-byte chunks
+      // l % 4 + 4 j of each, so an instruction reads 64 contiguous bytes of 8 rows; it holds the
+      // table entries of rows l and l + 32 of the next tile.
+      int g = 0;  // tiles issued so far (ring position)
+      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        const int item = 2 * (u / p.num_kv_heads), kv_head = u % p.num_kv_heads;
+        const int32_t* rec = plan + kHeaderWords + int64_t(item) * kItemRecordWords;
+        const int num_tokens = rec[kRecNumTokens];
+        const int32_t* entries = item_entries(item, rec);
+        const int head_row = kv_head * p.page_size;
+        const int n = (num_tokens + kKvTile - 1) / kKvTile;
+        int32_t e_next[2] = {lane < num_tokens ? entries[lane] : 0,
+                             32 + lane < num_tokens ? entries[32 + lane] : 0};
+        for (int t = 0; t < n; ++t, ++g) {
+          const int st = g % kWideStages;
+          int32_t rows[2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            rows[i] = table_pool_row(e_next[i], rows_per_page, head_row);
+            const int next = (t + 1) * kKvTile + 32 * i + lane;
+            e_next[i] = next < num_tokens ? entries[next] : 0;
+          }
+          if (g >= kWideStages) mbar_wait(&empty[st], ((g / kWideStages) - 1) & 1);
+          T* dk = s_k + st * kTileElems;
+          T* dv = s_v + st * kTileElems;
+#pragma unroll
+          for (int pass = 0; pass < kKvTile / 8; ++pass) {
+            const int r = pass * 8 + lane / 4;
+            const int32_t row = __shfl_sync(0xffffffffu, rows[pass / 4], r % 32);
+            const bool valid = t * kKvTile + r < num_tokens;
+            const int64_t off = valid ? int64_t(row) * D : 0;
+#pragma unroll
+            for (int j = 0; j < D / 32; ++j) {
+              const int c = lane % 4 + 4 * j;
+              cp_async_16(smem_u32(dk + swz<D>(r, c)), k_pool + off + c * 8, valid);
+              cp_async_16(smem_u32(dv + swz<D>(r, c)), v_pool + off + c * 8, valid);
+            }
+          }
+          mbar_arrive_on_copies(&full[st]);
+        }
+      }
+      cp_async_wait<0>();
+      named_sync(1, kRingUsers);
+      run_tail_units(ring_slot(8));
+    } else {
+      run_tail_units(s_tail + (warp - 1) * tail_smem_bytes<D>());
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int w = wg - 1;
+    T* q_tile = s_q + w * kTileRows * D;
+    int g = 0;  // tiles consumed so far (ring position)
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      const uint64_t start_ns = p.trace != nullptr && tid == 0 ? global_ns() : 0;
+      const int item = 2 * (u / p.num_kv_heads) + w;
+      const int32_t* rec = plan + kHeaderWords + int64_t(item) * kItemRecordWords;
+      ItemTile it;
+      it.gqa = p.gqa;
+      it.kv_head = u % p.num_kv_heads;
+      read_item_tile(it, *reinterpret_cast<const int4*>(rec),
+                     *reinterpret_cast<const int4*>(rec + 4), plan, h);
+      // Q tile (row r: local query r / gqa; pad rows zero), once every warp of the warpgroup is
+      // done with the previous unit's.
+      named_sync(2 + w, 128);
+#pragma unroll
+      for (int i = 0; i < kTileRows * (D / 8) / 128; ++i) {
+        const int idx = tid + 128 * i, r = idx / (D / 8), c = idx % (D / 8);
+        const int32_t batch_row = r < it.num_rows ? rec[kRecQueryRows + r / it.gqa] : 0;
+        const T* src = q_row_source<D, T>(p, it, r, batch_row);
+        cp_async_16(smem_u32(q_tile + swz<D>(r, c)), src != nullptr ? src + c * 8 : p.q,
+                    src != nullptr);
+      }
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async_smem();
+      named_sync(2 + w, 128);
+
+      const uint32_t* const row_mask[2] = {nullptr, nullptr};  // pairs have no masks
+      float o_acc[D / 8][4];
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
+      float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+      float s[8][4];
+      uint32_t pa0[kKvTile / 16][4], pa1[kKvTile / 16][4];
+      const int n = it.num_tiles;
+      auto stage = [&](int t) { return (g + t) % kWideStages; };
+      auto wait_full = [&](int t) {
+        mbar_wait(&full[stage(t)], ((g + t) / kWideStages) & 1);
+        fence_proxy_async_smem();  // cp.async (generic proxy) -> wgmma's reads
+      };
+      auto release = [&](int t) {
+        if (lane == 0) mbar_arrive(&empty[stage(t)]);
+      };
+      auto zero_s = [&]() {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+      };
+      auto issue_scores = [&](int t) {
+        wgmma_scores<D, T>(s, smem_u32(q_tile), smem_u32(s_k + stage(t) * kTileElems));
+      };
+      auto issue_pv = [&](const uint32_t(&pa)[kKvTile / 16][4], int t) {
+        wgmma_pv<D, T>(o_acc, pa, smem_u32(s_v + stage(t) * kTileElems));
+      };
+      wait_full(0);
+      zero_s();
+      wgmma_fence();
+      issue_scores(0);
+      wgmma_wait<0>();
+      fence_regs(s);
+      {
+        float alpha[2];  // O is still zero
+        softmax_tile(s, it, 0, 0, row_mask, p.scale_log2, row_max, row_sum, alpha);
+#pragma unroll
+        for (int kk = 0; kk < kKvTile / 16; ++kk) pack_p<T>(s, kk, pa0[kk]);
+      }
+      auto step = [&](int t, const uint32_t(&cur)[kKvTile / 16][4],
+                      uint32_t(&nxt)[kKvTile / 16][4]) {
+        wait_full(t + 1);
+        zero_s();
+        wgmma_fence();
+        issue_scores(t + 1);
+        issue_pv(cur, t);
+        wgmma_wait<1>();
+        fence_regs(s);
+        float alpha[2];
+        softmax_tile(s, it, (t + 1) * kKvTile, 0, row_mask, p.scale_log2, row_max, row_sum, alpha);
+#pragma unroll
+        for (int kk = 0; kk < kKvTile / 16; ++kk) pack_p<T>(s, kk, nxt[kk]);
+        wgmma_wait<0>();
+        fence_regs(o_acc);
+        release(t);
+        rescale_o<D>(o_acc, alpha);
+      };
+      int t = 0;
+      for (; t + 2 < n; t += 2) {
+        step(t, pa0, pa1);
+        step(t + 1, pa1, pa0);
+      }
+      auto last = [&](const uint32_t(&cur)[kKvTile / 16][4]) {
+        wgmma_fence();
+        issue_pv(cur, n - 1);
+        wgmma_wait<0>();
+        fence_regs(o_acc);
+        release(n - 1);
+      };
+      if (t + 1 < n) {
+        step(t, pa0, pa1);
+        last(pa1);
+      } else {
+        last(pa0);
+      }
+      g += n;
+
+      // The valid rows' normalised partials (rows 16 warp + lane / 4 and + 8), as stage 1.
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float sum = row_sum[i];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const int r = warp * 16 + (lane >> 2) + 8 * i;
+        if (r >= it.num_rows) continue;
+        const int64_t out_row =
+            int64_t(it.partial_slot[it.query_begin + r / it.gqa]) * p.num_q_heads +
+            it.kv_head * it.gqa + r % it.gqa;
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        float* dst = p.partial_o + out_row * D + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          *reinterpret_cast<float2*>(dst + 8 * j) =
+              make_float2(o_acc[j][2 * i] * inv, o_acc[j][2 * i + 1] * inv);
+        }
+        if ((lane & 3) == 0) {
+          p.partial_lse[out_row] = sum > 0.f ? row_max[i] + log2f(sum) : -INFINITY;
+        }
+      }
+      if (p.trace != nullptr && tid == 0) {
+        write_trace(p, start_ns, item, it.kv_head, it.num_rows, it.num_tokens);
+      }
+    }
+    named_sync(1, kRingUsers);
+    run_tail_units(ring_slot(4 * w + warp));
+  }
+  // The last block to finish resets the counters for the next launch: every block's warps have
+  // stopped asking for units by then.
+  __syncthreads();
+  if (threadIdx.x == 0 && tail_units > 0 && atomicAdd(counters + 1, 1) == int(gridDim.x) - 1) {
+    counters[0] = 0;
+    counters[1] = 0;
+  }
+  // The merge grid (or stage 1's blocks for the remaining items) may start once every block
+  // got here.
+  pdl_trigger();
+#endif
+}
+
+// Writes this build's TS_WGMMA for the device it runs on (wide_kernel_built).
+__global__ void wide_probe(int* out) { *out = TS_WGMMA; }
 
 // The upload's token table: one block per item writes (page << 8) | slot for each of its
 // tokens from i * table_stride (fixed-stride mode) or its record's table_begin (packed) on
@@ -760,8 +1060,39 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
   if (int64_t(items) * params.num_kv_heads > INT32_MAX) {
     return InvalidArgument("work items x kv heads exceed one grid");
   }
+  // The wide kernel (TreeAttentionLimits::wide_kernel): its pairs and the paired items in one
+  // grid, then stage 1 for the items between them, if any.
+  const bool wide = D == 128 && items > 0 && grid.items == 0 &&
+                    tree_attention_runs_wide(ws, params.num_kv_heads, D);
+  if constexpr (D == 128) {
+    if (wide) {
+      const void* kernel = reinterpret_cast<const void*>(tree_attention_wide<D, T>);
+      const cudaError_t attr = allow_large_smem(kernel);
+      if (attr != cudaSuccess) return launch_error("cudaFuncSetAttribute", attr);
+      const int32_t pairs = ws.wide_pairs();
+      const int32_t tail_begin = ws.paired_items_begin();  // -1: none
+      const int64_t units = int64_t(pairs) * params.num_kv_heads;
+      // With paired items every SM runs tail warps; else one block a unit, at most one an SM.
+      const int blocks =
+          tail_begin >= 0 ? ws.num_sms() : int(std::min<int64_t>(units, ws.num_sms()));
+      const cudaError_t e1 =
+          launch_pdl(dim3(blocks), dim3(kWideThreads), size_t(wide_smem_bytes<D>()), stream,
+                     tree_attention_wide<D, T>, params, pairs, tail_begin,
+                     static_cast<int32_t*>(ws.wide_counters()));
+      if (e1 != cudaSuccess) return launch_error("tree_attention_wide launch", e1);
+      const int32_t rest = (tail_begin >= 0 ? tail_begin : items) - 2 * pairs;
+      if (rest > 0) {
+        Stage1Params p1 = params;
+        p1.pair_begin = -1;
+        p1.item_offset = 2 * pairs;
+        const cudaError_t e2 = launch_pdl(dim3(rest * params.num_kv_heads), dim3(kThreads),
+                                          size_t(smem), stream, tree_attention_stage1<D, T>, p1);
+        if (e2 != cudaSuccess) return launch_error("tree_attention_stage1 launch", e2);
+      }
+    }
+  }
   // A plan without items (a sequence-parallel shard's) still has its queries written.
-  if (items > 0) {
+  if (items > 0 && !wide) {
     // Programmatic dependent launch too: a block reads its plan record and query rows while
     // the previous kernel (the engine's RoPE + KV append, which triggers at its start) drains,
     // and waits for it before loading the token table, Q, K and V.
@@ -915,6 +1246,7 @@ Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int
   params->table_stride = params->table_items > 0 ? workspace.table_stride() : 0;
   params->pair_begin = -1;
   params->early_trigger = 0;
+  params->item_offset = 0;
   params->trace = static_cast<TreeAttentionBlockTrace*>(workspace.block_trace());
   return Status::Ok();
 }
@@ -935,6 +1267,17 @@ Status dispatch(const Stage1Params& params, const MergeTarget& target, TreeAtten
 
 namespace detail {
 
+bool wide_kernel_built() {
+  int* flag = nullptr;
+  if (cudaMalloc(&flag, sizeof(int)) != cudaSuccess) return false;
+  int built = 0;
+  wide_probe<<<1, 1>>>(flag);
+  const bool ran = cudaGetLastError() == cudaSuccess &&
+                   cudaMemcpy(&built, flag, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
+  cudaFree(flag);
+  return ran && built == 1;
+}
+
 Status enqueue_token_table_fill(const void* device_plan, const int32_t* header, void* table,
                                 int32_t table_stride, int32_t num_items, cudaStream_t stream) {
   if (num_items <= 0) return Status::Ok();
@@ -946,6 +1289,17 @@ Status enqueue_token_table_fill(const void* device_plan, const int32_t* header, 
 }
 
 }  // namespace detail
+
+bool tree_attention_runs_wide(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads,
+                              int32_t head_dim) {
+  const TreeAttentionLimits::Wide mode = workspace.limits().wide_kernel;
+  if (mode == TreeAttentionLimits::Wide::kOff || head_dim != 128 || workspace.wide_pairs() == 0 ||
+      !workspace.wide_kernel_built() || workspace.runs_decode_kernel()) {
+    return false;
+  }
+  return mode == TreeAttentionLimits::Wide::kAlways ||
+         tree_attention_runs_tail(workspace, num_kv_heads);
+}
 
 bool tree_attention_runs_tail(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads) {
   const TreeAttentionLimits::Tail mode = workspace.limits().tail_kernel;

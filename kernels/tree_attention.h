@@ -69,6 +69,17 @@ struct TreeAttentionLimits {
   // (TreeAttentionGrid::tail) is told.
   enum class Tail : int32_t { kOff = 0, kAuto = 1, kAlways = 2 };
   Tail tail_kernel = Tail::kAuto;
+  // Not a capacity: whether eager launches at head_dim 128 run the plan's leading pairs of
+  // wide items over the same tokens (tree_attention_wide_pairs) in the wide kernel (one block
+  // an SM: two consumer warpgroups, one item of the pair each, sharing every K/V tile of a
+  // 5-stage ring that a producer warp fills; the plan's paired items run in three more warps
+  // of the same blocks as the tail kernel runs them, and stage 1 runs the remaining items
+  // after it): never, where tree_attention_runs_tail() says so (kAuto: the wide items fill one
+  // wave and the paired items stream beside them), or wherever the plan has such pairs
+  // (kAlways). Needs an sm_90a build (TreeAttentionWorkspace::wide_kernel_built()); graph
+  // grids (TreeAttentionGrid) do not run it yet.
+  enum class Wide : int32_t { kOff = 0, kAuto = 1, kAlways = 2 };
+  Wide wide_kernel = Wide::kAuto;
 
   void apply_to(AttentionPlanConfig* config) const;
 };
@@ -170,6 +181,15 @@ class TreeAttentionWorkspace {
   // heads a block in eager launches and TreeAttentionGrid::paired ones), or -1 where it pairs
   // none.
   int32_t paired_items_begin() const { return paired_items_begin_; }
+  // The last upload's leading pairs of items that the wide kernel can run
+  // (tree_attention_wide_pairs; 0 where the upload has no token table).
+  int32_t wide_pairs() const { return wide_pairs_; }
+  // Whether this build's wide kernel runs on the workspace's device (sm_90a code for it),
+  // found at init.
+  bool wide_kernel_built() const { return wide_built_; }
+  // The wide kernel's two counters (int32: the next tail unit, the blocks done), zero between
+  // its launches (its last block resets them).
+  void* wide_counters() const { return wide_counters_; }
 
   // Diagnostics (bench_tree_attention --trace): once enabled, every stage 1 launch with this
   // workspace records one TreeAttentionBlockTrace per block that ran an item (thread 0 stamps
@@ -189,6 +209,7 @@ class TreeAttentionWorkspace {
   void* partial_o_ = nullptr;
   void* partial_lse_ = nullptr;
   void* token_table_ = nullptr;
+  void* wide_counters_ = nullptr;
   void* block_trace_ = nullptr;  // TreeAttentionBlockTrace [max_work_items * max_num_q_heads]
   int64_t plan_words_ = 0;
   int32_t header_[kPlanHeaderWords] = {};
@@ -197,6 +218,8 @@ class TreeAttentionWorkspace {
   int32_t table_stride_ = 0, table_items_ = 0;
   int32_t num_sms_ = 0, smem_per_sm_ = 0, smem_reserved_ = 0;
   int32_t paired_items_begin_ = -1;
+  int32_t wide_pairs_ = 0;
+  bool wide_built_ = false;
   bool table_filled_ = false, table_fixed_ = false, decode_kernel_ = false;
 };
 
@@ -242,6 +265,48 @@ struct TreeAttentionGrid {
            paired == o.paired && tail == o.tail && wide_items == o.wide_items;
   }
 };
+
+// The wide kernel's work in a plan: the number of leading pairs of items (2 i, 2 i + 1) that
+// read the same tokens (equal segment lists, pages and slots alike) without masks, each a query
+// tile of at most kTreeAttentionTileRows rows, the first of more than kDecodeShapedRows, none
+// head-paired: the query tiles of one shared chunk, which the kV-major item order lists side by
+// side (few-shot prompts, speculative trees' prompts). Counting stops at the first pair that
+// is not one.
+inline int32_t tree_attention_wide_pairs(const AttentionPlan& plan) {
+  const int32_t end = plan.pair_heads > 1 ? plan.paired_items_begin : plan.num_items();
+  int32_t pairs = 0;
+  for (int32_t a = 0; a + 1 < end; a += 2, ++pairs) {
+    const int32_t b = a + 1;
+    const size_t ia = size_t(a), ib = size_t(b);
+    if (plan.item_mask_offset[ia] >= 0 || plan.item_mask_offset[ib] >= 0) break;
+    if (plan.item_rows(a) <= kDecodeShapedRows || plan.item_rows(a) > kTreeAttentionTileRows ||
+        plan.item_rows(b) < 1 || plan.item_rows(b) > kTreeAttentionTileRows) {
+      break;
+    }
+    if (plan.item_num_tokens[ia] < 1 || plan.item_num_tokens[ia] != plan.item_num_tokens[ib]) {
+      break;
+    }
+    const int32_t sa = plan.item_segment_begin[ia], sb = plan.item_segment_begin[ib];
+    const int32_t n = plan.item_segment_end[ia] - sa;
+    if (plan.item_segment_end[ib] - sb != n) break;
+    bool same = true;
+    for (int32_t j = 0; same && j < n; ++j) {
+      const size_t x = size_t(sa + j), y = size_t(sb + j);
+      same = sa + j == sb + j || (plan.seg_page_begin[x] == plan.seg_page_begin[y] &&
+                                  plan.seg_first_slot[x] == plan.seg_first_slot[y] &&
+                                  plan.seg_num_tokens[x] == plan.seg_num_tokens[y]);
+    }
+    if (!same) break;
+  }
+  return pairs;
+}
+
+// Whether an eager launch of the workspace's last upload with num_kv_heads kv heads at
+// head_dim runs the wide kernel (TreeAttentionLimits::wide_kernel): the upload has wide pairs,
+// the build has the kernel, head_dim is 128, the plan does not run in the decode kernel, and
+// at kAuto tree_attention_runs_tail().
+bool tree_attention_runs_wide(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads,
+                              int32_t head_dim);
 
 // A capacity for the wide items of a tail grid (TreeAttentionGrid::wide_items): the next
 // multiple of 8, so a stage 1 grid has at most 7 items' blocks of padding (the one-wave

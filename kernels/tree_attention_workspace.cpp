@@ -64,11 +64,15 @@ void TreeAttentionWorkspace::release() {
   if (partial_lse_ != nullptr) cudaFree(partial_lse_);
   if (token_table_ != nullptr) cudaFree(token_table_);
   if (block_trace_ != nullptr) cudaFree(block_trace_);
+  if (wide_counters_ != nullptr) cudaFree(wide_counters_);
+  wide_counters_ = nullptr;
   staging_done_ = host_staging_ = device_plan_ = partial_o_ = partial_lse_ = token_table_ = nullptr;
   block_trace_ = nullptr;
   table_filled_ = table_fixed_ = decode_kernel_ = false;
   table_stride_ = table_items_ = 0;
   paired_items_begin_ = -1;
+  wide_pairs_ = 0;
+  wide_built_ = false;
   plan_words_ = 0;
   num_items_ = num_queries_ = num_partials_ = 0;
 }
@@ -93,6 +97,7 @@ Status TreeAttentionWorkspace::init(const TreeAttentionLimits& limits) {
   if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute(shared memory per SM)", e);
   e = cudaDeviceGetAttribute(&smem_reserved_, cudaDevAttrReservedSharedMemoryPerBlock, device);
   if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute(reserved shared memory)", e);
+  wide_built_ = detail::wide_kernel_built();
   table_stride_ = tree_attention_table_stride(limits.max_item_tokens);
   plan_words_ = capacity_words(limits);
   e = cudaMalloc(&device_plan_, size_t(plan_words_) * 4);
@@ -104,6 +109,10 @@ Status TreeAttentionWorkspace::init(const TreeAttentionLimits& limits) {
   if (e != cudaSuccess) return cuda_error("cudaMalloc(partial_o)", e);
   e = cudaMalloc(&partial_lse_, lse_elems * sizeof(float));
   if (e != cudaSuccess) return cuda_error("cudaMalloc(partial_lse)", e);
+  e = cudaMalloc(&wide_counters_, 2 * sizeof(int32_t));
+  if (e != cudaSuccess) return cuda_error("cudaMalloc(wide kernel counters)", e);
+  e = cudaMemset(wide_counters_, 0, 2 * sizeof(int32_t));
+  if (e != cudaSuccess) return cuda_error("cudaMemset(wide kernel counters)", e);
   if (limits.max_table_tokens > 0) {
     e = cudaMalloc(&token_table_, size_t(limits.max_table_tokens) * 4);
     if (e != cudaSuccess) return cuda_error("cudaMalloc(token table)", e);
@@ -267,6 +276,7 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
                       stream);
   if (e != cudaSuccess) return cuda_error("cudaMemcpyAsync(plan)", e);
   table_filled_ = table_fixed_ = decode_kernel_ = false;
+  wide_pairs_ = 0;
   if (mode != kTableNone && ni > 0) {
     TS_RETURN_IF_ERROR(detail::enqueue_token_table_fill(device_plan_, header_, token_table_,
                                                         table_stride_, plan.num_items(), stream));
@@ -275,6 +285,7 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
   table_fixed_ = mode == kTableFixedStride;
   decode_kernel_ = decode_kernel;
   paired_items_begin_ = paired_begin;
+  wide_pairs_ = mode != kTableNone ? tree_attention_wide_pairs(plan) : 0;
   e = cudaEventRecord(static_cast<cudaEvent_t>(staging_done_), stream);
   if (e != cudaSuccess) return cuda_error("cudaEventRecord(staging)", e);
   num_items_ = plan.num_items();

@@ -46,6 +46,9 @@
 //                             [--no-tail | --tail-always]  (TreeAttentionLimits::tail_kernel:
 //                                            never, or always, instead of where
 //                                            tree_attention_tail_pays)
+//                             [--no-wide | --wide-always]  (TreeAttentionLimits::wide_kernel:
+//                                            never, or wherever the plan has wide pairs,
+//                                            instead of where the tail kernel would run)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -96,6 +99,8 @@ struct Options {
   bool plan_only = false;  // --plan-only: build the plans, print their shape, no GPU
   // TreeAttentionLimits::tail_kernel (default kAuto; --no-tail: kOff, --tail-always: kAlways)
   TreeAttentionLimits::Tail tail = TreeAttentionLimits::Tail::kAuto;
+  // TreeAttentionLimits::wide_kernel (default kAuto; --no-wide: kOff, --wide-always: kAlways)
+  TreeAttentionLimits::Wide wide = TreeAttentionLimits::Wide::kAuto;
 };
 
 struct Case {
@@ -109,6 +114,7 @@ struct Result {
   int32_t num_q_heads = 0, num_kv_heads = 0, queries = 0, items = 0, baseline_items = 0;
   int32_t chunk = 0, paired_items = 0;  // the plan's chunk; its items run kv heads paired
   int32_t decode_chunk = 0;             // the chunk its decode-shaped units were cut into
+  bool wide = false;                    // the launch ran the wide kernel
   double unique_mb = 0, plan_kv_mb = 0, plan_build_us = 0;
   double median_us = 0, bound_us = 0, tbps = 0, copy_fraction = 0;
   double baseline_us = 0, speedup = 0;
@@ -320,10 +326,12 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   TreeAttentionWorkspace ws, ws_base;
   TreeAttentionLimits plan_limits = limits_for(plan, num_q_heads, opt.table, opt.decode_kernel);
   plan_limits.tail_kernel = opt.tail;
+  plan_limits.wide_kernel = opt.wide;
   CHECK_OK(ws.init(plan_limits));
   CHECK_OK(ws_base.init(limits_for(baseline, num_q_heads, opt.table, opt.decode_kernel)));
   CHECK_OK(ws.upload(plan, nullptr));
   CHECK_OK(ws_base.upload(baseline, nullptr));
+  r.wide = !opt.grid_launch && !opt.graph && tree_attention_runs_wide(ws, num_kv_heads, kHeadDim);
   CHECK_CUDA(cudaDeviceSynchronize());
 
   // Errors first (the timed runs below overwrite out with the same values).
@@ -405,11 +413,12 @@ void write_json(const std::string& path, const std::string& device, double copy_
                  "\"plan_kv_mb\": %.3f, \"plan_build_us\": %.2f, \"median_us\": %.2f, "
                  "\"io_bound_us\": %.2f, \"unique_kv_tbps\": %.3f, \"copy_bw_fraction\": %.3f, "
                  "\"baseline_us\": %.2f, \"speedup\": %.2f, \"max_abs_err\": %.3g, "
-                 "\"baseline_max_abs_err\": %.3g, \"error_reference\": \"%s\"}%s\n",
+                 "\"baseline_max_abs_err\": %.3g, \"wide_kernel\": %s, "
+                 "\"error_reference\": \"%s\"}%s\n",
                  r.name.c_str(), r.family.c_str(), r.num_q_heads, r.num_kv_heads, r.queries,
                  r.items, r.baseline_items, r.unique_mb, r.plan_kv_mb, r.plan_build_us, r.median_us,
                  r.bound_us, r.tbps, r.copy_fraction, r.baseline_us, r.speedup, r.max_err,
-                 r.baseline_err,
+                 r.baseline_err, r.wide ? "true" : "false",
                  r.sampled ? "naive fp64, 9 sampled queries" : "cpu plan executor fp32",
                  i + 1 < results.size() ? "," : "");
   }
@@ -462,6 +471,10 @@ int main_impl(int argc, char** argv) {
       opt.tail = TreeAttentionLimits::Tail::kOff;
     } else if (a == "--tail-always") {
       opt.tail = TreeAttentionLimits::Tail::kAlways;
+    } else if (a == "--no-wide") {
+      opt.wide = TreeAttentionLimits::Wide::kOff;
+    } else if (a == "--wide-always") {
+      opt.wide = TreeAttentionLimits::Wide::kAlways;
     } else if (a == "--no-decode-kernel") {
       opt.decode_kernel = false;
     } else if (a == "--no-token-table") {
@@ -514,7 +527,7 @@ int main_impl(int argc, char** argv) {
                    "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] "
                    "[--grid] [--graph] [--no-decode-kernel] [--depth-slots] [--no-balance-tiles] "
                    "[--few-shot P,B,S] [--trace PATH] [--no-pair] [--pair-all] [--plan-only] "
-                   "[--no-tail | --tail-always]\n",
+                   "[--no-tail | --tail-always] [--no-wide | --wide-always]\n",
                    argv[0]);
       return 2;
     }
@@ -560,7 +573,7 @@ int main_impl(int argc, char** argv) {
               prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_bw / 1e12);
   std::printf(
       "fp16, head_dim 128, one layer, page 16, L2 %s before each rep, median of %d; decode "
-      "kernel %s, run slots %s; launches %s; tail kernel %s\n\n",
+      "kernel %s, run slots %s; launches %s; tail kernel %s; wide kernel %s\n\n",
       opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps, opt.decode_kernel ? "on" : "off",
       opt.depth_slots ? "at depth % page" : "random",
       opt.graph ? "replayed from CUDA graphs (--graph)"
@@ -568,7 +581,12 @@ int main_impl(int argc, char** argv) {
       opt.tail == TreeAttentionLimits::Tail::kOff
           ? "off (--no-tail)"
           : (opt.tail == TreeAttentionLimits::Tail::kAuto ? "where it pays"
-                                                          : "always (--tail-always)"));
+                                                          : "always (--tail-always)"),
+      opt.wide == TreeAttentionLimits::Wide::kOff
+          ? "off (--no-wide)"
+          : (opt.wide == TreeAttentionLimits::Wide::kAuto ? "where the tail kernel would run"
+                                                          : "wherever the plan pairs tiles "
+                                                            "(--wide-always)"));
   std::printf("%-34s %5s %5s %6s %8s %8s %7s %8s %8s %6s %5s %9s %7s %9s %9s %6s %6s\n", "case",
               "heads", "q", "items", "uniqMB", "planMB", "plan_us", "us", "bound", "TB/s", "%cp",
               "base_us", "speedup", "max_err", "base_err", "chunk", "paired");
@@ -583,11 +601,11 @@ int main_impl(int argc, char** argv) {
           run_case(c, q_heads, kv_heads, prop.multiProcessorCount, copy_bw, opt, &timer);
       std::printf(
           "%-34s %2d/%-2d %5d %6d %8.2f %8.2f %7.1f %8.2f %8.2f %6.2f %5.0f %9.2f %7.2f %9.2e "
-          "%9.2e %6d %6d%s\n",
+          "%9.2e %6d %6d%s%s\n",
           r.name.c_str(), r.num_q_heads, r.num_kv_heads, r.queries, r.items, r.unique_mb,
           r.plan_kv_mb, r.plan_build_us, r.median_us, r.bound_us, r.tbps, 100 * r.copy_fraction,
           r.baseline_us, r.speedup, r.max_err, r.baseline_err, r.chunk, r.paired_items,
-          r.sampled ? " (s)" : "");
+          r.sampled ? " (s)" : "", r.wide ? " (w)" : "");
       std::fflush(stdout);
       results.push_back(r);
     }
@@ -595,7 +613,9 @@ int main_impl(int argc, char** argv) {
   std::printf(
       "\n(s): error vs the naive fp64 reference on 9 sampled queries; else vs the CPU "
       "plan executor (fp32) on all queries. bound = unique KV bytes / copy bandwidth;\n"
-      "planMB = KV bytes the plan's items read (shared runs read once per query tile).\n");
+      "planMB = KV bytes the plan's items read (shared runs read once per query tile);\n"
+      "(w): the wide kernel ran the plan's pairs of query tiles "
+      "(TreeAttentionLimits::wide_kernel).\n");
   if (!opt.json_path.empty()) write_json(opt.json_path, prop.name, copy_bw, results);
   if (stream != nullptr) CHECK_CUDA(cudaStreamDestroy(stream));
   return 0;

@@ -80,6 +80,10 @@ static_assert(kItemRecordWords % 8 == 0, "records stay 32-byte aligned");
 // Enqueues the kernel that fills the token table for the plan just copied to device_plan
 // (header: its host copy, kTokenTable set, table_stride: the fixed mode's): one block per
 // item. tree_attention.cu.
+// Whether this build's wide kernel has sm_90a code for the current device (its body is
+// empty in builds for other targets): checked from its binary version and a probe launch.
+bool wide_kernel_built();
+
 Status enqueue_token_table_fill(const void* device_plan, const int32_t* header, void* table,
                                 int32_t table_stride, int32_t num_items, cudaStream_t stream);
 

@@ -89,6 +89,9 @@ struct Stage1Params {
   // previous kernel) instead of at its end: set where the next grid is the tail kernel
   // (tree_attention_tail), which then runs beside stage 1's blocks.
   int32_t early_trigger;
+  // Eager launches without head pairing: the grid's blocks run the items from item_offset on
+  // (the wide kernel ran the ones before). 0 elsewhere.
+  int32_t item_offset;
   TreeAttentionBlockTrace* trace;  // null unless the workspace's block trace is enabled
 };
 
@@ -245,7 +248,8 @@ __device__ __forceinline__ void block_item(const Stage1Params& p, int* item, int
     return;
   }
   const int grid_items = gridDim.x / p.num_kv_heads;
-  *item = p.heads_first ? blockIdx.x / p.num_kv_heads : blockIdx.x % grid_items;
+  *item =
+      p.item_offset + int(p.heads_first ? blockIdx.x / p.num_kv_heads : blockIdx.x % grid_items);
   *kv_head = p.heads_first ? blockIdx.x % p.num_kv_heads : blockIdx.x / grid_items;
 }
 

@@ -395,6 +395,7 @@ TreeAttentionWorkspace& tail_workspace(bool with_table) {
   if (!w.initialized()) {
     TreeAttentionLimits limits;
     limits.tail_kernel = TreeAttentionLimits::Tail::kAlways;
+    limits.wide_kernel = TreeAttentionLimits::Wide::kOff;  // WideKernelMatchesPlanExecutor's
     if (!with_table) limits.max_table_tokens = 0;
     const Status s = w.init(limits);
     EXPECT_TRUE(s.ok()) << s.ToString();
@@ -522,6 +523,123 @@ TEST(TreeAttentionGpu, TailKernelMatchesPlanExecutor) {
   EXPECT_EQ(tree_attention_graph_grid(shared_workspace(), llama.num_kv_heads), paired_only);
   ASSERT_TRUE(tail_workspace(false).upload(plan, nullptr).ok());
   EXPECT_FALSE(tree_attention_runs_tail(tail_workspace(false), llama.num_kv_heads));
+}
+
+// A workspace whose eager launches run the wide kernel wherever the plan has wide pairs
+// (TreeAttentionLimits::Wide::kAlways), with its trace on.
+TreeAttentionWorkspace& wide_workspace() {
+  static TreeAttentionWorkspace ws;
+  if (!ws.initialized()) {
+    TreeAttentionLimits limits;
+    limits.wide_kernel = TreeAttentionLimits::Wide::kAlways;
+    Status s = ws.init(limits);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    s = ws.enable_block_trace();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  return ws;
+}
+
+// Runs plan eagerly in the wide workspace and checks it against the CPU executor and the block
+// trace: one record per (item, kv head), whichever kernel ran it (the wide kernel's consumers
+// and tail warps, stage 1 after it). Returns whether the wide kernel ran.
+bool check_wide(const TreeCase& tree, const Shape& shape, const AttentionPlan& plan, uint64_t seed,
+                const std::string& what) {
+  TreeAttentionWorkspace& ws = wide_workspace();
+  std::vector<TreeAttentionBlockTrace> trace;
+  EXPECT_TRUE(ws.download_block_trace(&trace).ok());  // clears it
+  EXPECT_LE(gpu_vs_cpu(tree, shape, plan, &ws, seed), tolerance(shape)) << what;
+  const bool ran = tree_attention_runs_wide(ws, shape.num_kv_heads, shape.head_dim);
+  EXPECT_EQ(ws.wide_pairs(), tree_attention_wide_pairs(plan)) << what;
+  EXPECT_TRUE(ws.download_block_trace(&trace).ok());
+  std::set<std::pair<int32_t, int32_t>> seen;
+  for (const TreeAttentionBlockTrace& r : trace) {
+    EXPECT_TRUE(seen.insert({r.item, r.kv_head}).second) << what << " item " << r.item;
+    EXPECT_EQ(r.tokens, plan.item_num_tokens[size_t(r.item)]) << what;
+  }
+  // Paired items run kTreeAttentionPairHeads kv heads a stage 1 block (one record for them).
+  if (ran || plan.num_paired_items() == 0) {
+    EXPECT_EQ(seen.size(), size_t(plan.num_items()) * size_t(shape.num_kv_heads)) << what;
+  }
+  return ran;
+}
+
+// The wide kernel (TreeAttentionLimits::wide_kernel): the plan's leading pairs of query tiles
+// over one chunk in one block of two consumer warpgroups sharing a K/V ring, the paired items
+// in its tail warps, stage 1 for the items between. Random trees at head_dim 128 (GQA 1-16,
+// page sizes 1, 16 and 64, both dtypes, paired and unpaired plans; masked items go to stage 1),
+// then the workload shapes with Llama-3-8B heads: few-shot P=4000 + 50 x 200 (pairs and paired
+// items), P=3000 + 64 x 200 in both dtypes, a speculative tree (its prompt's tiles paired, the
+// masked tree items in stage 1), at GQA 4 and 1 (where the few-shot prompts are one tile). head_dim
+// 64, kOff and graph grids run stage 1.
+TEST(TreeAttentionGpu, WideKernelMatchesPlanExecutor) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_TRUE(wide_workspace().wide_kernel_built()) << "this build has no sm_90a wide kernel";
+  int wide_plans = 0;
+  for (uint64_t seed = 401; seed <= 428; ++seed) {
+    testing::RandomTreeOptions options = random_options(seed);
+    options.max_width = std::vector<int32_t>{32, 256}[seed % 2];
+    const TreeCase tree = testing::random_tree_case(seed * 9173, options);
+    Shape shape;
+    shape.gqa = std::vector<int32_t>{1, 4, 8, 16}[seed % 4];
+    shape.num_kv_heads = shape.gqa == 16 ? 2 : (shape.gqa == 8 || seed % 3 == 0 ? 4 : 8);
+    shape.dtype = seed % 5 == 0 ? TreeAttentionDtype::kBFloat16 : TreeAttentionDtype::kFloat16;
+    AttentionPlan plan;
+    if (seed % 2) {
+      plan = paired_plan_for(tree, shape, seed);
+    } else {
+      ASSERT_TRUE(build_attention_plan(tree.view, config_for(shape), &plan).ok());
+    }
+    wide_plans +=
+        check_wide(tree, shape, plan, seed, "seed " + std::to_string(seed) + " " + describe(shape));
+  }
+  EXPECT_GT(wide_plans, 6);
+
+  struct Case {
+    std::string name;
+    TreeCase tree;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"few-shot 4000+50x200", testing::few_shot_case(4000, 50, 200, 16, 3)});
+  cases.push_back({"few-shot 3000+64x200", testing::few_shot_case(3000, 64, 200, 16, 4)});
+  cases.push_back({"speculative 128 over 4000",
+                   testing::speculative_case(4000, testing::medusa_like_paths(127), 16, 5)});
+  for (const Case& c : cases) {
+    for (int32_t kv_heads : {8, 32}) {
+      for (TreeAttentionDtype dtype :
+           {TreeAttentionDtype::kFloat16, TreeAttentionDtype::kBFloat16}) {
+        const Shape shape{kv_heads, 32 / kv_heads, 128, dtype};
+        AttentionPlan plan;
+        ASSERT_TRUE(build_attention_plan(c.tree.view, config_for(shape), &plan).ok());
+        const std::string what = c.name + " " + describe(shape);
+        // At GQA 1 a few-shot prompt's 50 or 64 queries are one query tile: nothing to pair.
+        const bool two_tiles = plan.num_queries() * shape.gqa > kTreeAttentionTileRows;
+        EXPECT_EQ(tree_attention_wide_pairs(plan) > 0, two_tiles) << what;
+        EXPECT_EQ(check_wide(c.tree, shape, plan, 31, what), two_tiles) << what;
+      }
+    }
+  }
+
+  // Where it does not run: head_dim 64, a graph grid, kOff (the default workspace at kAuto runs
+  // it only where the tail kernel would run: not for b=50).
+  const TreeCase& b50 = cases[0].tree;
+  const Shape llama{8, 4, 128};
+  AttentionPlan plan;
+  ASSERT_TRUE(build_attention_plan(b50.view, config_for(llama), &plan).ok());
+  const Shape small_heads{8, 4, 64};
+  AttentionPlan plan64;
+  ASSERT_TRUE(build_attention_plan(b50.view, config_for(small_heads), &plan64).ok());
+  EXPECT_FALSE(check_wide(b50, small_heads, plan64, 32, "head_dim 64"));
+  EXPECT_LE(gpu_vs_cpu(b50, llama, plan, &wide_workspace(), 33, bucket_grid(plan, true)),
+            kFp16Tolerance);
+  ASSERT_TRUE(shared_workspace().upload(plan, nullptr).ok());
+  EXPECT_GT(shared_workspace().wide_pairs(), 0);
+  EXPECT_FALSE(tree_attention_runs_wide(shared_workspace(), llama.num_kv_heads, 128));
+  ASSERT_TRUE(tail_workspace(true).upload(plan, nullptr).ok());
+  EXPECT_FALSE(tree_attention_runs_wide(tail_workspace(true), llama.num_kv_heads, 128));
+  // Without a token table there are no wide pairs.
+  ASSERT_TRUE(small_table_workspace(0).upload(plan, nullptr).ok());
+  EXPECT_EQ(small_table_workspace(0).wide_pairs(), 0);
 }
 
 // TreeAttentionLimits::decode_kernel: a plan of only decode-shaped items (at most 16 rows: the

@@ -942,5 +942,71 @@ TEST(TreeAttentionTail, PaysWhereThePairedBlocksWouldFormASecondWave) {
   }
 }
 
+// The wide kernel's pairs: the query tiles of one shared chunk, side by side in the kV-major
+// order, pair up (P=16000 + 64 x 200: 8 chunks of 4 tiles, 16 pairs; a speculative tree's
+// prompt tiles); a pair ends at the first masked, decode-shaped, head-paired or differently
+// chunked item, and a plan of decode branches alone has none.
+TEST(TreeAttentionWide, PairsTheQueryTilesOfASharedChunk) {
+  const AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
+  AttentionPlan plan;
+  const TreeCase p16k = testing::few_shot_case(16000, 64, 200, 16, 7);
+  ASSERT_TRUE(build_attention_plan(p16k.view, config, &plan).ok());
+  const int32_t pairs = tree_attention_wide_pairs(plan);
+  EXPECT_EQ(2 * pairs, plan.paired_items_begin);
+  for (int32_t i = 0; i < pairs; ++i) {
+    const size_t a = size_t(2 * i), b = a + 1;
+    EXPECT_EQ(plan.item_num_tokens[a], plan.item_num_tokens[b]);
+    EXPECT_EQ(plan.seg_page_begin[size_t(plan.item_segment_begin[a])],
+              plan.seg_page_begin[size_t(plan.item_segment_begin[b])]);
+    EXPECT_LT(plan.item_mask_offset[a], 0);
+    EXPECT_GT(plan.item_rows(int32_t(a)), kDecodeShapedRows);
+  }
+  const TreeCase spec = testing::speculative_case(4000, testing::medusa_like_paths(255), 16, 5);
+  ASSERT_TRUE(build_attention_plan(spec.view, config, &plan).ok());
+  const int32_t spec_pairs = tree_attention_wide_pairs(plan);
+  EXPECT_GT(spec_pairs, 0);
+  ASSERT_LT(2 * spec_pairs, plan.num_items());
+  for (int32_t i = 0; i < 2 * spec_pairs; ++i) EXPECT_LT(plan.item_mask_offset[size_t(i)], 0);
+
+  // A pair broken by a different chunk, a mask, or a narrow first item stops the count there.
+  const TreeCase b50 = testing::few_shot_case(4000, 50, 200, 16, 4);
+  ASSERT_TRUE(build_attention_plan(b50.view, config, &plan).ok());
+  const int32_t full = tree_attention_wide_pairs(plan);
+  ASSERT_GE(full, 2);
+  AttentionPlan broken = plan;
+  broken.item_num_tokens[3] -= 1;
+  EXPECT_EQ(tree_attention_wide_pairs(broken), 1);
+  broken = plan;
+  broken.item_mask_offset[2] = 0;
+  EXPECT_EQ(tree_attention_wide_pairs(broken), 1);
+  broken = plan;
+  broken.item_query_end[0] = broken.item_query_begin[0] + 1;  // 4 rows
+  EXPECT_EQ(tree_attention_wide_pairs(broken), 0);
+  // Item 1's segments copied to the end of the list: equal content still pairs, one slot
+  // off does not.
+  broken = plan;
+  const int32_t copy = broken.num_segments();
+  for (int32_t j = broken.item_segment_begin[1]; j < broken.item_segment_end[1]; ++j) {
+    for (std::vector<int32_t>* v :
+         {&broken.seg_page_begin, &broken.seg_first_slot, &broken.seg_num_tokens, &broken.seg_node,
+          &broken.seg_token_begin}) {
+      v->push_back((*v)[size_t(j)]);
+    }
+  }
+  broken.item_segment_end[1] = copy + broken.item_segment_end[1] - broken.item_segment_begin[1];
+  broken.item_segment_begin[1] = copy;
+  EXPECT_EQ(tree_attention_wide_pairs(broken), full);
+  broken.seg_first_slot[size_t(copy)] += 1;
+  EXPECT_EQ(tree_attention_wide_pairs(broken), 0);
+  broken = plan;
+  broken.pair_heads = kTreeAttentionPairHeads;
+  broken.paired_items_begin = 3;
+  EXPECT_EQ(tree_attention_wide_pairs(broken), 1);
+
+  const TreeCase branches = testing::few_shot_case(16, 8, 200, 16, 4);  // one prompt tile
+  ASSERT_TRUE(build_attention_plan(branches.view, config, &plan).ok());
+  EXPECT_EQ(tree_attention_wide_pairs(plan), 0);
+}
+
 }  // namespace
 }  // namespace treeserve
