@@ -93,6 +93,7 @@ Status CudaBackend::init() {
   limits.max_view_pages = int32_t(std::min<int64_t>(layout_.num_pages * 4, 1 << 24));
   limits.decode_kernel = options_.attention_decode_kernel;
   limits.tail_kernel = options_.attention_tail_kernel;
+  limits.wide_kernel = options_.attention_wide_kernel;
   TS_RETURN_IF_ERROR(workspace_.init(limits));
   plan_config_ = tree_attention_plan_config(nh_, nkv_, int32_t(d_), sms);
   plan_config_.max_chunk_tokens = options_.attention_max_chunk_tokens;

@@ -120,7 +120,7 @@ Status CudaBackend::run_step_graph(const StepBatch& batch) {
   key.rows = batch.num_rows();
   key.n_logits = int64_t(batch.logit_rows.size());
   // As an eager launch of this upload would run (so a step runs the same kernels either way).
-  key.grid = tree_attention_graph_grid(workspace_, int32_t(nkv_));
+  key.grid = tree_attention_graph_grid(workspace_, int32_t(nkv_), int32_t(d_));
   key.buffers = {residual_.ptr, x_.ptr,   tmp_.ptr,   qkv_.ptr,    q_.ptr,    attn_.ptr,
                  gu_.ptr,       act_.ptr, final_.ptr, logits_.ptr, meta_.ptr, partial_.ptr};
   // step_graphs_ is kept least recently used first.

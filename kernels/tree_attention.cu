@@ -601,26 +601,26 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
 //  - once a block's wide units are done, its producer and consumer warps take tail units too
 //    (in 10 KB slots of the freed ring); tail units go to warps as they ask (an atomic counter
 //    that the grid's last block resets), so the branches' work ends about together.
-// Registers (setmaxnreg): warpgroup 0 keeps 128 a thread, the consumers take 184, a split
-// where ptxas spills nothing (96 / 208 and 120 / 192 spilled). Shared memory: two Q tiles, the
-// ring, three tail warps' 10 KB (227 KB in all).
+// Registers (setmaxnreg): warpgroup 0 keeps 152 a thread, the consumers take 176, the split
+// of the launch's 168 where ptxas spills nothing (warpgroup 0's producer and tail code spilled
+// at 144 or less). Shared memory: two Q tiles, the ring, three tail warps' 10 KB, the header
+// (227 KB in all).
 constexpr int kWideStages = 5;
 constexpr int kWideThreads = 384;
 constexpr int kWideTailWarps = 3;
 template <int D>
 constexpr int wide_smem_bytes() {
   return 1024 + (2 * kTileRows + 2 * kWideStages * kKvTile) * D * 2 +
-         kWideTailWarps * tail_smem_bytes<D>() + 2 * kWideStages * 8;
+         kWideTailWarps * tail_smem_bytes<D>() + 2 * kWideStages * 8 + kHeaderWords * 4;
 }
 
 template <int D, typename T>
 __global__ void __launch_bounds__(kWideThreads, 1)
-    tree_attention_wide(Stage1Params p, int32_t pairs, int32_t tail_begin, int32_t* counters) {
+    tree_attention_wide(Stage1Params p, int32_t* counters) {
 #if TS_WGMMA
   static_assert(tail_smem_bytes<D>() % 1024 == 0, "tail warps' regions stay 1024-byte aligned");
   constexpr int kTileElems = kKvTile * D;
   const int32_t* plan = p.plan;
-  const PlanHeaderArg& h = p.header;  // eager launches only
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int lane = tid & 31, warp = tid >> 5;
   extern __shared__ __align__(1024) unsigned char wide_smem[];
@@ -631,6 +631,13 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   unsigned char* s_tail = reinterpret_cast<unsigned char*>(s_v + kWideStages * kTileElems);
   uint64_t* full = reinterpret_cast<uint64_t*>(s_tail + kWideTailWarps * tail_smem_bytes<D>());
   uint64_t* empty = full + kWideStages;
+  // The header in shared memory (from the plan buffer in grid launches, whose host copy is the
+  // capture's), read there rather than held in registers: the pairs (items 2 i, 2 i + 1) and
+  // where the paired items begin (-1: none).
+  PlanHeaderArg& h = *reinterpret_cast<PlanHeaderArg*>(empty + kWideStages);
+  if (threadIdx.x < kHeaderWords) {
+    h.w[threadIdx.x] = p.header_on_device ? plan[threadIdx.x] : p.header.w[threadIdx.x];
+  }
   if (threadIdx.x == 0) {
     for (int s = 0; s < kWideStages; ++s) {
       mbar_init(&full[s], 32);  // the producer's lanes, each once its copies landed
@@ -638,6 +645,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     }
   }
   __syncthreads();
+  const int pairs = h.w[kWidePairs], tail_begin = h.w[kPairedBegin];
   // Q, the K/V pages and the token table are earlier kernels' output.
   pdl_wait();
   const int units = pairs * p.num_kv_heads;
@@ -672,7 +680,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   };
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 128;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 152;\n");
     if (warp == 0) {
       // Producer. Lane l copies rows 8 pass + l / 4 of a tile (pass 0..7), 16-byte chunks
       // l % 4 + 4 j of each, so an instruction reads 64 contiguous bytes of 8 rows; it holds the
@@ -722,7 +730,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       run_tail_units(s_tail + (warp - 1) * tail_smem_bytes<D>());
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 176;\n");
     const int w = wg - 1;
     T* q_tile = s_q + w * kTileRows * D;
     int g = 0;  // tiles consumed so far (ring position)
@@ -1062,8 +1070,9 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
   }
   // The wide kernel (TreeAttentionLimits::wide_kernel): its pairs and the paired items in one
   // grid, then stage 1 for the items between them, if any.
-  const bool wide = D == 128 && items > 0 && grid.items == 0 &&
-                    tree_attention_runs_wide(ws, params.num_kv_heads, D);
+  const bool wide =
+      D == 128 && items > 0 &&
+      (grid.items > 0 ? grid.wide : tree_attention_runs_wide(ws, params.num_kv_heads, D));
   if constexpr (D == 128) {
     if (wide) {
       const void* kernel = reinterpret_cast<const void*>(tree_attention_wide<D, T>);
@@ -1072,19 +1081,22 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
       const int32_t pairs = ws.wide_pairs();
       const int32_t tail_begin = ws.paired_items_begin();  // -1: none
       const int64_t units = int64_t(pairs) * params.num_kv_heads;
-      // With paired items every SM runs tail warps; else one block a unit, at most one an SM.
-      const int blocks =
-          tail_begin >= 0 ? ws.num_sms() : int(std::min<int64_t>(units, ws.num_sms()));
+      // With paired items (or in a grid, for any plan) every SM runs tail warps; else one block
+      // a unit, at most one an SM.
+      const int blocks = tail_begin >= 0 || grid.items > 0
+                             ? ws.num_sms()
+                             : int(std::min<int64_t>(units, ws.num_sms()));
       const cudaError_t e1 =
           launch_pdl(dim3(blocks), dim3(kWideThreads), size_t(wide_smem_bytes<D>()), stream,
-                     tree_attention_wide<D, T>, params, pairs, tail_begin,
-                     static_cast<int32_t*>(ws.wide_counters()));
+                     tree_attention_wide<D, T>, params, static_cast<int32_t*>(ws.wide_counters()));
       if (e1 != cudaSuccess) return launch_error("tree_attention_wide launch", e1);
-      const int32_t rest = (tail_begin >= 0 ? tail_begin : items) - 2 * pairs;
+      // A grid's stage 1 blocks read where its items begin and end from the header (the first
+      // ones exit where there are fewer).
+      const int32_t rest = grid.items > 0 ? grid.wide_rest : tree_attention_wide_rest(ws);
       if (rest > 0) {
         Stage1Params p1 = params;
-        p1.pair_begin = -1;
-        p1.item_offset = 2 * pairs;
+        p1.pair_begin = grid.items > 0 ? kTailFromHeader : -1;
+        p1.item_offset = grid.items > 0 ? kWideFromHeader : 2 * pairs;
         const cudaError_t e2 = launch_pdl(dim3(rest * params.num_kv_heads), dim3(kThreads),
                                           size_t(smem), stream, tree_attention_stage1<D, T>, p1);
         if (e2 != cudaSuccess) return launch_error("tree_attention_stage1 launch", e2);
@@ -1219,6 +1231,23 @@ Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int
           "launch grid's wide_items = " + std::to_string(grid.wide_items) + " must cover the " +
           std::to_string(stage1_items) +
           " items stage 1 runs and be at most its items = " + std::to_string(grid.items));
+    }
+  }
+  if (grid.wide_rest < 0) {
+    return InvalidArgument("launch grid's wide_rest = " + std::to_string(grid.wide_rest) +
+                           " must be >= 0");
+  }
+  if (grid.items > 0 && grid.wide) {
+    if (head_dim != 128 || !workspace.wide_kernel_built() || !workspace.uses_token_table()) {
+      return InvalidArgument(
+          "launch grid with wide needs head_dim 128 (have " + std::to_string(head_dim) +
+          "), a build with the wide kernel for this device and an upload with a token table");
+    }
+    const int32_t rest = tree_attention_wide_rest(workspace);
+    if (rest > grid.wide_rest) {
+      return InvalidArgument("launch grid's wide_rest = " + std::to_string(grid.wide_rest) +
+                             " must cover the " + std::to_string(rest) +
+                             " items stage 1 runs after the wide kernel's pairs");
     }
   }
   if (grid.items > 0 && grid.decode_kernel && !workspace.runs_decode_kernel()) {

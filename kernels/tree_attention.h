@@ -69,15 +69,15 @@ struct TreeAttentionLimits {
   // (TreeAttentionGrid::tail) is told.
   enum class Tail : int32_t { kOff = 0, kAuto = 1, kAlways = 2 };
   Tail tail_kernel = Tail::kAuto;
-  // Not a capacity: whether eager launches at head_dim 128 run the plan's leading pairs of
+  // Not a capacity: whether launches at head_dim 128 run the plan's leading pairs of
   // wide items over the same tokens (tree_attention_wide_pairs) in the wide kernel (one block
   // an SM: two consumer warpgroups, one item of the pair each, sharing every K/V tile of a
   // 5-stage ring that a producer warp fills; the plan's paired items run in three more warps
   // of the same blocks as the tail kernel runs them, and stage 1 runs the remaining items
   // after it): never, where tree_attention_runs_tail() says so (kAuto: the wide items fill one
   // wave and the paired items stream beside them), or wherever the plan has such pairs
-  // (kAlways). Needs an sm_90a build (TreeAttentionWorkspace::wide_kernel_built()); graph
-  // grids (TreeAttentionGrid) do not run it yet.
+  // (kAlways). Needs an sm_90a build (TreeAttentionWorkspace::wide_kernel_built()). Eager
+  // launches decide with tree_attention_runs_wide(); a grid (TreeAttentionGrid::wide) is told.
   enum class Wide : int32_t { kOff = 0, kAuto = 1, kAlways = 2 };
   Wide wide_kernel = Wide::kAuto;
 
@@ -259,10 +259,19 @@ struct TreeAttentionGrid {
   // the items stage 1 runs: paired_items_begin() (all items where that is -1 or the upload has
   // no token table).
   int32_t wide_items = 0;
+  // The wide kernel (TreeAttentionLimits::wide_kernel) runs the header's wide pairs and its
+  // tail warps the paired items from the header's paired_items_begin on, then stage 1 the items
+  // between (at most wide_rest of them: its grid; 0: no stage 1 launch), instead of stage 1 and
+  // the tail kernel. Only at head_dim 128 in an sm_90a build, for uploads with a token table
+  // whose items between fit wide_rest (checked); tail, wide_items and decode_kernel are then
+  // unused. The engine keys its graphs on it (tree_attention_graph_grid).
+  bool wide = false;
+  int32_t wide_rest = 0;
   // Every field (nvcc does not take a defaulted comparison here).
   bool operator==(const TreeAttentionGrid& o) const {
     return items == o.items && queries == o.queries && decode_kernel == o.decode_kernel &&
-           paired == o.paired && tail == o.tail && wide_items == o.wide_items;
+           paired == o.paired && tail == o.tail && wide_items == o.wide_items && wide == o.wide &&
+           wide_rest == o.wide_rest;
   }
 };
 
@@ -331,17 +340,32 @@ inline int32_t tree_attention_grid_bucket(int32_t n) {
   return (n + step - 1) / step * step;
 }
 
+// The items stage 1 runs after the wide kernel's pairs of the workspace's last upload: those
+// before its paired items (all, where it pairs none) past the pairs.
+inline int32_t tree_attention_wide_rest(const TreeAttentionWorkspace& workspace) {
+  const int32_t end =
+      workspace.paired_items_begin() >= 0 ? workspace.paired_items_begin() : workspace.num_items();
+  return end - 2 * workspace.wide_pairs();
+}
+
 // The grid to capture a CUDA graph of the workspace's last upload with (the engine keys its
 // decode-step graphs on it; bench_tree_attention --grid / --graph launch it): items and
-// queries bucketed, the decode kernel, head pairing and the tail kernel as an eager launch of
-// that upload would run them, and with the tail kernel stage 1's grid over the wide items only.
+// queries bucketed, the decode kernel, head pairing, the tail kernel and the wide kernel as an
+// eager launch of that upload at head_dim would run them, with the tail kernel stage 1's grid
+// over the wide items only, with the wide kernel stage 1's over the items after its pairs.
 inline TreeAttentionGrid tree_attention_graph_grid(const TreeAttentionWorkspace& workspace,
-                                                   int32_t num_kv_heads) {
+                                                   int32_t num_kv_heads, int32_t head_dim) {
   TreeAttentionGrid grid;
   grid.items = tree_attention_grid_bucket(workspace.num_items());
   grid.queries = tree_attention_grid_bucket(workspace.num_queries());
   grid.decode_kernel = workspace.runs_decode_kernel();
   grid.paired = workspace.paired_items_begin() >= 0;
+  grid.wide = tree_attention_runs_wide(workspace, num_kv_heads, head_dim);
+  if (grid.wide) {
+    const int32_t rest = tree_attention_wide_rest(workspace);
+    grid.wide_rest = rest > 0 ? tree_attention_wide_bucket(rest) : 0;
+    return grid;
+  }
   grid.tail = tree_attention_runs_tail(workspace, num_kv_heads);
   // runs_tail: the plan pairs from an item past the first and has a token table.
   grid.wide_items = grid.tail ? tree_attention_wide_bucket(workspace.paired_items_begin()) : 0;

@@ -270,6 +270,7 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
     paired_begin = plan.paired_items_begin;
   }
   words[kPairedBegin] = paired_begin;
+  words[kWidePairs] = mode != kTableNone ? tree_attention_wide_pairs(plan) : 0;
   std::memcpy(header_, words, sizeof(header_));
 
   e = cudaMemcpyAsync(device_plan_, host_staging_, size_t(cursor) * 4, cudaMemcpyHostToDevice,
@@ -285,7 +286,7 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
   table_fixed_ = mode == kTableFixedStride;
   decode_kernel_ = decode_kernel;
   paired_items_begin_ = paired_begin;
-  wide_pairs_ = mode != kTableNone ? tree_attention_wide_pairs(plan) : 0;
+  wide_pairs_ = header_[kWidePairs];
   e = cudaEventRecord(static_cast<cudaEvent_t>(staging_done_), stream);
   if (e != cudaSuccess) return cuda_error("cudaEventRecord(staging)", e);
   num_items_ = plan.num_items();

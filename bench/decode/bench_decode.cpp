@@ -25,14 +25,15 @@
 // --fewshot-branches 64 is the kernel bench's P=16000 + 64x200, whose paired items run in
 // tree attention's tail kernel).
 // --no-tail sets CudaBackendOptions::attention_tail_kernel to kOff (tree attention never runs
-// a plan's paired items in its tail kernel; A/B).
+// a plan's paired items in its tail kernel; A/B), --no-wide attention_wide_kernel (never its
+// wide kernel).
 //
 //   bench_decode [--config configs/models/llama-3-8b.json] [--steps 16] [--json FILE]
 //                [--workloads fewshot,sampled,spec,tot] [--kv-gib 6] [--tensor-parallel N]
 //                [--fewshot-branches 20,30,50] [--fewshot-prompt 4000] [--profile-last-step]
 //                [--graphs|--no-graphs]
 //                [--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N] [--max-chunk N]
-//                [--pair-margin N] [--no-decode-kernel] [--no-tail]
+//                [--pair-margin N] [--no-decode-kernel] [--no-tail] [--no-wide]
 // --profile-last-step wraps each workload's last step in cudaProfilerStart/Stop, for
 // `ncu --profile-from-start off` (per-kernel times of one step).
 #include <cuda_profiler_api.h>
@@ -75,6 +76,7 @@ struct Args {
   int pair_margin = CudaBackendOptions{}.attention_pair_margin;       // --pair-margin
   bool decode_kernel = CudaBackendOptions{}.attention_decode_kernel;  // --no-decode-kernel
   bool tail = CudaBackendOptions{}.attention_tail_kernel != TreeAttentionLimits::Tail::kOff;
+  bool wide = CudaBackendOptions{}.attention_wide_kernel != TreeAttentionLimits::Wide::kOff;
 };
 
 double copy_bandwidth_bytes_per_s() {
@@ -387,14 +389,15 @@ int run(const Args& args) {
   std::printf(
       "device: %s, copy bandwidth %.2f TB/s, tensor parallel %d%s, CUDA graphs %s, GEMM "
       "autotune %s, GEMM split-K %s, attention chunk growth up to %d tokens (0: off), attention "
-      "pairing margin 1/%d, attention decode kernel %s, attention tail kernel %s\n",
+      "pairing margin 1/%d, attention decode kernel %s, attention tail kernel %s, attention "
+      "wide kernel %s\n",
       prop.name, bw / 1e12, args.tensor_parallel,
       args.tensor_parallel == 1 ? ""
       : args.nccl_only          ? " (all-reduce: NCCL)"
                        : " (all-reduce: peer-to-peer fused with the norm, NCCL for the embedding)",
       args.cuda_graphs ? "on" : "off", args.gemm_tune ? "on" : "off", split_k.c_str(),
       args.max_chunk, args.pair_margin, args.decode_kernel ? "on" : "off",
-      args.tail ? "where it pays" : "off");
+      args.tail ? "where it pays" : "off", args.wide ? "where the tail kernel would run" : "off");
   if (cuda_device_count() < args.tensor_parallel) {
     std::fprintf(stderr, "bench_decode: --tensor-parallel %d needs %d devices, found %d\n",
                  args.tensor_parallel, args.tensor_parallel, cuda_device_count());
@@ -435,6 +438,7 @@ int run(const Args& args) {
     opt.attention_pair_margin = args.pair_margin;
     opt.attention_decode_kernel = args.decode_kernel;
     if (!args.tail) opt.attention_tail_kernel = TreeAttentionLimits::Tail::kOff;
+    if (!args.wide) opt.attention_wide_kernel = TreeAttentionLimits::Wide::kOff;
     size_t free_before = 0, total_mem = 0;
     cudaMemGetInfo(&free_before, &total_mem);
     auto backend = create_cuda_backend_random(*config, opt, 42);
@@ -574,7 +578,8 @@ int run(const Args& args) {
         << ", \"attention_max_chunk_tokens\": " << args.max_chunk
         << ", \"attention_pair_margin\": " << args.pair_margin
         << ", \"attention_decode_kernel\": " << (args.decode_kernel ? "true" : "false")
-        << ", \"attention_tail_kernel\": " << (args.tail ? "true" : "false") << ", \"results\": [";
+        << ", \"attention_tail_kernel\": " << (args.tail ? "true" : "false")
+        << ", \"attention_wide_kernel\": " << (args.wide ? "true" : "false") << ", \"results\": [";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       out << (i ? ", " : "") << "{\"name\": \"" << r.name << "\", \"rows\": " << r.rows
@@ -644,6 +649,8 @@ int main(int argc, char** argv) {
       args.decode_kernel = false;
     else if (a == "--no-tail")
       args.tail = false;
+    else if (a == "--no-wide")
+      args.wide = false;
     else {
       std::fprintf(stderr,
                    "usage: bench_decode [--config F] [--steps N] [--json F] "
@@ -651,7 +658,7 @@ int main(int argc, char** argv) {
                    "[--fewshot-branches 20,30,50] [--fewshot-prompt 4000] [--profile-last-step] "
                    "[--graphs|--no-graphs] "
                    "[--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N] [--max-chunk N] "
-                   "[--pair-margin N] [--no-decode-kernel] [--no-tail]\n");
+                   "[--pair-margin N] [--no-decode-kernel] [--no-tail] [--no-wide]\n");
       return 2;
     }
   }

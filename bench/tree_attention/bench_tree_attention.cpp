@@ -331,7 +331,8 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   CHECK_OK(ws_base.init(limits_for(baseline, num_q_heads, opt.table, opt.decode_kernel)));
   CHECK_OK(ws.upload(plan, nullptr));
   CHECK_OK(ws_base.upload(baseline, nullptr));
-  r.wide = !opt.grid_launch && !opt.graph && tree_attention_runs_wide(ws, num_kv_heads, kHeadDim);
+  r.wide = opt.grid_launch ? tree_attention_graph_grid(ws, num_kv_heads, kHeadDim).wide
+                           : tree_attention_runs_wide(ws, num_kv_heads, kHeadDim);
   CHECK_CUDA(cudaDeviceSynchronize());
 
   // Errors first (the timed runs below overwrite out with the same values).
@@ -361,7 +362,8 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   // --grid: bucketed grids whose kernels read the plan header from the device, as the engine's
   // captured decode steps launch them.
   auto grid_for = [&](const TreeAttentionWorkspace& w) {
-    return opt.grid_launch ? tree_attention_graph_grid(w, num_kv_heads) : TreeAttentionGrid{};
+    return opt.grid_launch ? tree_attention_graph_grid(w, num_kv_heads, kHeadDim)
+                           : TreeAttentionGrid{};
   };
   const TreeAttentionGrid grid = grid_for(ws), grid_base = grid_for(ws_base);
   // --graph: each launch captured once on the timer's stream and replayed from the graph.

@@ -55,6 +55,7 @@ enum PlanHeader : int32_t {
   kMaskWords,
   kPartialSlot,       // [num_partials] where stage 1 stores partial p: queries' partials contiguous
   kPairedBegin,       // head pairing: the first paired item (AttentionPlan::paired_items_begin); -1
+  kWidePairs,         // the wide kernel's leading item pairs (tree_attention_wide_pairs; 0: none)
   kHeaderWords = 32,  // header padded so the records start 128-byte aligned
 };
 

@@ -90,7 +90,8 @@ struct Stage1Params {
   // (tree_attention_tail), which then runs beside stage 1's blocks.
   int32_t early_trigger;
   // Eager launches without head pairing: the grid's blocks run the items from item_offset on
-  // (the wide kernel ran the ones before). 0 elsewhere.
+  // (the wide kernel ran the ones before). kWideFromHeader (with kTailFromHeader): from 2 x the
+  // header's kWidePairs on (TreeAttentionGrid::wide launches). 0 elsewhere.
   int32_t item_offset;
   TreeAttentionBlockTrace* trace;  // null unless the workspace's block trace is enabled
 };
@@ -215,6 +216,9 @@ constexpr int32_t kPairFromHeader = -2;
 // grid's last blocks; the blocks before them exit at once (dispatched first, so they are gone
 // before the wide blocks take the SMs).
 constexpr int32_t kTailFromHeader = -3;
+// Stage1Params::item_offset of TreeAttentionGrid::wide launches (pair_begin kTailFromHeader):
+// stage 1 runs the items from the header's wide pairs to its paired items.
+constexpr int32_t kWideFromHeader = -1;
 __device__ __forceinline__ void block_item(const Stage1Params& p, int* item, int* kv_head,
                                            int* pair_begin) {
   int pb = p.pair_begin, num_items = p.header.w[kNumItems];
@@ -223,9 +227,10 @@ __device__ __forceinline__ void block_item(const Stage1Params& p, int* item, int
     const bool table = __ldg(p.plan + kTokenTable) != kTableNone;
     num_items = __ldg(p.plan + kNumItems);
     *pair_begin = -1;
-    const int run = table && tail_begin >= 0 ? tail_begin : num_items;
+    const int first = p.item_offset == kWideFromHeader ? 2 * __ldg(p.plan + kWidePairs) : 0;
+    const int run = (table && tail_begin >= 0 ? tail_begin : num_items) - first;
     const int b = int(blockIdx.x) - (int(gridDim.x) - run * p.num_kv_heads);
-    *item = b < 0 ? num_items : (p.heads_first ? b / p.num_kv_heads : b % run);
+    *item = b < 0 ? num_items : first + (p.heads_first ? b / p.num_kv_heads : b % run);
     *kv_head = b < 0 ? 0 : (p.heads_first ? b % p.num_kv_heads : b / run);
     return;
   }

@@ -11,6 +11,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <set>
 #include <string>
 #include <utility>
@@ -516,11 +518,11 @@ TEST(TreeAttentionGpu, TailKernelMatchesPlanExecutor) {
   // says the plan pairs; the tail kernel takes those items).
   TreeAttentionGrid tail_expected = wide_grid;
   tail_expected.paired = true;
-  EXPECT_EQ(tree_attention_graph_grid(ws, llama.num_kv_heads), tail_expected);
+  EXPECT_EQ(tree_attention_graph_grid(ws, llama.num_kv_heads, 128), tail_expected);
   ASSERT_TRUE(shared_workspace().upload(plan, nullptr).ok());
   EXPECT_FALSE(tree_attention_runs_tail(shared_workspace(), llama.num_kv_heads));
   const TreeAttentionGrid paired_only = bucket_grid(plan, true);
-  EXPECT_EQ(tree_attention_graph_grid(shared_workspace(), llama.num_kv_heads), paired_only);
+  EXPECT_EQ(tree_attention_graph_grid(shared_workspace(), llama.num_kv_heads, 128), paired_only);
   ASSERT_TRUE(tail_workspace(false).upload(plan, nullptr).ok());
   EXPECT_FALSE(tree_attention_runs_tail(tail_workspace(false), llama.num_kv_heads));
 }
@@ -620,8 +622,107 @@ TEST(TreeAttentionGpu, WideKernelMatchesPlanExecutor) {
     }
   }
 
-  // Where it does not run: head_dim 64, a graph grid, kOff (the default workspace at kAuto runs
-  // it only where the tail kernel would run: not for b=50).
+  // launch_tree_attention_state through it (stage 2's state grid after the wide kernel, or
+  // after stage 1 for the speculative tree) against the CPU executor's states.
+  for (size_t ci : {size_t(1), size_t(2)}) {
+    const Case& c = cases[ci];
+    const Shape shape{8, 4, 128};
+    AttentionPlan plan;
+    ASSERT_TRUE(build_attention_plan(c.tree.view, config_for(shape), &plan).ok());
+    GpuAttentionProblem problem;
+    ASSERT_TRUE(problem.init(c.tree, 32, 8, 128, TreeAttentionDtype::kFloat16, 41, 2.f).ok());
+    TreeAttentionWorkspace& ws = wide_workspace();
+    ASSERT_TRUE(ws.upload(plan, nullptr).ok());
+    ASSERT_TRUE(tree_attention_runs_wide(ws, 8, 128)) << c.name;
+    const size_t pairs = c.tree.view.queries.size() * 32;
+    float *d_o = nullptr, *d_lse = nullptr;
+    ASSERT_EQ(cudaMalloc(&d_o, pairs * 128 * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d_lse, pairs * 4), cudaSuccess);
+    const Status launched =
+        launch_tree_attention_state(problem.device_q(), problem.device_k(), problem.device_v(), d_o,
+                                    d_lse, TreeAttentionDtype::kFloat16, 32, 8, 128,
+                                    c.tree.view.page_size, problem.sm_scale(), ws, nullptr);
+    EXPECT_TRUE(launched.ok()) << launched.ToString();
+    std::vector<float> o(pairs * 128), lse(pairs), want_o, want_lse;
+    ASSERT_EQ(cudaMemcpy(o.data(), d_o, o.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(lse.data(), d_lse, lse.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaFree(d_o);
+    cudaFree(d_lse);
+    ASSERT_TRUE(problem.reference_plan_state(plan, &want_o, &want_lse).ok());
+    float worst_o = 0.f, worst_lse = 0.f;
+    for (size_t e = 0; e < o.size(); ++e) {
+      const float d = std::fabs(o[e] - want_o[e]);
+      worst_o = std::isnan(d) ? INFINITY : std::max(worst_o, d);
+    }
+    for (size_t pr = 0; pr < pairs; ++pr) {
+      const float d = std::fabs(lse[pr] - want_lse[pr] * 1.4426950408889634f);  // base 2
+      worst_lse = std::isnan(d) ? INFINITY : std::max(worst_lse, d);
+    }
+    EXPECT_LE(worst_o, kFp16Tolerance) << c.name;
+    EXPECT_LE(worst_lse, 1e-3f) << c.name;
+    std::vector<TreeAttentionBlockTrace> trace;
+    ASSERT_TRUE(ws.download_block_trace(&trace).ok());
+  }
+
+  // Grids, as the engine's graphs launch them (tree_attention_graph_grid asks for the wide
+  // kernel where an eager launch runs it; the kernels read the pairs and where the paired items
+  // begin from the header): the few-shot plans (nothing after the wide kernel) and the
+  // speculative tree (stage 1's grid over the items after the pairs), every (item, kv head)
+  // traced once; the speculative tree's grid, widened to hold them, runs the few-shot plans too
+  // (its stage 1 blocks exit). A grid whose wide_rest does not cover stage 1's items, or is
+  // negative, is refused before any launch.
+  {
+    const Shape shape{8, 4, 128};
+    TreeAttentionWorkspace& ws = wide_workspace();
+    std::vector<TreeAttentionBlockTrace> trace;
+    TreeAttentionGrid spec_grid;
+    for (const Case& c : cases) {
+      AttentionPlan plan;
+      ASSERT_TRUE(build_attention_plan(c.tree.view, config_for(shape), &plan).ok());
+      ASSERT_TRUE(ws.upload(plan, nullptr).ok());
+      const TreeAttentionGrid grid = tree_attention_graph_grid(ws, shape.num_kv_heads, 128);
+      EXPECT_TRUE(grid.wide) << c.name;
+      EXPECT_EQ(grid.wide_rest > 0, tree_attention_wide_rest(ws) > 0) << c.name;
+      if (grid.wide_rest > 0) spec_grid = grid;
+      ASSERT_TRUE(ws.download_block_trace(&trace).ok());
+      EXPECT_LE(gpu_vs_cpu(c.tree, shape, plan, &ws, 51, grid), kFp16Tolerance) << c.name;
+      ASSERT_TRUE(ws.download_block_trace(&trace).ok());
+      std::set<std::pair<int32_t, int32_t>> seen;
+      for (const TreeAttentionBlockTrace& r : trace) seen.insert({r.item, r.kv_head});
+      EXPECT_EQ(trace.size(), seen.size()) << c.name;
+      EXPECT_EQ(seen.size(), size_t(plan.num_items()) * 8) << c.name;
+    }
+    ASSERT_TRUE(spec_grid.wide);
+    ASSERT_GT(spec_grid.wide_rest, 0);
+    for (size_t ci : {size_t(0), size_t(1)}) {
+      AttentionPlan plan;
+      ASSERT_TRUE(build_attention_plan(cases[ci].tree.view, config_for(shape), &plan).ok());
+      TreeAttentionGrid grid = spec_grid;
+      grid.items = std::max(grid.items, tree_attention_grid_bucket(plan.num_items()));
+      grid.queries = std::max(grid.queries, tree_attention_grid_bucket(plan.num_queries()));
+      EXPECT_LE(gpu_vs_cpu(cases[ci].tree, shape, plan, &ws, 52, grid), kFp16Tolerance)
+          << cases[ci].name;
+    }
+    ASSERT_TRUE(ws.download_block_trace(&trace).ok());  // clears the launches' above
+    AttentionPlan spec;
+    ASSERT_TRUE(build_attention_plan(cases[2].tree.view, config_for(shape), &spec).ok());
+    ASSERT_TRUE(ws.upload(spec, nullptr).ok());
+    GpuAttentionProblem problem;
+    ASSERT_TRUE(problem.init(cases[2].tree, 32, 8, 128, TreeAttentionDtype::kFloat16, 53).ok());
+    TreeAttentionGrid short_grid = tree_attention_graph_grid(ws, 8, 128);
+    short_grid.wide_rest = tree_attention_wide_rest(ws) - 1;
+    const Status refused = problem.launch_uploaded(ws, nullptr, short_grid);
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+    EXPECT_NE(refused.message().find("wide_rest"), std::string::npos) << refused.ToString();
+    short_grid.wide_rest = -8;
+    EXPECT_EQ(problem.launch_uploaded(ws, nullptr, short_grid).code(),
+              StatusCode::kInvalidArgument);
+    ASSERT_TRUE(ws.download_block_trace(&trace).ok());
+    EXPECT_TRUE(trace.empty());
+  }
+
+  // Where it does not run: head_dim 64, kOff (the default workspace at kAuto runs it only where
+  // the tail kernel would run: not for b=50); a grid without wide runs stage 1.
   const TreeCase& b50 = cases[0].tree;
   const Shape llama{8, 4, 128};
   AttentionPlan plan;
