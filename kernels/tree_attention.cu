@@ -800,18 +800,10 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       auto step = [&](int t, const uint32_t(&cur)[kKvTile / 16][4],
                       uint32_t(&nxt)[kKvTile / 16][4]) {
         wait_full(t + 1);
-        zero_s();
-        wgmma_fence();
-        issue_scores(t + 1);
-        issue_pv(cur, t);
-        wgmma_wait<1>();
-        fence_regs(s);
         float alpha[2];
-        softmax_tile(s, it, (t + 1) * kKvTile, 0, row_mask, p.scale_log2, row_max, row_sum, alpha);
-#pragma unroll
-        for (int kk = 0; kk < kKvTile / 16; ++kk) pack_p<T>(s, kk, nxt[kk]);
-        wgmma_wait<0>();
-        fence_regs(o_acc);
+        wgmma_step<D, T>(s, o_acc, smem_u32(q_tile), smem_u32(s_k + stage(t + 1) * kTileElems),
+                         smem_u32(s_v + stage(t) * kTileElems), cur, nxt, it, (t + 1) * kKvTile,
+                         row_mask, p.scale_log2, row_max, row_sum, alpha);
         release(t);
         rescale_o<D>(o_acc, alpha);
       };
@@ -842,20 +834,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         const int r = warp * 16 + (lane >> 2) + 8 * i;
-        if (r >= it.num_rows) continue;
-        const int64_t out_row =
-            int64_t(it.partial_slot[it.query_begin + r / it.gqa]) * p.num_q_heads +
-            it.kv_head * it.gqa + r % it.gqa;
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        float* dst = p.partial_o + out_row * D + 2 * (lane & 3);
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-          *reinterpret_cast<float2*>(dst + 8 * j) =
-              make_float2(o_acc[j][2 * i] * inv, o_acc[j][2 * i + 1] * inv);
-        }
-        if ((lane & 3) == 0) {
-          p.partial_lse[out_row] = sum > 0.f ? row_max[i] + log2f(sum) : -INFINITY;
-        }
+        if (r < it.num_rows) write_partial_row<D>(p, it, r, it.kv_head, o_acc, i, sum, row_max[i]);
       }
       if (p.trace != nullptr && tid == 0) {
         write_trace(p, start_ns, item, it.kv_head, it.num_rows, it.num_tokens);

@@ -402,6 +402,56 @@ __device__ __forceinline__ void rescale_o(float (&o_acc)[D / 8][4], const float 
 // contiguous), its two 64-column halves kSwzHalfBytes apart. Measured on H100 against the
 // unpipelined loop (S, softmax, P V per tile), same run: 1-3% faster on the cases with wide
 // items (speculative t=256 GQA 4 89.3 -> 87.3 us), none slower.
+// The partial of the item's row r (kv head `head`) from this thread's accumulator row i of
+// o_acc (columns 8 j + 2 (lane % 4) + {0, 1}), normalised by the row's summed softmax
+// denominator sum; LSE (base 2) by the row's quad leader. A row that saw nothing gets O = 0,
+// LSE = -inf. Stage 1's unsplit epilogue and the wide kernel's consumers.
+template <int D>
+__device__ __forceinline__ void write_partial_row(const Stage1Params& p, const ItemTile& it, int r,
+                                                  int head, const float (&o_acc)[D / 8][4], int i,
+                                                  float sum, float row_max) {
+  const int lane = threadIdx.x & 31;
+  const int64_t out_row = int64_t(it.partial_slot[it.query_begin + r / it.gqa]) * p.num_q_heads +
+                          head * it.gqa + r % it.gqa;
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  float* dst = p.partial_o + out_row * D + 2 * (lane & 3);
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    *reinterpret_cast<float2*>(dst + 8 * j) =
+        make_float2(o_acc[j][2 * i] * inv, o_acc[j][2 * i + 1] * inv);
+  }
+  if ((lane & 3) == 0) p.partial_lse[out_row] = sum > 0.f ? row_max + log2f(sum) : -INFINITY;
+}
+
+// The products of one pipelined step, once K_{t+1} and V_t are in shared memory (swizzled
+// tiles at shared addresses): S_{t+1} = Q K_{t+1}^T (into s) and O += P_t V_t (P_t in cur)
+// issued together, with no branch between a wgmma's issue and its wait, so ptxas sees which
+// group each wait retires and keeps the two products in flight; the softmax of S_{t+1} (its
+// tokens from tile_begin) packed into nxt under P_t V_t; then O complete. alpha gets the
+// factor O must be rescaled by (rescale_o), which the caller applies (after freeing V_t's
+// buffer, where it shares one). Stage 1's loop and the wide kernel's consumers.
+template <int D, typename T>
+__device__ __forceinline__ void wgmma_step(float (&s)[8][4], float (&o_acc)[D / 8][4],
+                                           uint32_t q_tile, uint32_t k_next, uint32_t v_cur,
+                                           const uint32_t (&cur)[kKvTile / 16][4],
+                                           uint32_t (&nxt)[kKvTile / 16][4], const ItemTile& it,
+                                           int tile_begin, const uint32_t* const (&row_mask)[2],
+                                           float scale_log2, float (&row_max)[2],
+                                           float (&row_sum)[2], float (&alpha)[2]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+  wgmma_fence();
+  wgmma_scores<D, T>(s, q_tile, k_next);
+  wgmma_pv<D, T>(o_acc, cur, v_cur);
+  wgmma_wait<1>();  // S_{t+1}; P_t V_t may still run
+  fence_regs(s);
+  softmax_tile(s, it, tile_begin, 0, row_mask, scale_log2, row_max, row_sum, alpha);
+#pragma unroll
+  for (int kk = 0; kk < kKvTile / 16; ++kk) pack_p<T>(s, kk, nxt[kk]);
+  wgmma_wait<0>();
+  fence_regs(o_acc);
+}
+
 template <int D, typename T, typename LoadTile>
 __device__ __forceinline__ void wgmma_main_loop(const Stage1Params& p, const ItemTile& it,
                                                 const uint32_t* const (&row_mask)[2], const T* s_q,
@@ -443,8 +493,7 @@ __device__ __forceinline__ void wgmma_main_loop(const Stage1Params& p, const Ite
 #pragma unroll
     for (int kk = 0; kk < kKvTile / 16; ++kk) pack_p<T>(s, kk, pa0[kk]);
   }
-  // Step t < n - 1 (P_t in cur): no branch between a wgmma's issue and its wait, so ptxas
-  // sees which group each wait retires (and keeps the two products in flight together).
+  // Step t < n - 1 (P_t in cur).
   auto step = [&](int t, const uint32_t(&cur)[kKvTile / 16][4], uint32_t(&nxt)[kKvTile / 16][4]) {
     __syncthreads();  // every warp is done with K_t and V_{t-1}: their buffers refill
     if (t + 2 < n) load_tile(t + 2, t % kStages, true, false);
@@ -453,18 +502,10 @@ __device__ __forceinline__ void wgmma_main_loop(const Stage1Params& p, const Ite
     cp_async_wait<1>();  // K_{t+1} and V_t (this thread's copies)
     fence_proxy_async_smem();
     __syncthreads();
-    zero_scores(s);
-    wgmma_fence();
-    issue_scores(s, t + 1);
-    issue_pv(cur, t);
-    wgmma_wait<1>();  // S_{t+1}; P_t V_t may still run
-    fence_regs(s);
     float alpha[2];
-    softmax_tile(s, it, (t + 1) * kKvTile, 0, row_mask, p.scale_log2, row_max, row_sum, alpha);
-#pragma unroll
-    for (int kk = 0; kk < kKvTile / 16; ++kk) pack_p<T>(s, kk, nxt[kk]);
-    wgmma_wait<0>();
-    fence_regs(o_acc);
+    wgmma_step<D, T>(s, o_acc, smem_u32(s_q), smem_u32(s_k + ((t + 1) % kStages) * kKvTile * D),
+                     smem_u32(s_v + (t % kStages) * kKvTile * D), cur, nxt, it, (t + 1) * kKvTile,
+                     row_mask, p.scale_log2, row_max, row_sum, alpha);
     rescale_o<D>(o_acc, alpha);
   };
   int t = 0;
@@ -604,22 +645,9 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
     if (!warp_active) return;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const float sum = row_sum[i];
       const int r = lr0 + 8 * i;
       if (r >= it.num_rows) continue;
-      const int64_t out_row =
-          int64_t(it.partial_slot[it.query_begin + r / it.gqa]) * p.num_q_heads +
-          (it.kv_head + hoff) * it.gqa + r % it.gqa;
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      float* dst = p.partial_o + out_row * D + 2 * (lane & 3);
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        *reinterpret_cast<float2*>(dst + 8 * j) =
-            make_float2(o_acc[j][2 * i] * inv, o_acc[j][2 * i + 1] * inv);
-      }
-      if ((lane & 3) == 0) {
-        p.partial_lse[out_row] = sum > 0.f ? row_max[i] + log2f(sum) : -INFINITY;
-      }
+      write_partial_row<D>(p, it, r, it.kv_head + hoff, o_acc, i, row_sum[i], row_max[i]);
     }
   } else {
     // Each warp parks its (unnormalised O, max, sum) in the now idle K/V buffers; then the
