@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -1275,15 +1276,31 @@ Status dispatch(const Stage1Params& params, const MergeTarget& target, TreeAtten
 
 namespace detail {
 
+// Probed once per device (every workspace init asks; sequence-parallel runs hold one a device).
 bool wide_kernel_built() {
+  static std::mutex mutex;
+  static std::map<int, bool> known;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, fresh] = known.try_emplace(device, false);
+  if (!fresh) return it->second;
   int* flag = nullptr;
-  if (cudaMalloc(&flag, sizeof(int)) != cudaSuccess) return false;
+  if (cudaMalloc(&flag, sizeof(int)) != cudaSuccess) {
+    known.erase(it);  // not known: a later init probes again
+    return false;
+  }
   int built = 0;
   wide_probe<<<1, 1>>>(flag);
   const bool ran = cudaGetLastError() == cudaSuccess &&
                    cudaMemcpy(&built, flag, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
   cudaFree(flag);
-  return ran && built == 1;
+  if (!ran) {
+    known.erase(it);
+    return false;
+  }
+  it->second = built == 1;
+  return it->second;
 }
 
 Status enqueue_token_table_fill(const void* device_plan, const int32_t* header, void* table,

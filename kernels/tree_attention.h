@@ -182,8 +182,8 @@ class TreeAttentionWorkspace {
   // none.
   int32_t paired_items_begin() const { return paired_items_begin_; }
   // The last upload's leading pairs of items that the wide kernel can run
-  // (tree_attention_wide_pairs; 0 where the upload has no token table).
-  int32_t wide_pairs() const { return wide_pairs_; }
+  // (tree_attention_wide_pairs, as its header holds them; 0 where the upload has no token table).
+  int32_t wide_pairs() const;
   // Whether this build's wide kernel runs on the workspace's device (sm_90a code for it),
   // found at init.
   bool wide_kernel_built() const { return wide_built_; }
@@ -218,7 +218,6 @@ class TreeAttentionWorkspace {
   int32_t table_stride_ = 0, table_items_ = 0;
   int32_t num_sms_ = 0, smem_per_sm_ = 0, smem_reserved_ = 0;
   int32_t paired_items_begin_ = -1;
-  int32_t wide_pairs_ = 0;
   bool wide_built_ = false;
   bool table_filled_ = false, table_fixed_ = false, decode_kernel_ = false;
 };

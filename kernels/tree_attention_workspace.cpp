@@ -71,7 +71,6 @@ void TreeAttentionWorkspace::release() {
   table_filled_ = table_fixed_ = decode_kernel_ = false;
   table_stride_ = table_items_ = 0;
   paired_items_begin_ = -1;
-  wide_pairs_ = 0;
   wide_built_ = false;
   plan_words_ = 0;
   num_items_ = num_queries_ = num_partials_ = 0;
@@ -160,6 +159,10 @@ Status TreeAttentionWorkspace::download_block_trace(std::vector<TreeAttentionBlo
     if (r.end_ns != 0) out->push_back(r);
   }
   return Status::Ok();
+}
+
+int32_t TreeAttentionWorkspace::wide_pairs() const {
+  return table_filled_ ? header_[kWidePairs] : 0;
 }
 
 Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t stream) {
@@ -277,7 +280,6 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
                       stream);
   if (e != cudaSuccess) return cuda_error("cudaMemcpyAsync(plan)", e);
   table_filled_ = table_fixed_ = decode_kernel_ = false;
-  wide_pairs_ = 0;
   if (mode != kTableNone && ni > 0) {
     TS_RETURN_IF_ERROR(detail::enqueue_token_table_fill(device_plan_, header_, token_table_,
                                                         table_stride_, plan.num_items(), stream));
@@ -286,7 +288,6 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
   table_fixed_ = mode == kTableFixedStride;
   decode_kernel_ = decode_kernel;
   paired_items_begin_ = paired_begin;
-  wide_pairs_ = header_[kWidePairs];
   e = cudaEventRecord(static_cast<cudaEvent_t>(staging_done_), stream);
   if (e != cudaSuccess) return cuda_error("cudaEventRecord(staging)", e);
   num_items_ = plan.num_items();
