@@ -507,18 +507,21 @@ __device__ __forceinline__ void tail_unit(const Stage1Params& p, const PlanHeade
         mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 4));
         mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 8));
         mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 16));
-        const float new_m = fmaxf(m[e], mx);
+        const bool moves = mx > m[e] + kRescaleSlack;  // lazy rescaling, as softmax_tile's
+        const float new_m = moves ? mx : m[e];
         const float base = new_m == -INFINITY ? 0.f : new_m;
-        alpha[e] = fast_exp2(m[e] - base);
+        alpha[e] = moves ? fast_exp2(m[e] - base) : 1.f;
         m[e] = new_m;
         pr[e][0] = fast_exp2(x0 - base);
         pr[e][1] = fast_exp2(x1 - base);
         l[e] = l[e] * alpha[e] + pr[e][0] + pr[e][1];  // this thread's share; reduced at the end
       }
+      if (__any_sync(kFull, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-      for (int mt = 0; mt < kKSteps; ++mt) {
-        o[mt][0] *= alpha[0], o[mt][2] *= alpha[0];
-        o[mt][1] *= alpha[1], o[mt][3] *= alpha[1];
+        for (int mt = 0; mt < kKSteps; ++mt) {
+          o[mt][0] *= alpha[0], o[mt][2] *= alpha[0];
+          o[mt][1] *= alpha[1], o[mt][3] *= alpha[1];
+        }
       }
       // P^T's B fragment (tokens 2 qd (+1) (+8) x row g) is the transpose of the 8 x 8 blocks
       // this thread holds (token g (+8) x rows 2 qd, 2 qd + 1): movmatrix, no shared memory.
