@@ -811,11 +811,6 @@ __global__ void __launch_bounds__(kWideThreads, 1)
         release(t);
         rescale_o<D>(o_acc, alpha);
       };
-      int t = 0;
-      for (; t + 2 < n; t += 2) {
-        step(t, pa0, pa1);
-        step(t + 1, pa1, pa0);
-      }
       auto last = [&](const uint32_t(&cur)[kKvTile / 16][4]) {
         wgmma_fence();
         issue_pv(cur, n - 1);
@@ -823,12 +818,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
         fence_regs(o_acc);
         release(n - 1);
       };
-      if (t + 1 < n) {
-        step(t, pa0, pa1);
-        last(pa1);
-      } else {
-        last(pa0);
-      }
+      run_tile_steps(n, pa0, pa1, step, last);
       g += n;
 
       // The valid rows' normalised partials (rows 16 warp + lane / 4 and + 8), as stage 1.

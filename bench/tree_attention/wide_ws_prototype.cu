@@ -451,11 +451,6 @@ __global__ void __launch_bounds__(384, 1)
       release(t);
       rescale(alpha);
     };
-    int t = 0;
-    for (; t + 2 < n; t += 2) {
-      step(t, pa0, pa1);
-      step(t + 1, pa1, pa0);
-    }
     auto last = [&](const uint32_t(&cur)[4][4]) {
       if (pp) named_sync(turn_mine, 256);
       wgmma_fence();
@@ -465,12 +460,7 @@ __global__ void __launch_bounds__(384, 1)
       fence_regs(o_acc);
       release(n - 1);
     };
-    if (t + 1 < n) {
-      step(t, pa0, pa1);
-      last(pa1);
-    } else {
-      last(pa0);
-    }
+    run_tile_steps(n, pa0, pa1, step, last);
     if (pp && w == 0) named_sync(turn_mine, 256);  // WG 1's last hand-over
 
     // Epilogue: rows r0 = 16 warp + lane / 4 and r0 + 8 of this tile.

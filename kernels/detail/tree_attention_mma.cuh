@@ -292,4 +292,25 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&
   wgmma_commit();
 }
 
+// The pipelined loop's schedule over n >= 1 64-token tiles (P as wgmma_pv's A fragments),
+// P_0 already in pa0: step(t, cur, nxt) for t < n - 1 (P_t in cur, P_{t+1} packed into nxt),
+// the buffers alternating two steps at a time (a copy would let ptxas coalesce them and
+// serialise the products), then last(P_{n-1}).
+// Stage 1, the wide kernel's consumers and bench_wide_ws_prototype run their steps by it.
+template <typename Step, typename Last>
+__device__ __forceinline__ void run_tile_steps(int n, uint32_t (&pa0)[4][4], uint32_t (&pa1)[4][4],
+                                               Step&& step, Last&& last) {
+  int t = 0;
+  for (; t + 2 < n; t += 2) {
+    step(t, pa0, pa1);
+    step(t + 1, pa1, pa0);
+  }
+  if (t + 1 < n) {  // one more step: the last tile's P lands in pa1
+    step(t, pa0, pa1);
+    last(pa1);
+  } else {
+    last(pa0);
+  }
+}
+
 }  // namespace treeserve::detail::ta

@@ -519,11 +519,6 @@ __device__ __forceinline__ void wgmma_main_loop(const Stage1Params& p, const Ite
                      row_mask, p.scale_log2, row_max, row_sum, alpha);
     rescale_o<D>(o_acc, alpha);
   };
-  int t = 0;
-  for (; t + 2 < n; t += 2) {
-    step(t, pa0, pa1);
-    step(t + 1, pa1, pa0);
-  }
   // The last tile's P V (its V came with the previous step's group, or with Q).
   auto last = [&](const uint32_t(&cur)[kKvTile / 16][4]) {
     cp_async_wait<0>();
@@ -534,12 +529,7 @@ __device__ __forceinline__ void wgmma_main_loop(const Stage1Params& p, const Ite
     wgmma_wait<0>();
     fence_regs(o_acc);
   };
-  if (t + 1 < n) {  // one more step: the last tile's P lands in pa1
-    step(t, pa0, pa1);
-    last(pa1);
-  } else {
-    last(pa0);
-  }
+  run_tile_steps(n, pa0, pa1, step, last);
 }
 
 // Main loop and epilogue of stage 1. kSplit warps share each 16-row slab and split every
