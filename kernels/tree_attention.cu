@@ -607,11 +607,18 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
 //    that the grid's last block resets), so the branches' work ends about together.
 // Registers (setmaxnreg): warpgroup 0 keeps 152 a thread, the consumers take 176, the split
 // of the launch's 168 where ptxas spills nothing (warpgroup 0's producer and tail code spilled
-// at 144 or less). Shared memory: two Q tiles, the ring, three tail warps' 10 KB, the header
-// (227 KB in all).
+// at 144 or less). The split must keep 152 + 2 x 176 <= 3 x 168, the pool the launch holds: a
+// larger request makes setmaxnreg.inc wait forever (a hang, not an error; fourteenth session),
+// which kWideLaunchRegs' static_assert guards.
+// Shared memory: two Q tiles, the ring, three tail warps' 10 KB, the header (227 KB in all).
 constexpr int kWideStages = 5;
 constexpr int kWideThreads = 384;
 constexpr int kWideTailWarps = 3;
+constexpr int kWideWg0Regs = 152, kWideConsumerRegs = 176;  // setmaxnreg, a thread
+// The registers a thread the launch holds (the register file over the block, in steps of 8).
+constexpr int kWideLaunchRegs = 65536 / kWideThreads / 8 * 8;
+static_assert(kWideWg0Regs + 2 * kWideConsumerRegs <= 3 * kWideLaunchRegs,
+              "setmaxnreg.inc past the launch's pool waits forever");
 template <int D>
 constexpr int wide_smem_bytes() {
   return 1024 + (2 * kTileRows + 2 * kWideStages * kKvTile) * D * 2 +
@@ -684,7 +691,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   };
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 152;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWideWg0Regs));
     if (warp == 0) {
       // Producer. Lane l copies rows 8 pass + l / 4 of a tile (pass 0..7), 16-byte chunks
       // l % 4 + 4 j of each, so an instruction reads 64 contiguous bytes of 8 rows; it holds the
@@ -734,7 +741,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       run_tail_units(s_tail + (warp - 1) * tail_smem_bytes<D>());
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 176;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWideConsumerRegs));
     const int w = wg - 1;
     T* q_tile = s_q + w * kTileRows * D;
     int g = 0;  // tiles consumed so far (ring position)
