@@ -23,7 +23,8 @@
 // parts (1 softmax, 2 the K/V copies, 4 O's rescale, 8 the bulk tail's proxy fence) for
 // timing. --tail-mb M streams M MB of other data beside the wide work, as P=16000's branches
 // (52 MB) would be: warps 1-3 of warpgroup 0 with cp.async 8 KB a pass (--tail-bufs 0), or warp
-// 1 alone with bulk copies into a ring of --tail-bufs 8 KB buffers.
+// 1 alone with bulk copies into a ring of --tail-bufs 8 KB buffers. --tile 128 (with --lag 0 and
+// --stages 2 or 3) runs ws_kernel_n128 instead: 128-token K/V tiles (fourteenth session).
 //
 // The shape (defaults): P=16384 shared tokens read by 256 query rows a kv head (64 queries x
 // GQA 4; --rows, a multiple of 128), 8 kv heads, head_dim 128, fp16, chunks of 2048 (--tokens,
@@ -490,6 +491,258 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
+// --tile 128 (cp.async, --lag 0 only): the same work in 128-token K/V tiles, a ring of --stages 2
+// or 3 stages of 64 KB, so each consumer's scores are one m64n128 product per 16 head dims
+// (64 accumulators) and its softmax, barrier waits and wgmma bookkeeping come once per 128
+// tokens instead of twice (FlashAttention-3 uses 128-176 tokens at head_dim 128).
+__device__ __forceinline__ void ss_n128(float (&d)[16][4], uint64_t a, uint64_t b, int accumulate) {
+#if TS_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " TS_WGMMA_REGS64
+      ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : TS_WGMMA_D16
+      : "l"(a), "l"(b), "r"(accumulate));
+#endif
+}
+
+template <int kStages>
+__global__ void __launch_bounds__(384, 1)
+    ws_kernel_n128(Params p, const __grid_constant__ TmaMaps /*maps*/) {
+#if TS_WGMMA
+  constexpr int kT = 128, kQElems = 64 * D, kT128Elems = kT * D;
+  constexpr uint32_t kQHalf = 64 * 128, kKHalf = kT * 128;  // bytes between 64-column halves
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* base =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  __half* s_q = reinterpret_cast<__half*>(base);
+  __half* s_k = s_q + 2 * kQElems;
+  __half* s_v = s_k + kStages * kT128Elems;
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_v + kStages * kT128Elems);
+  uint64_t* empty = full + kStages;
+
+  const uint64_t t_start = global_ns();
+  const int nch = p.tokens / p.chunk;
+  const int per_chunk = p.R / 128;
+  const int sub = blockIdx.x % per_chunk;
+  const int c = (blockIdx.x / per_chunk) % nch;
+  const int h = blockIdx.x / (per_chunk * nch);
+  const int token0 = c * p.chunk;
+  const int n = p.chunk / kT;
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 128);
+      mbar_init(&empty[s], 8);
+    }
+  }
+  __syncthreads();
+  const bool copies = (p.ablate & 2) == 0;
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+    if (copies) {
+      const int64_t head_off = int64_t(h) * p.page;
+      // This thread's rows tid / 4 + 32 pass of every tile, their entries one tile ahead.
+      const int32_t* tab = p.table + token0 + tid / 4;
+      int32_t e_next[4];
+#pragma unroll
+      for (int pass = 0; pass < 4; ++pass) e_next[pass] = tab[32 * pass];
+      for (int t = 0; t < n; ++t) {
+        if (t >= kStages) mbar_wait(&empty[t % kStages], ((t / kStages) - 1) & 1);
+        __half* dk = s_k + (t % kStages) * kT128Elems;
+        __half* dv = s_v + (t % kStages) * kT128Elems;
+        int32_t e[4];
+#pragma unroll
+        for (int pass = 0; pass < 4; ++pass) {
+          e[pass] = e_next[pass];
+          if (t + 1 < n) e_next[pass] = tab[(t + 1) * kT + 32 * pass];
+        }
+#pragma unroll
+        for (int pass = 0; pass < 4; ++pass) {
+          const int r = pass * 32 + tid / 4;
+          const int64_t row = (int64_t(e[pass]) + head_off) * D;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int ch = tid % 4 + 4 * j;
+            cp_async_16(smem_u32(dk + swz<D, kT>(r, ch)), p.k + row + ch * 8, true);
+            cp_async_16(smem_u32(dv + swz<D, kT>(r, ch)), p.v + row + ch * 8, true);
+          }
+        }
+        mbar_arrive_on_copies(&full[t % kStages]);
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    const int w = wg - 1;
+    const int lane = tid & 31, warp = tid >> 5;
+    __half* q_tile = s_q + w * kQElems;
+    const int row_base = sub * 128 + w * 64;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int idx = tid + 128 * i;
+      const int r = idx / 16, ch = idx % 16;
+      cp_async_16(smem_u32(q_tile + swz<D>(r, ch)),
+                  p.q + (int64_t(h) * p.R + row_base + r) * D + ch * 8, true);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async_smem();
+    named_sync(2 + w, 128);
+
+    float o_acc[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+    float s[16][4];
+    uint32_t pa0[8][4], pa1[8][4];
+    const float sc = p.scale_log2;
+    const uint32_t q_lo = sw128_desc_lo(smem_u32(q_tile), 16);
+
+    auto issue_scores = [&](int tile) {
+      const uint32_t k_lo = sw128_desc_lo(smem_u32(s_k + (tile % kStages) * kT128Elems), 16);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t qo = ((kk >> 2) * kQHalf + (kk & 3) * 32) >> 4;
+        const uint32_t ko = ((kk >> 2) * kKHalf + (kk & 3) * 32) >> 4;
+        ss_n128(s, sw128_desc_from_lo(q_lo + qo), sw128_desc_from_lo(k_lo + ko), kk > 0);
+      }
+      wgmma_commit();
+    };
+    auto issue_pv = [&](const uint32_t(&pa)[8][4], int tile) {
+      const uint32_t v_lo = sw128_desc_lo(smem_u32(s_v + (tile % kStages) * kT128Elems), kKHalf);
+#pragma unroll
+      for (int kk = 0; kk < kT / 16; ++kk) {
+        Wgmma<__half>::rs_n128(o_acc, pa[kk], sw128_desc_from_lo(v_lo + ((kk * 16 * 128) >> 4)));
+      }
+      wgmma_commit();
+    };
+    auto zero_s = [&]() {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    };
+    auto softmax = [&](uint32_t(&pa)[8][4], float(&alpha)[2]) {
+      if (p.ablate & 1) {
+        alpha[0] = alpha[1] = 1.f;
+        row_max[0] = row_max[1] = 0.f;
+        row_sum[0] = row_sum[1] = 1.f;
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) pack_p<__half>(s, kk, pa[kk]);
+        return;
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float m = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) m = fmaxf(m, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        const float nm = fmaxf(row_max[i], m * sc);
+        alpha[i] = fast_exp2(row_max[i] - nm);
+        row_max[i] = nm;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          s[j][2 * i] = fast_exp2(fmaf(s[j][2 * i], sc, -nm));
+          s[j][2 * i + 1] = fast_exp2(fmaf(s[j][2 * i + 1], sc, -nm));
+          sum += s[j][2 * i] + s[j][2 * i + 1];
+        }
+        row_sum[i] = row_sum[i] * alpha[i] + sum;
+      }
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) pack_p<__half>(s, kk, pa[kk]);
+    };
+    auto rescale = [&](const float(&alpha)[2]) {
+      if ((p.ablate & 4) || __all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) return;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o_acc[j][0] *= alpha[0], o_acc[j][1] *= alpha[0];
+        o_acc[j][2] *= alpha[1], o_acc[j][3] *= alpha[1];
+      }
+    };
+    auto release = [&](int tile) {
+      if (copies && lane == 0) mbar_arrive(&empty[tile % kStages]);
+    };
+    auto wait_full = [&](int tile) {
+      if (copies) mbar_wait(&full[tile % kStages], (tile / kStages) & 1);
+      fence_proxy_async_smem();  // cp.async (generic proxy) -> wgmma
+    };
+
+    wait_full(0);
+    zero_s();
+    wgmma_fence();
+    issue_scores(0);
+    wgmma_wait<0>();
+    fence_regs(s);
+    {
+      float alpha[2];
+      softmax(pa0, alpha);
+    }
+    auto step = [&](int t, const uint32_t(&cur)[8][4], uint32_t(&nxt)[8][4]) {
+      wait_full(t + 1);
+      zero_s();
+      wgmma_fence();
+      issue_scores(t + 1);
+      issue_pv(cur, t);
+      wgmma_wait<1>();
+      fence_regs(s);
+      float alpha[2];
+      softmax(nxt, alpha);
+      wgmma_wait<0>();
+      fence_regs(o_acc);
+      release(t);
+      rescale(alpha);
+    };
+    auto last = [&](const uint32_t(&cur)[8][4]) {
+      wgmma_fence();
+      issue_pv(cur, n - 1);
+      wgmma_wait<0>();
+      fence_regs(o_acc);
+      release(n - 1);
+    };
+    // run_tile_steps' schedule (buffers alternating two steps at a time) for 8 k-step P.
+    int t = 0;
+    for (; t + 2 < n; t += 2) {
+      step(t, pa0, pa1);
+      step(t + 1, pa1, pa0);
+    }
+    if (t + 1 < n) {
+      step(t, pa0, pa1);
+      last(pa1);
+    } else {
+      last(pa0);
+    }
+
+    const int r0 = warp * 16 + (lane >> 2);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float sum = row_sum[i];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = 1.f / sum;
+      const int row = row_base + r0 + 8 * i;
+      const int64_t at = (int64_t(h) * nch + c) * p.R + row;
+      float* dst = p.out_o + at * D + 2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(o_acc[j][2 * i] * inv, o_acc[j][2 * i + 1] * inv);
+      }
+      if ((lane & 3) == 0) p.out_lse[at] = row_max[i] + log2f(sum);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && p.trace != nullptr) {
+    p.trace[2 * blockIdx.x] = t_start;
+    p.trace[2 * blockIdx.x + 1] = global_ns();
+  }
+#endif
+}
+template <int kStages>
+constexpr int smem_bytes_n128() {
+  return 1024 + 2 * 64 * D * 2 + 2 * kStages * 128 * D * 2 + 2 * kStages * 8;
+}
+
 // float32 reference of one (head, chunk, row): O and LSE (base 2).
 __global__ void reference(Params p, int h, int c, float* ref_o, float* ref_lse) {
   extern __shared__ float sc[];  // chunk scores
@@ -537,7 +790,7 @@ __global__ void fill(__half* x, int64_t n, uint32_t seed, float scale) {
 
 int main(int argc, char** argv) {
   int H = 8, R = 256, tokens = 16384, chunk = 2048, page = 16, iters = 30, stages = 5, lag = 2;
-  int ablate = 0, rounds = 2, tail_mb = 0, tail_bufs = 0, independent = 0;
+  int ablate = 0, rounds = 2, tail_mb = 0, tail_bufs = 0, independent = 0, tile = 64;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--chunk")) chunk = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--tokens")) tokens = std::atoi(argv[++i]);
@@ -550,6 +803,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--tail-mb")) tail_mb = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--tail-bufs")) tail_bufs = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--independent")) independent = 1;
+    if (!std::strcmp(argv[i], "--tile")) tile = std::atoi(argv[++i]);
   }
   const int pages = tokens / page;
   std::vector<int32_t> perm(pages), table(tokens);
@@ -564,6 +818,10 @@ int main(int argc, char** argv) {
   unsigned long long* trace;
   if (independent && (lag >= 0 || (tokens / chunk) % 2 != 0)) {
     std::fprintf(stderr, "--independent needs --lag -1 and an even number of chunks\n");
+    return 2;
+  }
+  if (tile != 64 && (tile != 128 || lag != 0 || independent || tail_mb > 0 || chunk % 128 != 0)) {
+    std::fprintf(stderr, "--tile 128 needs --lag 0, no tail or --independent, chunks of 128\n");
     return 2;
   }
   if (R % 128 != 0 || chunk % kTok != 0 || tokens % chunk != 0 || tokens % page != 0) {
@@ -678,10 +936,11 @@ int main(int argc, char** argv) {
     }
     const double flop = 4.0 * R * double(tokens) * D * H;
     std::printf(
-        "stages %d lag %d%s ablate %d tail %d MB bufs %d pingpong %d chunk %d: median %.2f us (min "
+        "tile %d stages %d lag %d%s ablate %d tail %d MB bufs %d pingpong %d chunk %d: median %.2f "
+        "us (min "
         "%.2f) %.0f TFLOP/s; blocks %d "
         "duration median %.2f max %.2f us, last end %.2f us; max err O %.2e LSE %.2e\n",
-        stages, lag, independent ? " independent" : "", ablate, tail_mb, tail_bufs, pp, chunk,
+        tile, stages, lag, independent ? " independent" : "", ablate, tail_mb, tail_bufs, pp, chunk,
         ms[ms.size() / 2], ms[0], flop / (ms[ms.size() / 2] * 1e-6) / 1e12, blocks,
         dur[dur.size() / 2], dur.back(), ends.back(), err, lerr);
     // The ablations (1, 2) compute something else on purpose; every other run must match.
@@ -690,8 +949,11 @@ int main(int argc, char** argv) {
   bool ran = false;
   for (int round = 0; round < rounds; ++round) {
     for (int pp = 0; pp < 2; ++pp) {
-#define PROTO_CASE(S, L) \
-  if (stages == S && lag == L) run(pp, ws_kernel<S, L>, smem_bytes<S>() + tail_region), ran = true;
+#define PROTO_CASE(S, L)                     \
+  if (tile == 64 && stages == S && lag == L) \
+    run(pp, ws_kernel<S, L>, smem_bytes<S>() + tail_region), ran = true;
+      if (tile == 128 && stages == 2) run(pp, ws_kernel_n128<2>, smem_bytes_n128<2>()), ran = true;
+      if (tile == 128 && stages == 3) run(pp, ws_kernel_n128<3>, smem_bytes_n128<3>()), ran = true;
       PROTO_CASE(4, -1)
       PROTO_CASE(5, -1)
       PROTO_CASE(6, -1)
