@@ -24,7 +24,8 @@
 // timing. --tail-mb M streams M MB of other data beside the wide work, as P=16000's branches
 // (52 MB) would be: warps 1-3 of warpgroup 0 with cp.async 8 KB a pass (--tail-bufs 0), or warp
 // 1 alone with bulk copies into a ring of --tail-bufs 8 KB buffers. --tile 128 (with --lag 0 and
-// --stages 2 or 3) runs ws_kernel_n128 instead: 128-token K/V tiles (fourteenth session).
+// --stages 2 or 3) runs ws_kernel_n128 instead: 128-token K/V tiles (fourteenth session);
+// --no-pipe (with --stages 3) its consumers' steps unpipelined.
 //
 // The shape (defaults): P=16384 shared tokens read by 256 query rows a kv head (64 queries x
 // GQA 4; --rows, a multiple of 128), 8 kv heads, head_dim 128, fp16, chunks of 2048 (--tokens,
@@ -506,9 +507,14 @@ __device__ __forceinline__ void ss_n128(float (&d)[16][4], uint64_t a, uint64_t 
 #endif
 }
 
-template <int kStages>
+// kPipe: each consumer's steps pipelined as stage 1's (S_{t+1} and P_t V_t in flight together:
+// scores, two P buffers and O live, ~210 registers a thread, setmaxnreg 56 / 224); without it
+// (--no-pipe), S_t, its softmax and P_t V_t one after the other, the other consumer filling the
+// tensor cores, at the wide kernel's split (152 / 176: what its tail warps' warpgroup leaves).
+template <int kStages, bool kPipe>
 __global__ void __launch_bounds__(384, 1)
     ws_kernel_n128(Params p, const __grid_constant__ TmaMaps /*maps*/) {
+  constexpr int kProducerRegs = kPipe ? 56 : 152, kConsumerRegs = kPipe ? 224 : 176;
 #if TS_WGMMA
   constexpr int kT = 128, kQElems = 64 * D, kT128Elems = kT * D;
   constexpr uint32_t kQHalf = 64 * 128, kKHalf = kT * 128;  // bytes between 64-column halves
@@ -540,7 +546,7 @@ __global__ void __launch_bounds__(384, 1)
   const bool copies = (p.ablate & 2) == 0;
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (copies) {
       const int64_t head_off = int64_t(h) * p.page;
       // This thread's rows tid / 4 + 32 pass of every tile, their entries one tile ahead.
@@ -573,7 +579,7 @@ __global__ void __launch_bounds__(384, 1)
       }
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
     const int w = wg - 1;
     const int lane = tid & 31, warp = tid >> 5;
     __half* q_tile = s_q + w * kQElems;
@@ -668,49 +674,68 @@ __global__ void __launch_bounds__(384, 1)
       fence_proxy_async_smem();  // cp.async (generic proxy) -> wgmma
     };
 
-    wait_full(0);
-    zero_s();
-    wgmma_fence();
-    issue_scores(0);
-    wgmma_wait<0>();
-    fence_regs(s);
-    {
-      float alpha[2];
-      softmax(pa0, alpha);
-    }
-    auto step = [&](int t, const uint32_t(&cur)[8][4], uint32_t(&nxt)[8][4]) {
-      wait_full(t + 1);
+    if constexpr (!kPipe) {
+      for (int t = 0; t < n; ++t) {
+        wait_full(t);
+        zero_s();
+        wgmma_fence();
+        issue_scores(t);
+        wgmma_wait<0>();
+        fence_regs(s);
+        float alpha[2];
+        softmax(pa0, alpha);
+        rescale(alpha);  // O is not in flight
+        wgmma_fence();
+        issue_pv(pa0, t);
+        wgmma_wait<0>();
+        fence_regs(o_acc);
+        release(t);
+      }
+    } else {
+      wait_full(0);
       zero_s();
       wgmma_fence();
-      issue_scores(t + 1);
-      issue_pv(cur, t);
-      wgmma_wait<1>();
+      issue_scores(0);
+      wgmma_wait<0>();
       fence_regs(s);
-      float alpha[2];
-      softmax(nxt, alpha);
-      wgmma_wait<0>();
-      fence_regs(o_acc);
-      release(t);
-      rescale(alpha);
-    };
-    auto last = [&](const uint32_t(&cur)[8][4]) {
-      wgmma_fence();
-      issue_pv(cur, n - 1);
-      wgmma_wait<0>();
-      fence_regs(o_acc);
-      release(n - 1);
-    };
-    // run_tile_steps' schedule (buffers alternating two steps at a time) for 8 k-step P.
-    int t = 0;
-    for (; t + 2 < n; t += 2) {
-      step(t, pa0, pa1);
-      step(t + 1, pa1, pa0);
-    }
-    if (t + 1 < n) {
-      step(t, pa0, pa1);
-      last(pa1);
-    } else {
-      last(pa0);
+      {
+        float alpha[2];
+        softmax(pa0, alpha);
+      }
+      auto step = [&](int t, const uint32_t(&cur)[8][4], uint32_t(&nxt)[8][4]) {
+        wait_full(t + 1);
+        zero_s();
+        wgmma_fence();
+        issue_scores(t + 1);
+        issue_pv(cur, t);
+        wgmma_wait<1>();
+        fence_regs(s);
+        float alpha[2];
+        softmax(nxt, alpha);
+        wgmma_wait<0>();
+        fence_regs(o_acc);
+        release(t);
+        rescale(alpha);
+      };
+      auto last = [&](const uint32_t(&cur)[8][4]) {
+        wgmma_fence();
+        issue_pv(cur, n - 1);
+        wgmma_wait<0>();
+        fence_regs(o_acc);
+        release(n - 1);
+      };
+      // run_tile_steps' schedule (buffers alternating two steps at a time) for 8 k-step P.
+      int t = 0;
+      for (; t + 2 < n; t += 2) {
+        step(t, pa0, pa1);
+        step(t + 1, pa1, pa0);
+      }
+      if (t + 1 < n) {
+        step(t, pa0, pa1);
+        last(pa1);
+      } else {
+        last(pa0);
+      }
     }
 
     const int r0 = warp * 16 + (lane >> 2);
@@ -790,7 +815,7 @@ __global__ void fill(__half* x, int64_t n, uint32_t seed, float scale) {
 
 int main(int argc, char** argv) {
   int H = 8, R = 256, tokens = 16384, chunk = 2048, page = 16, iters = 30, stages = 5, lag = 2;
-  int ablate = 0, rounds = 2, tail_mb = 0, tail_bufs = 0, independent = 0, tile = 64;
+  int ablate = 0, rounds = 2, tail_mb = 0, tail_bufs = 0, independent = 0, tile = 64, nopipe = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--chunk")) chunk = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--tokens")) tokens = std::atoi(argv[++i]);
@@ -804,6 +829,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--tail-bufs")) tail_bufs = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--independent")) independent = 1;
     if (!std::strcmp(argv[i], "--tile")) tile = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--no-pipe")) nopipe = 1;
   }
   const int pages = tokens / page;
   std::vector<int32_t> perm(pages), table(tokens);
@@ -936,13 +962,15 @@ int main(int argc, char** argv) {
     }
     const double flop = 4.0 * R * double(tokens) * D * H;
     std::printf(
-        "tile %d stages %d lag %d%s ablate %d tail %d MB bufs %d pingpong %d chunk %d: median %.2f "
+        "tile %d%s stages %d lag %d%s ablate %d tail %d MB bufs %d pingpong %d chunk %d: median "
+        "%.2f "
         "us (min "
         "%.2f) %.0f TFLOP/s; blocks %d "
         "duration median %.2f max %.2f us, last end %.2f us; max err O %.2e LSE %.2e\n",
-        tile, stages, lag, independent ? " independent" : "", ablate, tail_mb, tail_bufs, pp, chunk,
-        ms[ms.size() / 2], ms[0], flop / (ms[ms.size() / 2] * 1e-6) / 1e12, blocks,
-        dur[dur.size() / 2], dur.back(), ends.back(), err, lerr);
+        tile, nopipe ? " no-pipe" : "", stages, lag, independent ? " independent" : "", ablate,
+        tail_mb, tail_bufs, pp, chunk, ms[ms.size() / 2], ms[0],
+        flop / (ms[ms.size() / 2] * 1e-6) / 1e12, blocks, dur[dur.size() / 2], dur.back(),
+        ends.back(), err, lerr);
     // The ablations (1, 2) compute something else on purpose; every other run must match.
     if ((ablate & 3) == 0 && !(err <= 2e-3 && lerr <= 2e-3)) wrong = true;
   };
@@ -952,8 +980,12 @@ int main(int argc, char** argv) {
 #define PROTO_CASE(S, L)                     \
   if (tile == 64 && stages == S && lag == L) \
     run(pp, ws_kernel<S, L>, smem_bytes<S>() + tail_region), ran = true;
-      if (tile == 128 && stages == 2) run(pp, ws_kernel_n128<2>, smem_bytes_n128<2>()), ran = true;
-      if (tile == 128 && stages == 3) run(pp, ws_kernel_n128<3>, smem_bytes_n128<3>()), ran = true;
+      if (tile == 128 && stages == 2 && !nopipe)
+        run(pp, ws_kernel_n128<2, true>, smem_bytes_n128<2>()), ran = true;
+      if (tile == 128 && stages == 3 && !nopipe)
+        run(pp, ws_kernel_n128<3, true>, smem_bytes_n128<3>()), ran = true;
+      if (tile == 128 && stages == 3 && nopipe)
+        run(pp, ws_kernel_n128<3, false>, smem_bytes_n128<3>()), ran = true;
       PROTO_CASE(4, -1)
       PROTO_CASE(5, -1)
       PROTO_CASE(6, -1)
