@@ -736,10 +736,11 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       }
       cp_async_wait<0>();
       named_sync(1, kRingUsers);
-      run_tail_units(ring_slot(8));
-    } else {
-      run_tail_units(s_tail + (warp - 1) * tail_smem_bytes<D>());
     }
+    // One call site for the warpgroup's four warps: with two inlined copies of tail_unit its
+    // code spilled at 136 registers a thread (124 bytes at 120); with one, none at 136 and 12
+    // bytes at 120 (ptxas, fourteenth session).
+    run_tail_units(warp == 0 ? ring_slot(8) : s_tail + (warp - 1) * tail_smem_bytes<D>());
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWideConsumerRegs));
     const int w = wg - 1;
