@@ -135,6 +135,100 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
       : "memory");
 }
 
+// Consumer w's 64-row Q tile (rows row_base.. of head h; 16 chunks a row, 8 a thread), swizzled,
+// landed and visible to its warpgroup's wgmma.
+__device__ __forceinline__ void proto_load_q(const Params& p, __half* q_tile, int h, int row_base,
+                                             int w) {
+  const int tid = threadIdx.x % 128;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int idx = tid + 128 * i;
+    const int r = idx / 16, ch = idx % 16;
+    cp_async_16(smem_u32(q_tile + swz<D>(r, ch)),
+                p.q + (int64_t(h) * p.R + row_base + r) * D + ch * 8, true);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async_smem();
+  named_sync(2 + w, 128);
+}
+
+// The consumers' online softmax of raw scores s (kN n-tiles, this thread's rows r0 and r0 + 8)
+// into P (pa), and alpha: the factor O must be scaled by. raw (--ablate 1): P is the raw scores
+// and nothing is tracked (timing only).
+template <int kN>
+__device__ __forceinline__ void proto_softmax(float (&s)[kN][4], uint32_t (&pa)[kN / 2][4],
+                                              float (&row_max)[2], float (&row_sum)[2],
+                                              float (&alpha)[2], float sc, bool raw) {
+  if (raw) {
+    alpha[0] = alpha[1] = 1.f;
+    row_max[0] = row_max[1] = 0.f;
+    row_sum[0] = row_sum[1] = 1.f;
+#pragma unroll
+    for (int kk = 0; kk < kN / 2; ++kk) pack_p<__half>(s, kk, pa[kk]);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) m = fmaxf(m, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    const float nm = fmaxf(row_max[i], m * sc);
+    alpha[i] = fast_exp2(row_max[i] - nm);
+    row_max[i] = nm;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      s[j][2 * i] = fast_exp2(fmaf(s[j][2 * i], sc, -nm));
+      s[j][2 * i + 1] = fast_exp2(fmaf(s[j][2 * i + 1], sc, -nm));
+      sum += s[j][2 * i] + s[j][2 * i + 1];
+    }
+    row_sum[i] = row_sum[i] * alpha[i] + sum;
+  }
+#pragma unroll
+  for (int kk = 0; kk < kN / 2; ++kk) pack_p<__half>(s, kk, pa[kk]);
+}
+
+// O *= alpha per row, skipped warp-uniformly where no row moved (or skip: --ablate 4).
+__device__ __forceinline__ void proto_rescale(float (&o_acc)[D / 8][4], const float (&alpha)[2],
+                                              bool skip) {
+  if (skip || __all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) return;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    o_acc[j][0] *= alpha[0], o_acc[j][1] *= alpha[0];
+    o_acc[j][2] *= alpha[1], o_acc[j][3] *= alpha[1];
+  }
+}
+
+// The consumer's normalised O and LSE rows 16 warp + lane / 4 and + 8 of its 64-row tile, whose
+// first row is row_base of (head, chunk) slab `slab` (out rows slab * R + row).
+__device__ __forceinline__ void proto_write_rows(const Params& p, const float (&o_acc)[D / 8][4],
+                                                 const float (&row_sum)[2],
+                                                 const float (&row_max)[2], int64_t slab,
+                                                 int row_base) {
+  const int tid = threadIdx.x % 128;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int r0 = warp * 16 + (lane >> 2);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float sum = row_sum[i];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = 1.f / sum;
+    const int row = row_base + r0 + 8 * i;
+    const int64_t at = slab * p.R + row;
+    float* dst = p.out_o + at * D + 2 * (lane & 3);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      *reinterpret_cast<float2*>(dst + 8 * j) =
+          make_float2(o_acc[j][2 * i] * inv, o_acc[j][2 * i + 1] * inv);
+    }
+    if ((lane & 3) == 0) p.out_lse[at] = row_max[i] + log2f(sum);
+  }
+}
+
 // kLag: the producer signals tile t's barrier once tile t + kLag's copies are issued and t's
 // have landed (cp.async.wait_group kLag), so kLag + 1 tiles are in flight; the consumers hold
 // two stages, so kLag <= kStages - 2 (or the producer waits for a stage they cannot free).
@@ -336,23 +430,12 @@ __global__ void __launch_bounds__(384, 1)
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int w = wg - 1;
-    const int lane = tid & 31, warp = tid >> 5;
+    const int lane = tid & 31;
     __half* q_tile = s_q + w * kTileElems;
     const int row_base = indep ? sub * 64 : sub * 128 + w * 64;  // of the head's R rows
     const int ring = indep ? w : 0;
     const int my_chunk = c + ring;
-    // Q: 64 rows x 16 chunks, 8 a thread.
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int idx = tid + 128 * i;
-      const int r = idx / 16, ch = idx % 16;
-      cp_async_16(smem_u32(q_tile + swz<D>(r, ch)),
-                  p.q + (int64_t(h) * p.R + row_base + r) * D + ch * 8, true);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    fence_proxy_async_smem();
-    named_sync(2 + w, 128);
+    proto_load_q(p, q_tile, h, row_base, w);
 
     const int turn_mine = 4 + w, turn_other = 4 + (1 - w);
     const bool pp = p.pingpong != 0;
@@ -375,45 +458,11 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
     };
-    // Softmax of s (raw scores) into P (pa), alpha: the factor O must be scaled by.
     auto softmax = [&](uint32_t(&pa)[4][4], float(&alpha)[2]) {
-      if (p.ablate & 1) {
-        alpha[0] = alpha[1] = 1.f;
-        row_max[0] = row_max[1] = 0.f;
-        row_sum[0] = row_sum[1] = 1.f;
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) pack_p<__half>(s, kk, pa[kk]);
-        return;
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float m = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) m = fmaxf(m, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        const float nm = fmaxf(row_max[i], m * sc);
-        alpha[i] = fast_exp2(row_max[i] - nm);
-        row_max[i] = nm;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          s[j][2 * i] = fast_exp2(fmaf(s[j][2 * i], sc, -nm));
-          s[j][2 * i + 1] = fast_exp2(fmaf(s[j][2 * i + 1], sc, -nm));
-          sum += s[j][2 * i] + s[j][2 * i + 1];
-        }
-        row_sum[i] = row_sum[i] * alpha[i] + sum;
-      }
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) pack_p<__half>(s, kk, pa[kk]);
+      proto_softmax(s, pa, row_max, row_sum, alpha, sc, (p.ablate & 1) != 0);
     };
     auto rescale = [&](const float(&alpha)[2]) {
-      if ((p.ablate & 4) || __all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) return;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o_acc[j][0] *= alpha[0], o_acc[j][1] *= alpha[0];
-        o_acc[j][2] *= alpha[1], o_acc[j][3] *= alpha[1];
-      }
+      proto_rescale(o_acc, alpha, (p.ablate & 4) != 0);
     };
     auto release = [&](int tile) {
       if (copies && lane == 0) mbar_arrive(&empty[stage_of(ring, tile)]);
@@ -465,24 +514,7 @@ __global__ void __launch_bounds__(384, 1)
     run_tile_steps(n, pa0, pa1, step, last);
     if (pp && w == 0) named_sync(turn_mine, 256);  // WG 1's last hand-over
 
-    // Epilogue: rows r0 = 16 warp + lane / 4 and r0 + 8 of this tile.
-    const int r0 = warp * 16 + (lane >> 2);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float sum = row_sum[i];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inv = 1.f / sum;
-      const int row = row_base + r0 + 8 * i;
-      const int64_t at = (int64_t(h) * nch + my_chunk) * p.R + row;
-      float* dst = p.out_o + at * D + 2 * (lane & 3);
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        *reinterpret_cast<float2*>(dst + 8 * j) =
-            make_float2(o_acc[j][2 * i] * inv, o_acc[j][2 * i + 1] * inv);
-      }
-      if ((lane & 3) == 0) p.out_lse[at] = row_max[i] + log2f(sum);
-    }
+    proto_write_rows(p, o_acc, row_sum, row_max, int64_t(h) * nch + my_chunk, row_base);
   }
   __syncthreads();
   if (threadIdx.x == 0 && p.trace != nullptr) {
@@ -581,20 +613,10 @@ __global__ void __launch_bounds__(384, 1)
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
     const int w = wg - 1;
-    const int lane = tid & 31, warp = tid >> 5;
+    const int lane = tid & 31;
     __half* q_tile = s_q + w * kQElems;
     const int row_base = sub * 128 + w * 64;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int idx = tid + 128 * i;
-      const int r = idx / 16, ch = idx % 16;
-      cp_async_16(smem_u32(q_tile + swz<D>(r, ch)),
-                  p.q + (int64_t(h) * p.R + row_base + r) * D + ch * 8, true);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    fence_proxy_async_smem();
-    named_sync(2 + w, 128);
+    proto_load_q(p, q_tile, h, row_base, w);
 
     float o_acc[D / 8][4];
 #pragma unroll
@@ -628,43 +650,10 @@ __global__ void __launch_bounds__(384, 1)
       for (int j = 0; j < 16; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
     };
     auto softmax = [&](uint32_t(&pa)[8][4], float(&alpha)[2]) {
-      if (p.ablate & 1) {
-        alpha[0] = alpha[1] = 1.f;
-        row_max[0] = row_max[1] = 0.f;
-        row_sum[0] = row_sum[1] = 1.f;
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) pack_p<__half>(s, kk, pa[kk]);
-        return;
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float m = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) m = fmaxf(m, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        const float nm = fmaxf(row_max[i], m * sc);
-        alpha[i] = fast_exp2(row_max[i] - nm);
-        row_max[i] = nm;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          s[j][2 * i] = fast_exp2(fmaf(s[j][2 * i], sc, -nm));
-          s[j][2 * i + 1] = fast_exp2(fmaf(s[j][2 * i + 1], sc, -nm));
-          sum += s[j][2 * i] + s[j][2 * i + 1];
-        }
-        row_sum[i] = row_sum[i] * alpha[i] + sum;
-      }
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) pack_p<__half>(s, kk, pa[kk]);
+      proto_softmax(s, pa, row_max, row_sum, alpha, sc, (p.ablate & 1) != 0);
     };
     auto rescale = [&](const float(&alpha)[2]) {
-      if ((p.ablate & 4) || __all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) return;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o_acc[j][0] *= alpha[0], o_acc[j][1] *= alpha[0];
-        o_acc[j][2] *= alpha[1], o_acc[j][3] *= alpha[1];
-      }
+      proto_rescale(o_acc, alpha, (p.ablate & 4) != 0);
     };
     auto release = [&](int tile) {
       if (copies && lane == 0) mbar_arrive(&empty[tile % kStages]);
@@ -724,37 +713,10 @@ __global__ void __launch_bounds__(384, 1)
         fence_regs(o_acc);
         release(n - 1);
       };
-      // run_tile_steps' schedule (buffers alternating two steps at a time) for 8 k-step P.
-      int t = 0;
-      for (; t + 2 < n; t += 2) {
-        step(t, pa0, pa1);
-        step(t + 1, pa1, pa0);
-      }
-      if (t + 1 < n) {
-        step(t, pa0, pa1);
-        last(pa1);
-      } else {
-        last(pa0);
-      }
+      run_tile_steps(n, pa0, pa1, step, last);
     }
 
-    const int r0 = warp * 16 + (lane >> 2);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float sum = row_sum[i];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inv = 1.f / sum;
-      const int row = row_base + r0 + 8 * i;
-      const int64_t at = (int64_t(h) * nch + c) * p.R + row;
-      float* dst = p.out_o + at * D + 2 * (lane & 3);
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        *reinterpret_cast<float2*>(dst + 8 * j) =
-            make_float2(o_acc[j][2 * i] * inv, o_acc[j][2 * i + 1] * inv);
-      }
-      if ((lane & 3) == 0) p.out_lse[at] = row_max[i] + log2f(sum);
-    }
+    proto_write_rows(p, o_acc, row_sum, row_max, int64_t(h) * nch + c, row_base);
   }
   __syncthreads();
   if (threadIdx.x == 0 && p.trace != nullptr) {

@@ -292,14 +292,14 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&
   wgmma_commit();
 }
 
-// The pipelined loop's schedule over n >= 1 64-token tiles (P as wgmma_pv's A fragments),
+// The pipelined loop's schedule over n >= 1 K/V tiles (P as wgmma_pv's A fragments),
 // P_0 already in pa0: step(t, cur, nxt) for t < n - 1 (P_t in cur, P_{t+1} packed into nxt),
 // the buffers alternating two steps at a time (a copy would let ptxas coalesce them and
 // serialise the products), then last(P_{n-1}).
-// Stage 1, the wide kernel's consumers and bench_wide_ws_prototype run their steps by it.
-template <typename Step, typename Last>
-__device__ __forceinline__ void run_tile_steps(int n, uint32_t (&pa0)[4][4], uint32_t (&pa1)[4][4],
-                                               Step&& step, Last&& last) {
+// Stage 1, the wide kernel's consumers and bench_wide_ws_prototype run their steps by it (PA:
+// the P buffers' type, uint32_t[4][4] for 64-token tiles, [8][4] for the prototype's 128).
+template <typename PA, typename Step, typename Last>
+__device__ __forceinline__ void run_tile_steps(int n, PA& pa0, PA& pa1, Step&& step, Last&& last) {
   int t = 0;
   for (; t + 2 < n; t += 2) {
     step(t, pa0, pa1);
