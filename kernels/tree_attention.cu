@@ -605,12 +605,12 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
 //  - once a block's wide units are done, its producer and consumer warps take tail units too
 //    (in 10 KB slots of the freed ring); tail units go to warps as they ask (an atomic counter
 //    that the grid's last block resets), so the branches' work ends about together.
-// Registers (setmaxnreg): warpgroup 0 keeps 152 a thread, the consumers take 176, the split
-// of the launch's 168 where ptxas spills nothing (warpgroup 0's producer and tail code spilled
-// at 144 or less). The split must keep 152 + 2 x 176 <= 3 x 168, the pool the launch holds: a
-// larger request makes setmaxnreg.inc wait forever (a hang, not an error; fourteenth session),
-// which kWideLaunchRegs' static_assert guards.
-// Shared memory: two Q tiles, the ring, three tail warps' 10 KB, the header (227 KB in all).
+// Registers (setmaxnreg): warpgroup 0 keeps 152 a thread, the consumers take 176, of the
+// launch's 168 (ptxas: warpgroup 0's code spills nothing down to 136, 12 bytes at 120; the
+// consumers' nothing at 176). The split must keep 152 + 2 x 176 <= 3 x 168, the pool the launch
+// holds: a larger request makes setmaxnreg.inc wait forever (a hang, not an error; fourteenth
+// session), which kWideLaunchRegs' static_assert guards. Shared memory: two Q tiles, the ring,
+// three tail warps' 10 KB, the header (227 KB in all).
 constexpr int kWideStages = 5;
 constexpr int kWideThreads = 384;
 constexpr int kWideTailWarps = 3;
@@ -737,9 +737,9 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       cp_async_wait<0>();
       named_sync(1, kRingUsers);
     }
-    // One call site for the warpgroup's four warps: with two inlined copies of tail_unit its
-    // code spilled at 136 registers a thread (124 bytes at 120); with one, none at 136 and 12
-    // bytes at 120 (ptxas, fourteenth session).
+    // One call site for the warpgroup's four warps, so one inlined copy of tail_unit (two
+    // spilled at 136 registers a thread, and were slower: H100, P=16000 + 64 x 200 GQA 4 61.3 ->
+    // 60.0-60.2 us with one, same call; fourteenth session).
     run_tail_units(warp == 0 ? ring_slot(8) : s_tail + (warp - 1) * tail_smem_bytes<D>());
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWideConsumerRegs));
