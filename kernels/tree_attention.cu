@@ -507,11 +507,7 @@ __device__ __forceinline__ void tail_unit(const Stage1Params& p, const PlanHeade
         mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 4));
         mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 8));
         mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 16));
-        const bool moves = mx > m[e] + kRescaleSlack;  // lazy rescaling, as softmax_tile's
-        const float new_m = moves ? mx : m[e];
-        const float base = new_m == -INFINITY ? 0.f : new_m;
-        alpha[e] = moves ? fast_exp2(m[e] - base) : 1.f;
-        m[e] = new_m;
+        const float base = lazy_max_update(mx, m[e], alpha[e]);
         pr[e][0] = fast_exp2(x0 - base);
         pr[e][1] = fast_exp2(x1 - base);
         l[e] = l[e] * alpha[e] + pr[e][0] + pr[e][1];  // this thread's share; reduced at the end
@@ -606,11 +602,11 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
 //    (in 10 KB slots of the freed ring); tail units go to warps as they ask (an atomic counter
 //    that the grid's last block resets), so the branches' work ends about together.
 // Registers (setmaxnreg): warpgroup 0 keeps 152 a thread, the consumers take 176, of the
-// launch's 168 (ptxas: warpgroup 0's code spills nothing down to 136, 12 bytes at 120; the
-// consumers' nothing at 176). The split must keep 152 + 2 x 176 <= 3 x 168, the pool the launch
-// holds: a larger request makes setmaxnreg.inc wait forever (a hang, not an error; fourteenth
-// session), which kWideLaunchRegs' static_assert guards. Shared memory: two Q tiles, the ring,
-// three tail warps' 10 KB, the header (227 KB in all).
+// launch's 168, and give them back to 152 before their tail units (ptxas: warpgroup 0's code
+// spills nothing down to 136, 12 bytes at 120; the consumers' nothing at 176). The split must keep
+// 152 + 2 x 176 <= 3 x 168, the pool the launch holds: a larger request makes setmaxnreg.inc wait
+// forever (a hang, not an error; fourteenth session), which kWideLaunchRegs' static_assert guards.
+// Shared memory: two Q tiles, the ring, three tail warps' 10 KB, the header (227 KB in all).
 constexpr int kWideStages = 5;
 constexpr int kWideThreads = 384;
 constexpr int kWideTailWarps = 3;
@@ -690,6 +686,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
                                                                   : int64_t(rec[kRecTableBegin]));
   };
 
+  unsigned char* tail_slot;  // this warp's 10 KB for tail units
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWideWg0Regs));
     if (warp == 0) {
@@ -737,10 +734,13 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       cp_async_wait<0>();
       named_sync(1, kRingUsers);
     }
-    // One call site for the warpgroup's four warps, so one inlined copy of tail_unit (two
-    // spilled at 136 registers a thread, and were slower: H100, P=16000 + 64 x 200 GQA 4 61.3 ->
-    // 60.0-60.2 us with one, same call; fourteenth session).
-    run_tail_units(warp == 0 ? ring_slot(8) : s_tail + (warp - 1) * tail_smem_bytes<D>());
+    // Every warp reaches the tail units through the one call site below, so one inlined copy
+    // of tail_unit. Warpgroup 0's two copies (the producer's and the tail warps') spilled at
+    // 136 registers a thread and were slower (H100, P=16000 + 64 x 200 GQA 4: 61.3 -> 60.0-60.2
+    // us with one, same call; fourteenth session); the consumers' own copy folded in too took
+    // the kernel's code from 142,848 to 108,672 bytes at the same speed (60.1-60.2 us against
+    // 60.1-60.2, three rounds; fifteenth session).
+    tail_slot = warp == 0 ? ring_slot(8) : s_tail + (warp - 1) * tail_smem_bytes<D>();
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWideConsumerRegs));
     const int w = wg - 1;
@@ -843,8 +843,12 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       }
     }
     named_sync(1, kRingUsers);
-    run_tail_units(ring_slot(4 * w + warp));
+    // The consumers' registers back to warpgroup 0's count, so that every warp runs the one
+    // inlined copy of the tail units below.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWideWg0Regs));
+    tail_slot = ring_slot(4 * w + warp);
   }
+  run_tail_units(tail_slot);
   // The last block to finish resets the counters for the next launch: every block's warps have
   // stopped asking for units by then.
   __syncthreads();

@@ -315,6 +315,19 @@ __device__ __forceinline__ void record_block_trace(const Stage1Params& p, uint64
 // bench/tree_attention/h100-2026-11-27-session13.txt): 62.1-62.7 -> 60.7-62.1 us.
 constexpr float kRescaleSlack = 8.f;
 
+// One row's lazy-rescaling step: cand is the row's max over a tile's scores (scaled, base 2).
+// Moves row_max only where cand passes it by more than the slack, sets alpha to the factor the
+// row's O and sum must be scaled by, and returns the exponent base for the tile's probabilities
+// (0 while every score so far was masked).
+__device__ __forceinline__ float lazy_max_update(float cand, float& row_max, float& alpha) {
+  const bool moves = cand > row_max + kRescaleSlack;
+  const float new_max = moves ? cand : row_max;
+  const float base = new_max == -INFINITY ? 0.f : new_max;
+  alpha = moves ? fast_exp2(row_max - base) : 1.f;
+  row_max = new_max;
+  return base;
+}
+
 // Online-softmax step of one tile for this thread's rows r0 and r0 + 8: s holds the raw
 // Q K^T scores of its kN n-tiles (tokens tile_begin + tok0 + 8 j + 2 (lane % 4) + {0, 1});
 // invisible tokens (past the item's end, or masked) are dropped, s becomes the probabilities
@@ -364,13 +377,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kN][4], const ItemTile& 
     for (int j = 0; j < kN; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    // Lazy rescaling (kRescaleSlack): the max moves only by more than the slack.
-    const float cand = mx * scale_log2;
-    const bool moves = cand > row_max[i] + kRescaleSlack;
-    const float new_max = moves ? cand : row_max[i];
-    const float base = new_max == -INFINITY ? 0.f : new_max;  // all masked so far
-    alpha[i] = moves ? fast_exp2(row_max[i] - base) : 1.f;
-    row_max[i] = new_max;
+    const float base = lazy_max_update(mx * scale_log2, row_max[i], alpha[i]);
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < kN; ++j) {
