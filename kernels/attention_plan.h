@@ -78,6 +78,20 @@ struct AttentionPlanConfig {
   // plans are the same at 16 and 32; bench/decode/h100-2026-11-26-pair-margin-ab.txt). Must
   // be >= 2.
   int32_t pair_margin = 32;
+  // Where > 0 and the plan pairs heads, the decode-shaped units are cut into chunks of this
+  // many tokens (rounded up to whole KV tiles, split evenly) instead of the simulation's pick.
+  // 0: the builder's choice (the default). For A/B (bench_tree_attention --decode-chunk). H100,
+  // few-shot P=16000 + 64 x 200 GQA 4, same call (fifteenth session): the builder's 128 (pieces
+  // of 128 and 72) 60.2-60.5 us, 64 (64, 64, 64, 8) 61.0-61.3, 256 (whole) 64.1-64.4.
+  int32_t decode_chunk_tokens = 0;
+  // Paired plans list their paired items longest first (pair_decode_items' longest_first;
+  // false: in kv-major order like the rest), so the kernels that hand them out in order (the
+  // wide kernel's tail units, stage 1's paired blocks) end on the short ones. H100, same
+  // binary, three rounds (bench_tree_attention --paired-kv-order for false; fifteenth session):
+  // few-shot P=16000 + 64 x 200 GQA 4 (branches in pieces of 128 and 72, run by the wide
+  // kernel's tail units) 60.2-60.5 -> 58.9-59.1 us; few-shot b=20 / 30 / 50 unchanged (their
+  // paired items are all of one length or run by stage 1 in one wave).
+  bool paired_longest_first = true;
 
   // Subtrees with at most pack_max_tokens KV tokens and one query tile of queries are read
   // by a single masked item (and consecutive such siblings share one).
@@ -236,8 +250,9 @@ Status build_attention_plan(const AttentionView& view, const AttentionPlanConfig
 // most 16 query-tile rows) after the others, each kind in its order, and marks them paired
 // (pair_heads, paired_items_begin = the first of them). Partial slots and the reduction map
 // stay valid: they do not depend on the item order. The builder calls it where chunk growth
-// pairs; it pairs any plan (tests).
-void pair_decode_items(AttentionPlan* plan, int32_t pair_heads);
+// pairs; it pairs any plan (tests). longest_first: the paired items by decreasing token count
+// (stable: kv-major among equals) instead of in their order.
+void pair_decode_items(AttentionPlan* plan, int32_t pair_heads, bool longest_first = false);
 
 // Item `item`'s leading tokens that every one of its queries sees: item_num_tokens without a
 // mask, else the fewest leading set bits over its queries' mask rows; 0 where those rows lie

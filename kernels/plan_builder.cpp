@@ -93,6 +93,9 @@ Status check_config(const AttentionPlanConfig& c) {
   if (c.num_sms < 1) return bad("num_sms", c.num_sms, "must be >= 1");
   if (c.min_split_tokens < 1) return bad("min_split_tokens", c.min_split_tokens, "must be >= 1");
   if (c.pair_margin < 2) return bad("pair_margin", c.pair_margin, "must be >= 2");
+  if (c.decode_chunk_tokens < 0) {
+    return bad("decode_chunk_tokens", c.decode_chunk_tokens, "must be >= 0");
+  }
   return Status::Ok();
 }
 
@@ -450,6 +453,7 @@ PlanBuilder::ChunkChoice PlanBuilder::choose_chunk_tokens() const {
         paired_span = span;
       }
     }
+    if (c_.decode_chunk_tokens > 0) decode_chunk = c_.decode_chunk_tokens;
     return {paired_best, c_.pair_heads,
             decode_chunk > 0 ? std::min(decode_chunk, paired_best) : paired_best};
   }
@@ -818,7 +822,7 @@ Status PlanBuilder::build() {
     emit_group(u, decode_shaped_queries(s_.unit_remaining[u]) ? decode_chunk : chunk);
   }
   if (c_.item_order != AttentionPlanConfig::ItemOrder::kPlan) reorder_items();
-  if (pair > 1) pair_decode_items(&p, pair);
+  if (pair > 1) pair_decode_items(&p, pair, c_.paired_longest_first);
   TS_RETURN_IF_ERROR(build_reduction_map());
 
   auto over = [](const char* what, int64_t have, int32_t bound) {
@@ -893,7 +897,7 @@ int32_t item_visible_tokens(const AttentionPlan& plan, int32_t item) {
   return prefix;
 }
 
-void pair_decode_items(AttentionPlan* plan, int32_t pair_heads) {
+void pair_decode_items(AttentionPlan* plan, int32_t pair_heads, bool longest_first) {
   AttentionPlan& p = *plan;
   const int32_t n = p.num_items();
   auto narrow = [&](int32_t i) { return p.item_rows(i) <= kDecodeShapedRows; };
@@ -907,6 +911,11 @@ void pair_decode_items(AttentionPlan* plan, int32_t pair_heads) {
   p.paired_items_begin = at;
   for (int32_t i = 0; i < n; ++i) {
     if (narrow(i)) order[size_t(at++)] = i;
+  }
+  if (longest_first) {
+    std::stable_sort(order.begin() + p.paired_items_begin, order.end(), [&](int32_t a, int32_t b) {
+      return p.item_num_tokens[size_t(a)] > p.item_num_tokens[size_t(b)];
+    });
   }
   if (p.paired_items_begin < n) permute_items(order, plan);
 }

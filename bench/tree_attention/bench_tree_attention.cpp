@@ -14,6 +14,11 @@
 //                             [--pack-max TOKENS]  (AttentionPlanConfig::pack_max_tokens)
 //                             [--pair-margin N]  (AttentionPlanConfig::pair_margin: pair where
 //                                                the simulated span is 1/N shorter; 32)
+//                             [--decode-chunk TOKENS]  (AttentionPlanConfig::
+//                                                     decode_chunk_tokens: paired plans' decode-
+//                                                     shaped units in chunks of TOKENS)
+//                             [--paired-kv-order]  (AttentionPlanConfig::paired_longest_first
+//                                                  false: paired items in kv-major order)
 //                             [--no-balance-tiles]  (full query tiles and a remainder:
 //                                                   AttentionPlanConfig::balance_query_tiles)
 //                             [--items-per-sm X]
@@ -77,9 +82,11 @@ struct Options {
   std::string filter;
   int reps = 50;
   bool flush_l2 = true;
-  int chunk = 0;        // 0: tree_attention_plan_config's default
-  int max_chunk = -1;   // AttentionPlanConfig::max_chunk_tokens (0: no chunk growth; -1: config's)
-  int pair_margin = 0;  // AttentionPlanConfig::pair_margin (0: config's)
+  int chunk = 0;         // 0: tree_attention_plan_config's default
+  int max_chunk = -1;    // AttentionPlanConfig::max_chunk_tokens (0: no chunk growth; -1: config's)
+  int pair_margin = 0;   // AttentionPlanConfig::pair_margin (0: config's)
+  int decode_chunk = 0;  // AttentionPlanConfig::decode_chunk_tokens (0: the builder's choice)
+  bool paired_kv_order = false;  // AttentionPlanConfig::paired_longest_first = false
   int min_split = 0;
   int pack_max = 0;           // AttentionPlanConfig::pack_max_tokens (0: the config's)
   bool balance_tiles = true;  // AttentionPlanConfig::balance_query_tiles (--no-balance-tiles)
@@ -298,6 +305,8 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   if (opt.min_split > 0) config.min_split_tokens = opt.min_split;
   if (opt.pack_max > 0) config.pack_max_tokens = opt.pack_max;
   if (opt.pair_margin > 0) config.pair_margin = opt.pair_margin;
+  if (opt.decode_chunk > 0) config.decode_chunk_tokens = opt.decode_chunk;
+  if (opt.paired_kv_order) config.paired_longest_first = false;
   config.balance_query_tiles = opt.balance_tiles;  // (tree_attention_plan_config's: on)
   config.item_order = opt.item_order;
   if (!opt.pair) config.pair_heads = 0;
@@ -455,6 +464,10 @@ int main_impl(int argc, char** argv) {
       opt.max_chunk = std::atoi(next().c_str());
     } else if (a == "--pair-margin") {
       opt.pair_margin = std::atoi(next().c_str());
+    } else if (a == "--decode-chunk") {
+      opt.decode_chunk = std::atoi(next().c_str());
+    } else if (a == "--paired-kv-order") {
+      opt.paired_kv_order = true;
     } else if (a == "--min-split") {
       opt.min_split = std::atoi(next().c_str());
     } else if (a == "--items-per-sm") {
@@ -524,6 +537,8 @@ int main_impl(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--reps N] [--filter SUBSTR] [--no-flush] "
                    "[--chunk TOKENS] [--max-chunk TOKENS] [--pack-max TOKENS] [--pair-margin N] "
+                   "[--decode-chunk TOKENS] "
+                   "[--paired-kv-order] "
                    "[--min-split TOKENS] "
                    "[--items-per-sm X] "
                    "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] "

@@ -400,7 +400,45 @@ TEST(PlanStructure, HeadPairingWhereTheSimulatedSpanShrinks) {
     EXPECT_EQ(p.split_chunk_tokens, 2048);
     EXPECT_EQ(p.decode_chunk_tokens, 128);
     EXPECT_EQ(p.num_items() - p.paired_items_begin, 128);
+    // Longest first (paired_longest_first): the 64 pieces of 128 tokens, then the 64 of 72,
+    // each kind in kv-major order (one branch's pieces 64 items apart).
+    for (int32_t i = p.paired_items_begin; i < p.num_items(); ++i) {
+      const int32_t k = i - p.paired_items_begin;
+      EXPECT_EQ(p.item_num_tokens[i], k < 64 ? 128 : 72) << "paired item " << k;
+      if (k > 0 && k != 64) {
+        EXPECT_LT(p.seg_node[p.item_segment_begin[i - 1]], p.seg_node[p.item_segment_begin[i]]);
+      }
+      if (k < 64) {
+        EXPECT_EQ(p.seg_node[p.item_segment_begin[i]], p.seg_node[p.item_segment_begin[i + 64]]);
+      }
+    }
     testing::expect_plan_covers_view(p, c.view, config);
+    // In kv-major order (false), each branch's two pieces side by side; the same items.
+    AttentionPlanConfig kv_order = config;
+    kv_order.paired_longest_first = false;
+    AttentionPlan q;
+    ASSERT_TRUE(build_attention_plan(c.view, kv_order, &q).ok());
+    ASSERT_EQ(q.paired_items_begin, p.paired_items_begin);
+    for (int32_t i = q.paired_items_begin; i < q.num_items(); ++i) {
+      EXPECT_EQ(q.item_num_tokens[i], (i - q.paired_items_begin) % 2 == 0 ? 128 : 72) << i;
+    }
+    EXPECT_TRUE(work(q) == work(p));
+    // decode_chunk_tokens overrides the builder's pieces (64: 64, 64, 64 and 8 tokens);
+    // negative is refused by name.
+    AttentionPlanConfig dc = config;
+    dc.decode_chunk_tokens = 64;
+    ASSERT_TRUE(build_attention_plan(c.view, dc, &q).ok());
+    EXPECT_EQ(q.decode_chunk_tokens, 64);
+    ASSERT_EQ(q.num_items() - q.paired_items_begin, 256);
+    for (int32_t i = q.paired_items_begin; i < q.num_items(); ++i) {
+      EXPECT_EQ(q.item_num_tokens[i], i - q.paired_items_begin < 192 ? 64 : 8) << i;
+    }
+    EXPECT_TRUE(validate_attention_plan(q, c.num_pages).ok());
+    testing::expect_plan_covers_view(q, c.view, dc);
+    dc.decode_chunk_tokens = -1;
+    const Status neg = build_attention_plan(c.view, dc, &q);
+    EXPECT_EQ(neg.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(neg.message().find("decode_chunk_tokens"), std::string::npos) << neg.message();
     AttentionPlanConfig m16 = config;
     m16.pair_margin = 16;
     ASSERT_TRUE(build_attention_plan(c.view, m16, &p).ok());
@@ -427,6 +465,7 @@ TEST(PlanStructure, HeadPairingWhereTheSimulatedSpanShrinks) {
     AttentionPlan p;
     ASSERT_TRUE(build_attention_plan(c.view, small_config(4), &p).ok());
     const auto before = work(p);
+    AttentionPlan longest = p;
     pair_decode_items(&p, 4);
     EXPECT_EQ(p.pair_heads, 4);
     for (int32_t i = 0; i < p.num_items(); ++i) {
@@ -435,6 +474,19 @@ TEST(PlanStructure, HeadPairingWhereTheSimulatedSpanShrinks) {
     EXPECT_TRUE(work(p) == before) << "seed " << seed;
     EXPECT_TRUE(validate_attention_plan(p, c.num_pages).ok()) << "seed " << seed;
     testing::expect_plan_covers_view(p, c.view, small_config(4));
+    // Longest first: the same items at the front, the paired ones by decreasing tokens.
+    pair_decode_items(&longest, 4, true);
+    ASSERT_EQ(longest.paired_items_begin, p.paired_items_begin) << "seed " << seed;
+    for (int32_t i = 0; i < longest.num_items(); ++i) {
+      if (i < p.paired_items_begin) {
+        EXPECT_EQ(longest.item_segment_begin[i], p.item_segment_begin[i]) << "seed " << seed;
+      } else if (i > p.paired_items_begin) {
+        EXPECT_GE(longest.item_num_tokens[i - 1], longest.item_num_tokens[i]) << "seed " << seed;
+      }
+    }
+    EXPECT_TRUE(work(longest) == before) << "seed " << seed;
+    EXPECT_TRUE(validate_attention_plan(longest, c.num_pages).ok()) << "seed " << seed;
+    testing::expect_plan_covers_view(longest, c.view, small_config(4));
   }
 }
 
