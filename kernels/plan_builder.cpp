@@ -913,8 +913,11 @@ void pair_decode_items(AttentionPlan* plan, int32_t pair_heads, bool longest_fir
     if (narrow(i)) order[size_t(at++)] = i;
   }
   if (longest_first) {
-    std::stable_sort(order.begin() + p.paired_items_begin, order.end(), [&](int32_t a, int32_t b) {
-      return p.item_num_tokens[size_t(a)] > p.item_num_tokens[size_t(b)];
+    // Stable by the index tie-break (the indices are ascending here): std::sort, which does not
+    // allocate, where std::stable_sort would on every build.
+    std::sort(order.begin() + p.paired_items_begin, order.end(), [&](int32_t a, int32_t b) {
+      const int32_t ta = p.item_num_tokens[size_t(a)], tb = p.item_num_tokens[size_t(b)];
+      return ta != tb ? ta > tb : a < b;
     });
   }
   if (p.paired_items_begin < n) permute_items(order, plan);
