@@ -602,8 +602,10 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
 //    (in 10 KB slots of the freed ring); tail units go to warps as they ask (an atomic counter
 //    that the grid's last block resets), so the branches' work ends about together.
 // Registers (setmaxnreg): warpgroup 0 keeps 152 a thread, the consumers take 176, of the
-// launch's 168, and give them back to 152 before their tail units (ptxas: warpgroup 0's code
-// spills nothing down to 136, 12 bytes at 120; the consumers' nothing at 176). The split must keep
+// launch's 168, and give them back to 152 before their tail units (ptxas: nothing spills at
+// 152 / 176 or 136 / 184; 28 bytes at 120, once a tail unit, none in its step loop). H100,
+// P=16000 + 64 x 200 GQA 4, same calls (fifteenth session): 152 / 176 58.8-59.1 us, 120 / 176
+// 59.9-60.3, 120 / 192 61.2-61.5, 168 / 168 59.6-59.8, 136 / 184 59.3-59.7. The split must keep
 // 152 + 2 x 176 <= 3 x 168, the pool the launch holds: a larger request makes setmaxnreg.inc wait
 // forever (a hang, not an error; fourteenth session), which kWideLaunchRegs' static_assert guards.
 // Shared memory: two Q tiles, the ring, three tail warps' 10 KB, the header (227 KB in all).
