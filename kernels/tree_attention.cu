@@ -1125,6 +1125,10 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
     } else if (!decode && params.num_kv_heads % kPairHeads == 0) {
       if (grid.items > 0 && grid.paired) {
         p1.pair_begin = kPairFromHeader;
+        if (grid.paired_items > 0) {
+          blocks_1 = dim3(grid.wide_items * params.num_kv_heads +
+                          grid.paired_items * (params.num_kv_heads / kPairHeads));
+        }
       } else if (grid.items == 0 && paired_begin >= 0) {
         p1.pair_begin = paired_begin;
         blocks_1 = dim3(paired_begin * params.num_kv_heads +
@@ -1218,6 +1222,33 @@ Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int
           "launch grid's wide_items = " + std::to_string(grid.wide_items) + " must cover the " +
           std::to_string(stage1_items) +
           " items stage 1 runs and be at most its items = " + std::to_string(grid.items));
+    }
+  }
+  if (grid.paired_items < 0) {
+    return InvalidArgument("launch grid's paired_items = " + std::to_string(grid.paired_items) +
+                           " must be >= 0");
+  }
+  if (grid.items > 0 && grid.paired_items > 0) {
+    if (!grid.paired || grid.tail || grid.wide || grid.decode_kernel ||
+        num_kv_heads % kPairHeads != 0 || grid.paired_items % kPairHeads != 0) {
+      return InvalidArgument(
+          "launch grid's paired_items = " + std::to_string(grid.paired_items) +
+          " needs a paired grid without tail, wide or decode_kernel, kv heads (" +
+          std::to_string(num_kv_heads) + ") and paired_items multiples of " +
+          std::to_string(kPairHeads));
+    }
+    const int64_t begin = workspace.paired_items_begin(), n = workspace.num_items();
+    const int64_t need = begin >= 0
+                             ? begin * num_kv_heads + (n - begin) * (num_kv_heads / kPairHeads)
+                             : n * num_kv_heads;
+    const int64_t have = int64_t(grid.wide_items) * num_kv_heads +
+                         int64_t(grid.paired_items) * (num_kv_heads / kPairHeads);
+    if (have < need || grid.wide_items > grid.items || grid.paired_items > grid.items) {
+      return InvalidArgument(
+          "launch grid's wide_items = " + std::to_string(grid.wide_items) +
+          " and paired_items = " + std::to_string(grid.paired_items) + " give stage 1 " +
+          std::to_string(have) + " blocks, the plan needs " + std::to_string(need) +
+          " (each at most the grid's items = " + std::to_string(grid.items) + ")");
     }
   }
   if (grid.wide_rest < 0) {

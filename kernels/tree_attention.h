@@ -251,12 +251,12 @@ struct TreeAttentionGrid {
   // engine keys its graphs on tree_attention_runs_tail().
   bool tail = false;
   // With tail: stage 1's grid covers this many items (0: items) and the tail kernel's covers
-  // items. Stage 1's blocks for items it does not run (the grid's padding past the plan's
-  // wide items, or everything past them where wide_items is 0) come first in the grid and exit
-  // at once, so the wide items' blocks, and the tail launch behind them, do not wait for
-  // their dispatch; a grid sized by tree_attention_wide_bucket keeps them few. It must cover
-  // the items stage 1 runs: paired_items_begin() (all items where that is -1 or the upload has
-  // no token table).
+  // items (with paired_items, below: the items before the paired ones). Stage 1's blocks for items
+  // it does not run (the grid's padding past the plan's wide items, or everything past them where
+  // wide_items is 0) come first in the grid and exit at once, so the wide items' blocks, and the
+  // tail launch behind them, do not wait for their dispatch; a grid sized by
+  // tree_attention_wide_bucket keeps them few. It must cover the items stage 1 runs:
+  // paired_items_begin() (all items where that is -1 or the upload has no token table).
   int32_t wide_items = 0;
   // The wide kernel (TreeAttentionLimits::wide_kernel) runs the header's wide pairs and its
   // tail warps the paired items from the header's paired_items_begin on, then stage 1 the items
@@ -266,11 +266,19 @@ struct TreeAttentionGrid {
   // unused. The engine keys its graphs on it (tree_attention_graph_grid).
   bool wide = false;
   int32_t wide_rest = 0;
+  // With paired (not tail, wide or decode_kernel), where > 0: stage 1's grid holds wide_items
+  // x kv heads blocks for the items before the paired ones and paired_items x (kv heads / 4)
+  // for the paired ones (kv heads a multiple of kTreeAttentionPairHeads, paired_items of 4),
+  // instead of items x kv heads, so a paired plan's launch has few padding blocks: they run
+  // after the plan's blocks, each one dependent load, and end the launch (few-shot b=50 at
+  // Llama-3-8B heads: 576 blocks for 260). It must cover the upload's stage 1 blocks (an upload
+  // that pairs none runs items x kv heads). 0: items x kv heads.
+  int32_t paired_items = 0;
   // Every field (nvcc does not take a defaulted comparison here).
   bool operator==(const TreeAttentionGrid& o) const {
     return items == o.items && queries == o.queries && decode_kernel == o.decode_kernel &&
            paired == o.paired && tail == o.tail && wide_items == o.wide_items && wide == o.wide &&
-           wide_rest == o.wide_rest;
+           wide_rest == o.wide_rest && paired_items == o.paired_items;
   }
 };
 
@@ -351,7 +359,9 @@ inline int32_t tree_attention_wide_rest(const TreeAttentionWorkspace& workspace)
 // decode-step graphs on it; bench_tree_attention --grid / --graph launch it): items and
 // queries bucketed, the decode kernel, head pairing, the tail kernel and the wide kernel as an
 // eager launch of that upload at head_dim would run them, with the tail kernel stage 1's grid
-// over the wide items only, with the wide kernel stage 1's over the items after its pairs.
+// over the wide items only, with the wide kernel stage 1's over the items after its pairs,
+// with head pairing in stage 1 its grid over the items before the paired ones and the paired
+// ones, each count bucketed (wide_items, paired_items).
 inline TreeAttentionGrid tree_attention_graph_grid(const TreeAttentionWorkspace& workspace,
                                                    int32_t num_kv_heads, int32_t head_dim) {
   TreeAttentionGrid grid;
@@ -368,6 +378,12 @@ inline TreeAttentionGrid tree_attention_graph_grid(const TreeAttentionWorkspace&
   grid.tail = tree_attention_runs_tail(workspace, num_kv_heads);
   // runs_tail: the plan pairs from an item past the first and has a token table.
   grid.wide_items = grid.tail ? tree_attention_wide_bucket(workspace.paired_items_begin()) : 0;
+  const int32_t begin = workspace.paired_items_begin();
+  if (grid.paired && !grid.tail && !grid.decode_kernel &&
+      num_kv_heads % kTreeAttentionPairHeads == 0) {
+    grid.wide_items = begin > 0 ? tree_attention_wide_bucket(begin) : 0;
+    grid.paired_items = tree_attention_wide_bucket(workspace.num_items() - begin);
+  }
   return grid;
 }
 

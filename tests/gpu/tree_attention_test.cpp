@@ -349,8 +349,14 @@ TEST(TreeAttentionGpu, PairedDecodeItemsMatchPlanExecutor) {
     const AttentionPlan plan = paired_plan_for(tree, shape, seed);
     paired_plans += plan.paired_items_begin < plan.num_items();
     TreeAttentionWorkspace* ws = seed % 2 ? &shared_workspace() : &small_table_workspace(0);
-    // Every third plan in a paired grid (blocks read where the paired items begin).
-    const TreeAttentionGrid grid = seed % 3 == 2 ? bucket_grid(plan, true) : TreeAttentionGrid{};
+    // Every third plan in a paired grid (blocks read where the paired items begin), every
+    // third in the grid the engine's graphs would capture it with (tree_attention_graph_grid:
+    // stage 1 sized by the items before the paired ones and the paired ones).
+    TreeAttentionGrid grid = seed % 3 == 2 ? bucket_grid(plan, true) : TreeAttentionGrid{};
+    if (seed % 3 == 1) {
+      ASSERT_TRUE(ws->upload(plan, nullptr).ok());
+      grid = tree_attention_graph_grid(*ws, shape.num_kv_heads, shape.head_dim);
+    }
     EXPECT_LE(gpu_vs_cpu(tree, shape, plan, ws, seed, grid), tolerance(shape))
         << "seed " << seed << " " << describe(shape);
   }
@@ -386,6 +392,42 @@ TEST(TreeAttentionGpu, PairedDecodeItemsMatchPlanExecutor) {
   ASSERT_EQ(baseline.paired_items_begin, 0);
   EXPECT_LE(gpu_vs_cpu(b50, llama, baseline, &shared_workspace(), 15, bucket_grid(baseline, true)),
             kFp16Tolerance);
+
+  // The graph grid of the paired upload sizes stage 1 by the items before the paired ones and
+  // the paired ones (TreeAttentionGrid::paired_items: 24 x 8 + 56 x 2 blocks for 20 + 50 items,
+  // against 72 x 8): it runs the plan; it is refused, before any launch, for the unpaired twin
+  // (70 x 8 blocks), where it does not cover the plan, and with paired_items outside a paired
+  // grid or not a multiple of 4.
+  TreeAttentionWorkspace& ws = shared_workspace();
+  ASSERT_TRUE(ws.upload(plan, nullptr).ok());
+  const TreeAttentionGrid sized = tree_attention_graph_grid(ws, llama.num_kv_heads, 128);
+  EXPECT_TRUE(sized.paired && !sized.tail && !sized.wide && !sized.decode_kernel);
+  EXPECT_EQ(sized.wide_items, tree_attention_wide_bucket(plan.paired_items_begin));
+  EXPECT_EQ(sized.paired_items, tree_attention_wide_bucket(50));
+  EXPECT_LE(gpu_vs_cpu(b50, llama, plan, &ws, 16, sized), kFp16Tolerance);
+  testing::GpuAttentionProblem problem;
+  ASSERT_TRUE(problem
+                  .init(b50, llama.num_kv_heads * llama.gqa, llama.num_kv_heads, llama.head_dim,
+                        TreeAttentionDtype::kFloat16, 17)
+                  .ok());
+  ASSERT_TRUE(ws.upload(unpaired, nullptr).ok());
+  Status refused = problem.launch_uploaded(ws, nullptr, sized);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+  EXPECT_NE(refused.message().find("paired_items"), std::string::npos) << refused.ToString();
+  ASSERT_TRUE(ws.upload(plan, nullptr).ok());
+  for (const int32_t paired_items : {8, 58}) {
+    TreeAttentionGrid bad = sized;
+    bad.paired_items = paired_items;
+    refused = problem.launch_uploaded(ws, nullptr, bad);
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << paired_items;
+  }
+  TreeAttentionGrid bad = sized;
+  bad.paired = false;
+  EXPECT_EQ(problem.launch_uploaded(ws, nullptr, bad).code(), StatusCode::kInvalidArgument);
+  bad = sized;
+  bad.paired_items = -4;
+  EXPECT_EQ(problem.launch_uploaded(ws, nullptr, bad).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(problem.launch_uploaded(ws, nullptr, sized).ok());
 }
 
 // Workspaces whose eager launches always run paired items in the tail kernel
@@ -521,7 +563,9 @@ TEST(TreeAttentionGpu, TailKernelMatchesPlanExecutor) {
   EXPECT_EQ(tree_attention_graph_grid(ws, llama.num_kv_heads, 128), tail_expected);
   ASSERT_TRUE(shared_workspace().upload(plan, nullptr).ok());
   EXPECT_FALSE(tree_attention_runs_tail(shared_workspace(), llama.num_kv_heads));
-  const TreeAttentionGrid paired_only = bucket_grid(plan, true);
+  TreeAttentionGrid paired_only = bucket_grid(plan, true);
+  paired_only.wide_items = tree_attention_wide_bucket(wide);
+  paired_only.paired_items = tree_attention_wide_bucket(paired);
   EXPECT_EQ(tree_attention_graph_grid(shared_workspace(), llama.num_kv_heads, 128), paired_only);
   ASSERT_TRUE(tail_workspace(false).upload(plan, nullptr).ok());
   EXPECT_FALSE(tree_attention_runs_tail(tail_workspace(false), llama.num_kv_heads));
