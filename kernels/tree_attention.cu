@@ -1039,6 +1039,12 @@ struct MergeTarget {
   float* state_lse = nullptr;
 };
 
+// Stage 1's blocks where head pairing runs `paired` items kPairHeads kv heads a block after
+// `unpaired` items one kv head a block.
+int64_t paired_stage1_blocks(int64_t unpaired, int64_t paired, int32_t num_kv_heads) {
+  return unpaired * num_kv_heads + paired * (num_kv_heads / kPairHeads);
+}
+
 template <int D, typename T>
 Status launch(const Stage1Params& params, const MergeTarget& target,
               const TreeAttentionWorkspace& ws, cudaStream_t stream, TreeAttentionGrid grid) {
@@ -1126,13 +1132,13 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
       if (grid.items > 0 && grid.paired) {
         p1.pair_begin = kPairFromHeader;
         if (grid.paired_items > 0) {
-          blocks_1 = dim3(grid.wide_items * params.num_kv_heads +
-                          grid.paired_items * (params.num_kv_heads / kPairHeads));
+          blocks_1 = dim3(unsigned(
+              paired_stage1_blocks(grid.wide_items, grid.paired_items, params.num_kv_heads)));
         }
       } else if (grid.items == 0 && paired_begin >= 0) {
         p1.pair_begin = paired_begin;
-        blocks_1 = dim3(paired_begin * params.num_kv_heads +
-                        (items - paired_begin) * (params.num_kv_heads / kPairHeads));
+        blocks_1 = dim3(unsigned(
+            paired_stage1_blocks(paired_begin, items - paired_begin, params.num_kv_heads)));
       }
     }
     const cudaError_t e1 =
@@ -1238,11 +1244,9 @@ Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int
           std::to_string(kPairHeads));
     }
     const int64_t begin = workspace.paired_items_begin(), n = workspace.num_items();
-    const int64_t need = begin >= 0
-                             ? begin * num_kv_heads + (n - begin) * (num_kv_heads / kPairHeads)
-                             : n * num_kv_heads;
-    const int64_t have = int64_t(grid.wide_items) * num_kv_heads +
-                         int64_t(grid.paired_items) * (num_kv_heads / kPairHeads);
+    const int64_t need =
+        begin >= 0 ? paired_stage1_blocks(begin, n - begin, num_kv_heads) : n * num_kv_heads;
+    const int64_t have = paired_stage1_blocks(grid.wide_items, grid.paired_items, num_kv_heads);
     if (have < need || grid.wide_items > grid.items || grid.paired_items > grid.items) {
       return InvalidArgument(
           "launch grid's wide_items = " + std::to_string(grid.wide_items) +

@@ -376,11 +376,11 @@ inline TreeAttentionGrid tree_attention_graph_grid(const TreeAttentionWorkspace&
     return grid;
   }
   grid.tail = tree_attention_runs_tail(workspace, num_kv_heads);
-  // runs_tail: the plan pairs from an item past the first and has a token table.
-  grid.wide_items = grid.tail ? tree_attention_wide_bucket(workspace.paired_items_begin()) : 0;
   const int32_t begin = workspace.paired_items_begin();
-  if (grid.paired && !grid.tail && !grid.decode_kernel &&
-      num_kv_heads % kTreeAttentionPairHeads == 0) {
+  if (grid.tail) {
+    // runs_tail: the plan pairs from an item past the first and has a token table.
+    grid.wide_items = tree_attention_wide_bucket(begin);
+  } else if (grid.paired && !grid.decode_kernel && num_kv_heads % kTreeAttentionPairHeads == 0) {
     grid.wide_items = begin > 0 ? tree_attention_wide_bucket(begin) : 0;
     grid.paired_items = tree_attention_wide_bucket(workspace.num_items() - begin);
   }
