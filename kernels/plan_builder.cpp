@@ -22,6 +22,8 @@
 // Invariant (tested by expanding plans): every (query, visible token) pair is in exactly one
 // item with its mask bit set, and no invisible pair is.
 #include <algorithm>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -127,7 +129,8 @@ class PlanBuilder {
   void scan_children(int32_t parent_unit, int32_t begin, int32_t end);
   void build_units_and_assign();
   int64_t count_items(int32_t chunk) const;
-  int64_t simulated_span(int32_t chunk, int32_t pair, int32_t decode_chunk = 0) const;
+  int64_t simulated_span(int32_t chunk, int32_t pair, int32_t decode_chunk = 0,
+                         bool one_wave = false) const;
   int64_t longest_decode_shaped_run() const;
   bool decode_shaped_queries(int64_t q) const;
   void build_unit_runs() const;
@@ -328,7 +331,10 @@ int64_t PlanBuilder::longest_decode_shaped_run() const {
 // wide one of 13 full tiles, 24.7 us) on 1 / pair of an item slot: the paired items,
 // longest first, go to the slots in groups of pair, each group costing its longest.
 // decode_chunk > 0: decode-shaped units are cut into chunks of that many tokens instead.
-int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair, int32_t decode_chunk) const {
+// one_wave: INT64_MAX unless every item (paired group) has a slot of its own, when the span is
+// the longest item's cost (no placement needed).
+int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair, int32_t decode_chunk,
+                                    bool one_wave) const {
   constexpr int64_t kBlockQuarterTiles = 11;
   const int64_t tile = c_.kv_tile_tokens;
   pair = std::max(1, pair);
@@ -336,12 +342,31 @@ int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair, int32_t decode_
   // ceil(chunk / tile) tiles (pair times that paired), so the items are counted per tile count,
   // longest first, instead of sorted: count[k] items of k tiles, and paired[k] paired items
   // (pair of them share one slot's worth).
+  const std::vector<int64_t>& runs = s_.span_unit_runs;
+  if (one_wave) {  // every item (paired group) a slot of its own, or INT64_MAX
+    int64_t items = 0, paired_items = 0, longest = -1;  // longest: in KV tiles
+    for (size_t r = 0; r < runs.size(); r += 3) {
+      const int64_t len = runs[r], queries = runs[r + 1], units = runs[r + 2];
+      const bool decode_shaped = decode_shaped_queries(queries);
+      const int64_t per =
+          even_chunk_tokens(len, decode_shaped && decode_chunk > 0 ? decode_chunk : chunk, tile);
+      const int64_t pieces = ceil_div(len, per), first = std::min(per, len);
+      if (pair > 1 && decode_shaped) {
+        paired_items += pieces * units;
+        longest = std::max(longest, ceil_div(first * pair, tile));
+      } else {
+        items += pieces * ceil_div(queries, tile_queries_) * units;
+        longest = std::max(longest, ceil_div(first, tile));
+      }
+    }
+    if (items + ceil_div(paired_items, pair) > c_.num_sms) return INT64_MAX;
+    return longest < 0 ? 0 : kBlockQuarterTiles + 4 * longest;
+  }
   const int64_t max_tiles = ceil_div(std::max(chunk, decode_chunk), tile) * pair;
   std::vector<int64_t>& count = s_.span_item_cost;
   std::vector<int64_t>& paired = s_.span_paired_cost;
   count.assign(size_t(max_tiles + 1), 0);
   paired.assign(pair > 1 ? size_t(max_tiles + 1) : 0, 0);
-  const std::vector<int64_t>& runs = s_.span_unit_runs;
   for (size_t r = 0; r < runs.size(); r += 3) {
     const int64_t len = runs[r], queries = runs[r + 1], units = runs[r + 2];
     const int64_t query_tiles = ceil_div(queries, tile_queries_);
@@ -391,8 +416,8 @@ PlanBuilder::ChunkChoice PlanBuilder::choose_chunk_tokens() const {
     // pairing is kept where its span is at least 1 / pair_margin shorter, the simulation being
     // good to about 5% (H100, GQA 4: few-shot P=4000 + 50 x 200 at 1024 is 81 -> 75 quarter
     // tiles and measured 36.3 -> 34.0 us; an earlier build's speculative t=128, 90 -> 86,
-    // measured 4% slower paired; at today's margin of 32 it pairs 5 items, unchanged); then two
-    // smaller chunks are tried paired (below).
+    // measured 4% slower paired; at today's margin of 32 it pairs 5 items, unchanged), and so
+    // are the other candidate chunks (below).
     const int32_t base = max_tiles * tile;
     if (c_.max_chunk_tokens <= base) return {base, 1, base};  // no growth
     build_unit_runs();
@@ -412,47 +437,79 @@ PlanBuilder::ChunkChoice PlanBuilder::choose_chunk_tokens() const {
         longest_decode == 0) {
       return {best, 1, best};
     }
-    int64_t paired_span = simulated_span(best, c_.pair_heads);
-    // Paired blocks are long (a 200-token branch at 4 kv heads is 13 tiles): where the wide
-    // items fill the slots, the paired ones left over make a tail one paired block long. The
-    // decode-shaped units cut into 2 or 3 even pieces (more, shorter paired blocks) can
-    // shorten it, so those are simulated too (decode_chunk; 0: cut as the others). H100, GQA
-    // 4, same call (bench/tree_attention/h100-2026-11-26-decode-chunk-ab.txt): few-shot P=4000
-    // + 20 x 200 24.1 -> 22.1 us and + 30 x 200 26.7 -> 25.2 (branches unpaired before, now
-    // paired in pieces of 128 and 72), every other case unchanged (AttentionPlanConfig::
-    // pair_margin says what a 1/32 margin changes).
-    int32_t decode_chunk = 0;
-    for (int64_t pieces = 2, last = std::min<int64_t>(best, longest_decode); pieces <= 3;
-         ++pieces) {
-      const int32_t d =
-          int32_t(even_chunk_tokens(longest_decode, ceil_div(longest_decode, pieces), tile));
-      if (d >= last) continue;
-      last = d;
-      const int64_t span = simulated_span(best, c_.pair_heads, d);
-      if (span < paired_span) {
-        paired_span = span;
-        decode_chunk = d;
-      }
-    }
-    if (paired_span * c_.pair_margin > best_span * (c_.pair_margin - 1)) return {best, 1, best};
-    // Paired, the decode-shaped items take a quarter of the slots they took, which may leave
-    // room for more, shorter wide items: the chunks between base and best that cut the longest
-    // unit into 1 or 2 more pieces (the shortest paired span; ties: the larger chunk). H100,
-    // GQA 4: few-shot P=4000 + 50 x 200 paired at 1024 (4 chunks) 34.2 us, at 832 (5 chunks:
-    // 160 wide and 100 paired blocks fill one wave) 32.4 us; simulated 75 and 63 quarter tiles.
+    // Paired: the unpaired pick, with the decode-shaped units whole or cut into 2 or 3 even
+    // pieces (paired blocks are long: a 200-token branch at 4 kv heads is 13 tiles, so where
+    // the wide items fill the slots the paired ones left over make a tail one paired block
+    // long, and shorter pieces can shorten it); then, with the cut found there, the chunks
+    // that cut the longest unit into 1 or 2 more pieces (paired, the decode-shaped items take a
+    // quarter of the slots they took, which may leave room for more, shorter wide items), and
+    // the other chunks growth could pick and the cuts of the longest unit into up to 8 pieces
+    // more than the largest chunk cuts it into. Those others, and the first two where pairing
+    // at the unpaired pick is not shorter by the margin, count only where the simulation
+    // places every item in one wave (at most one an item slot). Each is kept only where
+    // strictly shorter, the longest chunks tried first.
+    // H100, GQA 4: few-shot P=4000 + 50 x 200 paired at 1024 (4 chunks) 34.2 us, at 832 (5
+    // chunks: 160 wide and 100 paired blocks fill one wave) 32.4 us, simulated 75 and 63
+    // quarter tiles; + 20 / 30 x 200 24.1 -> 22.1 / 26.7 -> 25.2 us with the branches paired in
+    // pieces of 128 and 72 (bench/tree_attention/h100-2026-11-26-decode-chunk-ab.txt). The
+    // other chunks (seventeenth session, record h100-2026-11-27-session17.txt, same call):
+    // + 40 / 48 / 56 / 64 x 200 33.8 / 37.0 / 42.2 / 46.6 -> 28.3 / 30.7 / 35.0 / 37.8 us,
+    // P=8000 + 32 x 200 39.4 -> 33.3; tried without the one-wave condition they also picked
+    // plans of two waves or more that measured slower (+ 96 x 200 57.2 -> 62.9, P=8000 + 64 /
+    // 100 x 200 47.5 / 86.3 -> 48.8 / 115.7).
     int64_t longest = 0;
     const std::vector<int64_t>& runs = s_.span_unit_runs;
     for (size_t r = 0; r < runs.size(); r += 3) longest = std::max(longest, runs[r]);
-    int32_t paired_best = best;
-    for (int64_t pieces = ceil_div(longest, best) + 1, n = 0; n < 2; ++pieces, ++n) {
-      const int32_t chunk = int32_t(even_chunk_tokens(longest, ceil_div(longest, pieces), tile));
-      if (chunk < base || chunk >= paired_best) break;
-      const int64_t span = simulated_span(chunk, c_.pair_heads, decode_chunk);
+    int64_t paired_span = INT64_MAX;
+    int32_t paired_best = best, decode_chunk = 0;
+    auto try_paired = [&](int32_t chunk, int32_t d, bool one_wave) {
+      const int64_t span = simulated_span(chunk, c_.pair_heads, d, one_wave);
       if (span < paired_span) {
-        paired_best = chunk;
         paired_span = span;
+        paired_best = chunk;
+        decode_chunk = d;
       }
+    };
+    auto try_cuts = [&](int32_t chunk) {
+      for (int64_t pieces = 2, last = std::min<int64_t>(chunk, longest_decode); pieces <= 3;
+           ++pieces) {
+        const int32_t d =
+            int32_t(even_chunk_tokens(longest_decode, ceil_div(longest_decode, pieces), tile));
+        if (d >= last) continue;
+        last = d;
+        try_paired(chunk, d, false);
+      }
+    };
+    try_paired(best, 0, false);
+    try_cuts(best);
+    const bool pairs_at_best = paired_span * c_.pair_margin <= best_span * (c_.pair_margin - 1);
+    // Candidates (chunk, one wave needed), longest first.
+    std::pair<int32_t, bool> candidates[16];
+    int n_candidates = 0;
+    const int64_t best_pieces = ceil_div(longest, best);
+    for (int32_t factor : {4, 3, 2, 1}) {
+      if (base * factor <= c_.max_chunk_tokens) candidates[n_candidates++] = {base * factor, true};
     }
+    const int64_t first_pieces = ceil_div(longest, std::min<int64_t>(c_.max_chunk_tokens, longest));
+    for (int64_t pieces = first_pieces; pieces < first_pieces + 8 || pieces <= best_pieces + 2;
+         ++pieces) {
+      const int32_t chunk = int32_t(even_chunk_tokens(longest, ceil_div(longest, pieces), tile));
+      if (chunk < base || n_candidates == 16) break;
+      const bool next_cuts = pieces > best_pieces && pieces <= best_pieces + 2;
+      candidates[n_candidates++] = {chunk, !(next_cuts && pairs_at_best)};
+    }
+    // Longest first; of equal chunks, the one without the one-wave condition.
+    std::sort(candidates, candidates + n_candidates,
+              [](const std::pair<int32_t, bool>& a, const std::pair<int32_t, bool>& b) {
+                return a.first != b.first ? a.first > b.first : a.second < b.second;
+              });
+    const int32_t cut = decode_chunk;
+    for (int i = 0; i < n_candidates; ++i) {
+      const int32_t chunk = candidates[i].first;
+      if (chunk == best || (i > 0 && chunk == candidates[i - 1].first)) continue;
+      try_paired(chunk, cut < chunk ? cut : 0, candidates[i].second);
+    }
+    if (paired_span * c_.pair_margin > best_span * (c_.pair_margin - 1)) return {best, 1, best};
     if (c_.decode_chunk_tokens > 0) decode_chunk = c_.decode_chunk_tokens;
     return {paired_best, c_.pair_heads,
             decode_chunk > 0 ? std::min(decode_chunk, paired_best) : paired_best};
