@@ -23,7 +23,6 @@
 // item with its mask bit set, and no invisible pair is.
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <utility>
 
