@@ -1364,8 +1364,12 @@ bool tree_attention_runs_wide(const TreeAttentionWorkspace& workspace, int32_t n
       !workspace.wide_kernel_built() || workspace.runs_decode_kernel()) {
     return false;
   }
+  // kAuto: not where stage 1 would run items after it (a chunk's odd query tile), a launch of
+  // its own after the wide kernel's (H100, GQA 4: few-shot P=4000 + 80 x 100 67.5 us with it,
+  // 39.5 unpaired; seventeenth session, record h100-2026-11-27-session17.txt).
   return mode == TreeAttentionLimits::Wide::kAlways ||
-         tree_attention_runs_tail(workspace, num_kv_heads);
+         (tree_attention_runs_tail(workspace, num_kv_heads) &&
+          tree_attention_wide_rest(workspace) == 0);
 }
 
 bool tree_attention_runs_tail(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads) {

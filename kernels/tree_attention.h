@@ -74,10 +74,11 @@ struct TreeAttentionLimits {
   // an SM: two consumer warpgroups, one item of the pair each, sharing every K/V tile of a
   // 5-stage ring that a producer warp fills; the plan's paired items run in three more warps
   // of the same blocks as the tail kernel runs them, and stage 1 runs the remaining items
-  // after it): never, where tree_attention_runs_tail() says so (kAuto: the wide items fill one
-  // wave and the paired items stream beside them), or wherever the plan has such pairs
-  // (kAlways). Needs an sm_90a build (TreeAttentionWorkspace::wide_kernel_built()). Eager
-  // launches decide with tree_attention_runs_wide(); a grid (TreeAttentionGrid::wide) is told.
+  // after it): never, where tree_attention_runs_tail() says so and no wide items are left for
+  // stage 1 after it (kAuto: the wide items fill one wave and the paired items stream beside
+  // them), or wherever the plan has such pairs (kAlways). Needs an sm_90a build
+  // (TreeAttentionWorkspace::wide_kernel_built()). Eager launches decide with
+  // tree_attention_runs_wide(); a grid (TreeAttentionGrid::wide) is told.
   enum class Wide : int32_t { kOff = 0, kAuto = 1, kAlways = 2 };
   Wide wide_kernel = Wide::kAuto;
 

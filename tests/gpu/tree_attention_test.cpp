@@ -782,6 +782,18 @@ TEST(TreeAttentionGpu, WideKernelMatchesPlanExecutor) {
   EXPECT_FALSE(tree_attention_runs_wide(shared_workspace(), llama.num_kv_heads, 128));
   ASSERT_TRUE(tail_workspace(true).upload(plan, nullptr).ok());
   EXPECT_FALSE(tree_attention_runs_wide(tail_workspace(true), llama.num_kv_heads, 128));
+  // Nor at kAuto where stage 1 would run items after it: few-shot P=4000 + 80 x 100 has 5
+  // query tiles a chunk, so each chunk's fifth is left; the tail kernel runs its paired items.
+  const TreeCase odd = testing::few_shot_case(4000, 80, 100, 16, 34);
+  AttentionPlan odd_plan;
+  ASSERT_TRUE(build_attention_plan(odd.view, config_for(llama), &odd_plan).ok());
+  ASSERT_TRUE(shared_workspace().upload(odd_plan, nullptr).ok());
+  EXPECT_GT(shared_workspace().wide_pairs(), 0);
+  EXPECT_GT(tree_attention_wide_rest(shared_workspace()), 0);
+  EXPECT_TRUE(tree_attention_runs_tail(shared_workspace(), llama.num_kv_heads));
+  EXPECT_FALSE(tree_attention_runs_wide(shared_workspace(), llama.num_kv_heads, 128));
+  EXPECT_FALSE(tree_attention_graph_grid(shared_workspace(), llama.num_kv_heads, 128).wide);
+  EXPECT_LE(gpu_vs_cpu(odd, llama, odd_plan, &shared_workspace(), 35), kFp16Tolerance);
   // Without a token table there are no wide pairs.
   ASSERT_TRUE(small_table_workspace(0).upload(plan, nullptr).ok());
   EXPECT_EQ(small_table_workspace(0).wide_pairs(), 0);
