@@ -970,11 +970,16 @@ void pair_decode_items(AttentionPlan* plan, int32_t pair_heads, bool longest_fir
   }
   if (longest_first) {
     // Stable by the index tie-break (the indices are ascending here): std::sort, which does not
-    // allocate, where std::stable_sort would on every build.
-    std::sort(order.begin() + p.paired_items_begin, order.end(), [&](int32_t a, int32_t b) {
+    // allocate, where std::stable_sort would on every build. Branches decoded in step have
+    // equal lengths, so the items are often in order already: checked first (O(n)), which
+    // saves the sort's ~60k instructions a build at 256 equal branches (callgrind).
+    auto longer = [&](int32_t a, int32_t b) {
       const int32_t ta = p.item_num_tokens[size_t(a)], tb = p.item_num_tokens[size_t(b)];
       return ta != tb ? ta > tb : a < b;
-    });
+    };
+    if (!std::is_sorted(order.begin() + p.paired_items_begin, order.end(), longer)) {
+      std::sort(order.begin() + p.paired_items_begin, order.end(), longer);
+    }
   }
   if (p.paired_items_begin < n) permute_items(order, plan);
 }
