@@ -342,13 +342,17 @@ int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair, int32_t decode_
   // longest first, instead of sorted: count[k] items of k tiles, and paired[k] paired items
   // (pair of them share one slot's worth).
   const std::vector<int64_t>& runs = s_.span_unit_runs;
+  // The tokens of each even piece a run of len tokens is cut into (decode-shaped runs by
+  // decode_chunk where > 0).
+  auto piece_tokens = [&](int64_t len, bool decode_shaped) {
+    return even_chunk_tokens(len, decode_shaped && decode_chunk > 0 ? decode_chunk : chunk, tile);
+  };
   if (one_wave) {  // every item (paired group) a slot of its own, or INT64_MAX
     int64_t items = 0, paired_items = 0, longest = -1;  // longest: in KV tiles
     for (size_t r = 0; r < runs.size(); r += 3) {
       const int64_t len = runs[r], queries = runs[r + 1], units = runs[r + 2];
       const bool decode_shaped = decode_shaped_queries(queries);
-      const int64_t per =
-          even_chunk_tokens(len, decode_shaped && decode_chunk > 0 ? decode_chunk : chunk, tile);
+      const int64_t per = piece_tokens(len, decode_shaped);
       const int64_t pieces = ceil_div(len, per), first = std::min(per, len);
       if (pair > 1 && decode_shaped) {
         paired_items += pieces * units;
@@ -371,8 +375,7 @@ int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair, int32_t decode_
     const int64_t query_tiles = ceil_div(queries, tile_queries_);
     const bool decode_shaped = decode_shaped_queries(queries);
     const bool pairs = pair > 1 && decode_shaped;
-    const int64_t per =
-        even_chunk_tokens(len, decode_shaped && decode_chunk > 0 ? decode_chunk : chunk, tile);
+    const int64_t per = piece_tokens(len, decode_shaped);
     for (int64_t begin = 0; begin < len; begin += per) {
       const int64_t tokens = std::min(per, len - begin);
       if (pairs) {
