@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bench/tree_attention/bench_util.h"
+#include "kernels/detail/pdl_launch.cuh"
 #include "kernels/testing/gpu_attention_harness.h"
 
 namespace {
@@ -38,7 +39,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 }
 
 __global__ void empty_grid(int) {}
-__global__ void empty_dependent_grid(int) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__global__ void empty_dependent_grid(int) { treeserve::detail::pdl_wait(); }
 
 // Block b reads units [n b / grid, n (b + 1) / grid): 256 threads, 16 bytes each a unit, R
 // units in flight a thread.
@@ -240,51 +241,6 @@ __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(128)
   if (acc == kNever) *sink = acc;
 }
 
-template <typename... Args>
-void launch_dependent(void (*kernel)(Args...), int blocks, Args... args) {
-  cudaLaunchConfig_t c{};
-  c.gridDim = dim3(blocks);
-  c.blockDim = dim3(128);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  c.attrs = attr;
-  c.numAttrs = 1;
-  CHECK_CUDA(cudaLaunchKernelEx(&c, kernel, args...));
-}
-
-class Timer {
- public:
-  explicit Timer(int reps) : reps_(reps) {
-    CHECK_CUDA(cudaEventCreate(&start_));
-    CHECK_CUDA(cudaEventCreate(&stop_));
-    CHECK_CUDA(cudaMalloc(&flush_, kFlushBytes + 16));
-    CHECK_CUDA(cudaMemset(flush_, 1, kFlushBytes + 16));
-  }
-  template <typename F>
-  double us(F launch) {
-    std::vector<double> t;
-    for (int i = 0; i < reps_ + 3; ++i) {
-      treeserve::testing::flush_l2_by_reading(flush_, kFlushBytes, flush_ + kFlushBytes, nullptr);
-      CHECK_CUDA(cudaEventRecord(start_));
-      launch();
-      CHECK_CUDA(cudaEventRecord(stop_));
-      CHECK_CUDA(cudaEventSynchronize(stop_));
-      float ms = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
-      if (i >= 3) t.push_back(ms * 1e3);
-    }
-    CHECK_CUDA(cudaGetLastError());
-    return treeserve::bench::median(t);
-  }
-
- private:
-  static constexpr size_t kFlushBytes = size_t(256) << 20;
-  int reps_;
-  cudaEvent_t start_, stop_;
-  char* flush_ = nullptr;
-};
-
 // A few-shot tree's pages: `pages` pages (16 tokens each) of which the first `prompt` are the
 // prompt's; units listed head-major (a block reads one head's pages in order, K then V of a
 // page), the prompt's `reads` times (once per query tile), then the branches'.
@@ -340,7 +296,13 @@ int main(int argc, char** argv) {
       "device: %s, %d SMs; d2d copy bandwidth %.3f TB/s (read + write); median of %d, "
       "L2 flushed before each\n\n",
       prop.name, sms, copy_bw / 1e12, reps);
-  Timer timer(reps);
+  treeserve::bench::Timer timer(true, nullptr);
+  // Each figure: the timer's median, then any launch error fails the run.
+  auto us = [&](auto launch) {
+    const double t = timer.median_us(reps, launch);
+    CHECK_CUDA(cudaGetLastError());
+    return t;
+  };
   uint32_t* sink;
   CHECK_CUDA(cudaMalloc(&sink, 64));
 
@@ -349,13 +311,14 @@ int main(int argc, char** argv) {
       cudaFuncSetAttribute(empty_grid, cudaFuncAttributeMaxDynamicSharedMemorySize, stage1_smem));
   std::printf("launch floors (event time, us)\n");
   std::printf("  one empty block                                   %6.2f\n",
-              timer.us([] { empty_grid<<<1, 128>>>(0); }));
+              us([] { empty_grid<<<1, 128>>>(0); }));
   std::printf("  %3d empty blocks of %d KB shared                 %6.2f\n", 2 * sms,
-              stage1_smem >> 10, timer.us([&] { empty_grid<<<2 * sms, 128, stage1_smem>>>(0); }));
-  std::printf("  the same + a dependent grid of 400 blocks         %6.2f\n", timer.us([&] {
-    empty_grid<<<2 * sms, 128, stage1_smem>>>(0);
-    launch_dependent(empty_dependent_grid, 400, 0);
-  }));
+              stage1_smem >> 10, us([&] { empty_grid<<<2 * sms, 128, stage1_smem>>>(0); }));
+  std::printf("  the same + a dependent grid of 400 blocks         %6.2f\n", us([&] {
+                empty_grid<<<2 * sms, 128, stage1_smem>>>(0);
+                CHECK_CUDA(treeserve::detail::launch_pdl(dim3(400), dim3(128), 0, nullptr,
+                                                         empty_dependent_grid, 0));
+              }));
 
   // b=50's 40 prompt clusters are stage 1's 160 wide blocks (5 chunks x 4 query tiles x 8 kv
   // heads), the other 104 CTAs its 100 paired ones.
@@ -401,19 +364,18 @@ int main(int argc, char** argv) {
       char what[64];
       if (reads == 1) {
         row("once: ld.global, 4 blocks an SM",
-            timer.us([&] { read_ldg<8><<<4 * sms, 256>>>(pool, d_units, n, sink); }));
-        row("once: cp.async 2 x 16 KB, 4 blocks an SM", timer.us([&] {
-          read_cp_async<2, 4><<<4 * sms, 128, 2 * 4 * kUnit>>>(pool, d_units, n, sink);
-        }));
-        row("once: bulk 2 x 16 KB, 4 blocks an SM", timer.us([&] {
-          read_bulk<2, 4><<<4 * sms, 128, 2 * 4 * kUnit>>>(pool, d_units, n, sink);
-        }));
+            us([&] { read_ldg<8><<<4 * sms, 256>>>(pool, d_units, n, sink); }));
+        row("once: cp.async 2 x 16 KB, 4 blocks an SM", us([&] {
+              read_cp_async<2, 4><<<4 * sms, 128, 2 * 4 * kUnit>>>(pool, d_units, n, sink);
+            }));
+        row("once: bulk 2 x 16 KB, 4 blocks an SM",
+            us([&] { read_bulk<2, 4><<<4 * sms, 128, 2 * 4 * kUnit>>>(pool, d_units, n, sink); }));
       }
       std::snprintf(what, sizeof what, "prompt x%d: cp.async 2 x 32 KB, 2 blocks an SM", reads);
       if (reads == 1) std::snprintf(what, sizeof what, "once: cp.async 2 x 32 KB, 2 blocks an SM");
-      row(what, timer.us([&] {
-        read_cp_async<2, 8><<<2 * sms, 128, 2 * 8 * kUnit>>>(pool, d_units, n, sink);
-      }));
+      row(what, us([&] {
+            read_cp_async<2, 8><<<2 * sms, 128, 2 * 8 * kUnit>>>(pool, d_units, n, sink);
+          }));
     }
     if (cluster && t.prompt_clusters > 0) {
       // The prompt once in the list, 4 CTAs a cluster consuming it; the rest of 2 blocks an SM
@@ -426,7 +388,7 @@ int main(int argc, char** argv) {
       const int blocks = (2 * sms) / 4 * 4;
       for (const int mc : {0, 1}) {
         row(mc ? "clusters of 4: prompt multicast to the 4" : "clusters of 4: each CTA reads",
-            timer.us([&] {
+            us([&] {
               read_cluster<<<blocks, 128, 2 * 8 * kUnit>>>(
                   pool, d_units, prompt_units, branch_units, t.prompt_clusters, mc, sink);
             }));

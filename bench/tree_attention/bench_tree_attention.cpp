@@ -76,6 +76,7 @@ namespace {
 
 using bench::copy_bandwidth;
 using bench::median;
+using bench::Timer;
 
 struct Options {
   std::string json_path;
@@ -197,53 +198,6 @@ TreeAttentionLimits limits_for(const AttentionPlan& plan, int32_t num_q_heads,
   l.max_head_dim = 128;
   return l;
 }
-
-class Timer {
- public:
-  // The flush, the events and the launches all go to `stream` (null: the legacy stream).
-  Timer(bool flush, cudaStream_t stream) : flush_(flush), stream_(stream) {
-    CHECK_CUDA(cudaEventCreate(&start_));
-    CHECK_CUDA(cudaEventCreate(&stop_));
-    if (flush_) {
-      CHECK_CUDA(cudaMalloc(&scratch_, kFlushBytes + 16));
-      CHECK_CUDA(cudaMemset(scratch_, 1, kFlushBytes + 16));
-    }
-  }
-  ~Timer() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-    if (scratch_ != nullptr) cudaFree(scratch_);
-  }
-  cudaStream_t stream() const { return stream_; }
-  // Median microseconds of launch() over reps (after 3 warm-ups).
-  template <typename F>
-  double median_us(int reps, F launch) {
-    std::vector<double> us;
-    for (int i = 0; i < reps + 3; ++i) {
-      // Flushing L2 (50 MB on an H100) makes every repetition read KV from HBM, as a decode
-      // step does after the rest of the layer; it also queues the launches behind the flush.
-      if (flush_) {
-        testing::flush_l2_by_reading(scratch_, kFlushBytes,
-                                     static_cast<char*>(scratch_) + kFlushBytes, stream_);
-      }
-      CHECK_CUDA(cudaEventRecord(start_, stream_));
-      launch();
-      CHECK_CUDA(cudaEventRecord(stop_, stream_));
-      CHECK_CUDA(cudaEventSynchronize(stop_));
-      float ms = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
-      if (i >= 3) us.push_back(ms * 1e3);
-    }
-    return median(us);
-  }
-
- private:
-  static constexpr size_t kFlushBytes = size_t(256) << 20;
-  bool flush_;
-  cudaStream_t stream_;
-  cudaEvent_t start_, stop_;
-  void* scratch_ = nullptr;
-};
 
 double plan_build_us(const testing::TreeCase& tree, const AttentionPlanConfig& config) {
   AttentionPlan plan;

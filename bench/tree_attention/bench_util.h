@@ -1,6 +1,6 @@
-// Helpers shared by the attention benchmarks (bench_tree_attention, bench_sequence_parallel):
-// fail-fast checks, the median, and the device-to-device copy bandwidth every figure is
-// compared with. Header only; needs cuda_runtime.h.
+// Helpers shared by the attention benchmarks (bench_tree_attention, bench_sequence_parallel,
+// bench_page_read): fail-fast checks, the median, the device-to-device copy bandwidth every
+// figure is compared with, and the event timer. Header only; needs cuda_runtime.h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/testing/gpu_attention_harness.h"
 
 #define CHECK_CUDA(expr)                                                                         \
   do {                                                                                           \
@@ -64,5 +65,57 @@ inline double copy_bandwidth(int reps = 10) {
   CHECK_CUDA(cudaEventDestroy(stop));
   return 2.0 * double(bytes) / median(times);
 }
+
+// Event time of launches as the attention benchmarks report it: cudaEvent records around
+// launch() on `stream`, each repetition behind a read of a 256 MB buffer where `flush` (L2
+// evicted without dirty lines); median of reps after 3 warm-ups.
+class Timer {
+ public:
+  // The flush, the events and the launches all go to `stream` (null: the legacy stream).
+  Timer(bool flush, cudaStream_t stream) : flush_(flush), stream_(stream) {
+    CHECK_CUDA(cudaEventCreate(&start_));
+    CHECK_CUDA(cudaEventCreate(&stop_));
+    if (flush_) {
+      CHECK_CUDA(cudaMalloc(&scratch_, kFlushBytes + 16));
+      CHECK_CUDA(cudaMemset(scratch_, 1, kFlushBytes + 16));
+    }
+  }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+  ~Timer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    if (scratch_ != nullptr) cudaFree(scratch_);
+  }
+  cudaStream_t stream() const { return stream_; }
+  // Median microseconds of launch() over reps (after 3 warm-ups).
+  template <typename F>
+  double median_us(int reps, F launch) {
+    std::vector<double> us;
+    for (int i = 0; i < reps + 3; ++i) {
+      // Flushing L2 (50 MB on an H100) makes every repetition read KV from HBM, as a decode
+      // step does after the rest of the layer; it also queues the launches behind the flush.
+      if (flush_) {
+        ::treeserve::testing::flush_l2_by_reading(
+            scratch_, kFlushBytes, static_cast<char*>(scratch_) + kFlushBytes, stream_);
+      }
+      CHECK_CUDA(cudaEventRecord(start_, stream_));
+      launch();
+      CHECK_CUDA(cudaEventRecord(stop_, stream_));
+      CHECK_CUDA(cudaEventSynchronize(stop_));
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
+      if (i >= 3) us.push_back(ms * 1e3);
+    }
+    return median(us);
+  }
+
+ private:
+  static constexpr size_t kFlushBytes = size_t(256) << 20;
+  bool flush_;
+  cudaStream_t stream_;
+  cudaEvent_t start_, stop_;
+  void* scratch_ = nullptr;
+};
 
 }  // namespace treeserve::bench
