@@ -54,6 +54,8 @@
 //                             [--no-wide | --wide-always]  (TreeAttentionLimits::wide_kernel:
 //                                            never, or wherever the plan has wide pairs,
 //                                            instead of where the tail kernel would run)
+//                             [--kv-heads N]  (only 32 query heads over N kv heads, 8 or 32,
+//                                            instead of both)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -109,6 +111,7 @@ struct Options {
   TreeAttentionLimits::Tail tail = TreeAttentionLimits::Tail::kAuto;
   // TreeAttentionLimits::wide_kernel (default kAuto; --no-wide: kOff, --wide-always: kAlways)
   TreeAttentionLimits::Wide wide = TreeAttentionLimits::Wide::kAuto;
+  int kv_heads = 0;  // --kv-heads: only 32 / kv_heads (0: both head shapes)
 };
 
 struct Case {
@@ -440,6 +443,12 @@ int main_impl(int argc, char** argv) {
       opt.tail = TreeAttentionLimits::Tail::kOff;
     } else if (a == "--tail-always") {
       opt.tail = TreeAttentionLimits::Tail::kAlways;
+    } else if (a == "--kv-heads") {
+      opt.kv_heads = std::atoi(next().c_str());
+      if (opt.kv_heads != 8 && opt.kv_heads != 32) {
+        std::fprintf(stderr, "--kv-heads takes 8 or 32\n");
+        return 2;
+      }
     } else if (a == "--no-wide") {
       opt.wide = TreeAttentionLimits::Wide::kOff;
     } else if (a == "--wide-always") {
@@ -498,7 +507,7 @@ int main_impl(int argc, char** argv) {
                    "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] "
                    "[--grid] [--graph] [--no-decode-kernel] [--depth-slots] [--no-balance-tiles] "
                    "[--few-shot P,B,S] [--trace PATH] [--no-pair] [--pair-all] [--plan-only] "
-                   "[--no-tail | --tail-always] [--no-wide | --wide-always]\n",
+                   "[--no-tail | --tail-always] [--no-wide | --wide-always] [--kv-heads N]\n",
                    argv[0]);
       return 2;
     }
@@ -516,7 +525,8 @@ int main_impl(int argc, char** argv) {
   auto selected = [&](const Case& c) {
     return opt.filter.empty() || c.name.find(opt.filter) != std::string::npos;
   };
-  constexpr std::pair<int32_t, int32_t> kHeads[] = {{32, 8}, {32, 32}};
+  std::vector<std::pair<int32_t, int32_t>> head_shapes = {{32, 8}, {32, 32}};
+  if (opt.kv_heads > 0) head_shapes = {{32, opt.kv_heads}};
   if (opt.plan_only) {
     std::printf("plans for 132 SMs (an H100), head pairing %s\n\n",
                 !opt.pair ? "off" : (opt.pair_all ? "offered at every GQA" : "on"));
@@ -524,7 +534,7 @@ int main_impl(int argc, char** argv) {
                 "chunk", "dchunk", "paired", "uniqMB", "planMB", "plan_us");
     for (const Case& c : cases) {
       if (!selected(c)) continue;
-      for (const auto& [q_heads, kv_heads] : kHeads) {
+      for (const auto& [q_heads, kv_heads] : head_shapes) {
         const Result r = run_case(c, q_heads, kv_heads, 132, 0, opt, nullptr);
         std::printf("%-34s %2d/%-2d %5d %6d %6d %7d %7d %8.2f %8.2f %7.1f\n", r.name.c_str(),
                     r.num_q_heads, r.num_kv_heads, r.queries, r.items, r.chunk, r.decode_chunk,
@@ -567,7 +577,7 @@ int main_impl(int argc, char** argv) {
   std::vector<Result> results;
   for (const Case& c : cases) {
     if (!selected(c)) continue;
-    for (const auto& [q_heads, kv_heads] : kHeads) {
+    for (const auto& [q_heads, kv_heads] : head_shapes) {
       const Result r =
           run_case(c, q_heads, kv_heads, prop.multiProcessorCount, copy_bw, opt, &timer);
       std::printf(
