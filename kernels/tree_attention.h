@@ -74,9 +74,10 @@ struct TreeAttentionLimits {
   // an SM: two consumer warpgroups, one item of the pair each, sharing every K/V tile of a
   // 5-stage ring that a producer warp fills; the plan's paired items run in three more warps
   // of the same blocks as the tail kernel runs them, and stage 1 runs the remaining items
-  // after it): never, where tree_attention_runs_tail() says so and no wide items are left for
+  // after it): never, where tree_attention_wide_pays() says so and no wide items are left for
   // stage 1 after it (kAuto: the wide items fill one wave and the paired items stream beside
-  // them), or wherever the plan has such pairs (kAlways). Needs an sm_90a build
+  // them; whatever tail_kernel says), or wherever the plan has such pairs (kAlways). Needs an
+  // sm_90a build
   // (TreeAttentionWorkspace::wide_kernel_built()). Eager launches decide with
   // tree_attention_runs_wide(); a grid (TreeAttentionGrid::wide) is told.
   enum class Wide : int32_t { kOff = 0, kAuto = 1, kAlways = 2 };
@@ -104,17 +105,31 @@ inline int32_t tree_attention_tail_block_smem(int32_t own_bytes, int32_t stage1_
   return padded > own_bytes && padded <= 2 * int64_t(own_bytes) ? int32_t(padded) : own_bytes;
 }
 
-// TreeAttentionLimits::Tail::kAuto: the tail kernel runs a plan's paired items where stage 1's
-// other (wide) items fill at most one wave of its block slots but the paired items' blocks do
-// not fit beside them, so that stage 1 would run them as a second, DRAM-bound wave after the
-// compute-bound wide one (few-shot P=16000 + 64 x 200 at GQA 4 on an H100: 256 wide blocks,
-// 256 paired, 264 slots). Where the paired blocks fit beside the wide ones (few-shot P=4000 +
-// b x 200) or the wide items alone take more than a wave (speculative t=128), stage 1 already
-// runs both kinds side by side and the tail kernel measured slower (design log, ninth session).
-inline bool tree_attention_tail_pays(int64_t wide_blocks, int64_t paired_blocks, int32_t num_sms) {
+// TreeAttentionLimits::Wide::kAuto's block rule (tree_attention_runs_wide adds that no items are
+// left for stage 1 after the wide kernel's pairs): stage 1's other (wide) items fill at most
+// one wave of its block slots and the paired items' blocks do not fit beside them, so that
+// stage 1 would run those as a second, DRAM-bound wave (few-shot P=16000 + 64 x 200 at GQA 4 on
+// an H100: 256 wide blocks, 256 paired, 264 slots). Where the paired blocks fit beside the
+// wide ones (few-shot P=4000 + b x 200) or the wide items alone take more than a wave
+// (speculative t=128), stage 1 already runs both kinds side by side.
+inline bool tree_attention_wide_pays(int64_t wide_blocks, int64_t paired_blocks, int32_t num_sms) {
   const int64_t slots = int64_t(kTreeAttentionStage1BlocksPerSm) * num_sms;
   return paired_blocks > 0 && wide_blocks > 0 && wide_blocks <= slots &&
          wide_blocks + paired_blocks > slots;
+}
+
+// TreeAttentionLimits::Tail::kAuto: the tail kernel runs a plan's paired items (where the wide
+// kernel does not take the plan) under tree_attention_wide_pays' rule, and only where the wide
+// blocks fill at least 3/4 of stage 1's slots, so that few paired blocks would start before the
+// wide ones end. Where more slots are free, stage 1's paired blocks beside the wide ones
+// measured as fast or faster than the tail kernel's one-warp blocks (H100, GQA 4, eighteenth
+// session, record h100-2026-11-27-session18.txt: wide blocks 96-192 of 264, stage 1 alone
+// 1.0-3.9 us faster on six few-shot trees and as fast on one; 200 and 256, the tail kernel 1.6
+// us faster on one and as fast on three).
+inline bool tree_attention_tail_pays(int64_t wide_blocks, int64_t paired_blocks, int32_t num_sms) {
+  const int64_t slots = int64_t(kTreeAttentionStage1BlocksPerSm) * num_sms;
+  return tree_attention_wide_pays(wide_blocks, paired_blocks, num_sms) &&
+         4 * wide_blocks >= 3 * slots;
 }
 
 // One stage 1 block's record (TreeAttentionWorkspace::enable_block_trace): %globaltimer
@@ -321,7 +336,8 @@ inline int32_t tree_attention_wide_pairs(const AttentionPlan& plan) {
 // Whether an eager launch of the workspace's last upload with num_kv_heads kv heads at
 // head_dim runs the wide kernel (TreeAttentionLimits::wide_kernel): the upload has wide pairs,
 // the build has the kernel, head_dim is 128, the plan does not run in the decode kernel, and
-// at kAuto tree_attention_runs_tail().
+// at kAuto it pairs, has a token table, tree_attention_wide_pays and no items are left for
+// stage 1 after the pairs (tree_attention_wide_rest).
 bool tree_attention_runs_wide(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads,
                               int32_t head_dim);
 

@@ -783,16 +783,18 @@ TEST(TreeAttentionGpu, WideKernelMatchesPlanExecutor) {
   ASSERT_TRUE(tail_workspace(true).upload(plan, nullptr).ok());
   EXPECT_FALSE(tree_attention_runs_wide(tail_workspace(true), llama.num_kv_heads, 128));
   // Nor at kAuto where stage 1 would run items after it: few-shot P=4000 + 80 x 100 has 5
-  // query tiles a chunk, so each chunk's fifth is left; the tail kernel runs its paired items.
+  // query tiles a chunk, so each chunk's fifth is left. Nor does the tail kernel (its 160 wide
+  // blocks leave 104 of 264 slots to the paired ones): stage 1 runs the whole plan.
   const TreeCase odd = testing::few_shot_case(4000, 80, 100, 16, 34);
   AttentionPlan odd_plan;
   ASSERT_TRUE(build_attention_plan(odd.view, config_for(llama), &odd_plan).ok());
   ASSERT_TRUE(shared_workspace().upload(odd_plan, nullptr).ok());
   EXPECT_GT(shared_workspace().wide_pairs(), 0);
   EXPECT_GT(tree_attention_wide_rest(shared_workspace()), 0);
-  EXPECT_TRUE(tree_attention_runs_tail(shared_workspace(), llama.num_kv_heads));
+  EXPECT_FALSE(tree_attention_runs_tail(shared_workspace(), llama.num_kv_heads));
   EXPECT_FALSE(tree_attention_runs_wide(shared_workspace(), llama.num_kv_heads, 128));
   EXPECT_FALSE(tree_attention_graph_grid(shared_workspace(), llama.num_kv_heads, 128).wide);
+  EXPECT_FALSE(tree_attention_graph_grid(shared_workspace(), llama.num_kv_heads, 128).tail);
   EXPECT_LE(gpu_vs_cpu(odd, llama, odd_plan, &shared_workspace(), 35), kFp16Tolerance);
   // Without a token table there are no wide pairs.
   ASSERT_TRUE(small_table_workspace(0).upload(plan, nullptr).ok());

@@ -1007,32 +1007,45 @@ TEST(TreeAttentionTail, LaunchPaddingFitsThreeBesideStageOne) {
   EXPECT_EQ(tree_attention_tail_block_smem(kOwn, 110000, kSm, kReserved), kOwn);
 }
 
-// TreeAttentionLimits::Tail::kAuto's rule, on the plans the builder makes for an H100's 132 SMs
-// at Llama-3-8B heads: the tail kernel runs P=16000 + 64 x 200's paired items (one wave of
-// wide blocks, the paired ones a second), not those of few-shot P=4000 + b x 200 (the paired
-// blocks fit beside the wide ones) or of speculative t=128 (the wide items alone take more
-// than a wave); H100 measurements in the design log (ninth session).
+// The kAuto rules of the wide kernel (tree_attention_wide_pays) and of the tail kernel
+// (tree_attention_tail_pays), on the plans the builder makes for an H100's 132 SMs at
+// Llama-3-8B heads: both take P=16000 + 64 x 200's paired items (one wave of wide blocks, the
+// paired ones a second), neither those of few-shot P=4000 + b x 200 (the paired blocks fit
+// beside the wide ones) or of speculative t=128 (the wide items alone take more than a wave);
+// the tail kernel only where the wide blocks fill 3/4 of the slots (P=8000 + 40 x 100: 192 of
+// 264, stage 1 faster; P=4000 + 80 x 200: 200, the tail kernel faster). H100 measurements in
+// the design log (ninth and eighteenth sessions).
 TEST(TreeAttentionTail, PaysWhereThePairedBlocksWouldFormASecondWave) {
-  EXPECT_FALSE(tree_attention_tail_pays(0, 100, 132));
-  EXPECT_FALSE(tree_attention_tail_pays(100, 0, 132));
-  EXPECT_FALSE(tree_attention_tail_pays(264, 0, 132));
-  EXPECT_TRUE(tree_attention_tail_pays(264, 1, 132));
-  EXPECT_FALSE(tree_attention_tail_pays(265, 500, 132));
-  EXPECT_FALSE(tree_attention_tail_pays(200, 64, 132));
-  EXPECT_TRUE(tree_attention_tail_pays(200, 65, 132));
+  for (auto pays : {tree_attention_wide_pays, tree_attention_tail_pays}) {
+    EXPECT_FALSE(pays(0, 100, 132));
+    EXPECT_FALSE(pays(100, 0, 132));
+    EXPECT_FALSE(pays(264, 0, 132));
+    EXPECT_TRUE(pays(264, 1, 132));
+    EXPECT_FALSE(pays(265, 500, 132));
+    EXPECT_FALSE(pays(200, 64, 132));
+    EXPECT_TRUE(pays(200, 65, 132));
+  }
+  EXPECT_TRUE(tree_attention_wide_pays(197, 100, 132));
+  EXPECT_FALSE(tree_attention_tail_pays(197, 100, 132));
+  EXPECT_TRUE(tree_attention_tail_pays(198, 100, 132));
+  EXPECT_TRUE(tree_attention_wide_pays(96, 240, 132));
+  EXPECT_FALSE(tree_attention_tail_pays(96, 240, 132));
   struct Expect {
     std::string name;
     testing::TreeCase tree;
-    bool pays;
+    bool wide, tail;
   };
   std::vector<Expect> cases;
-  cases.push_back({"P=16000 + 64x200", testing::few_shot_case(16000, 64, 200, 16, 7), true});
+  cases.push_back({"P=16000 + 64x200", testing::few_shot_case(16000, 64, 200, 16, 7), true, true});
   for (int32_t b : {20, 30, 50}) {
     cases.push_back({"P=4000 + " + std::to_string(b) + "x200",
-                     testing::few_shot_case(4000, b, 200, 16, 4), false});
+                     testing::few_shot_case(4000, b, 200, 16, 4), false, false});
   }
   cases.push_back({"speculative t=128",
-                   testing::speculative_case(4000, testing::medusa_like_paths(127), 16, 5), false});
+                   testing::speculative_case(4000, testing::medusa_like_paths(127), 16, 5), false,
+                   false});
+  cases.push_back({"P=8000 + 40x100", testing::few_shot_case(8000, 40, 100, 16, 8), true, false});
+  cases.push_back({"P=4000 + 80x200", testing::few_shot_case(4000, 80, 200, 16, 9), true, true});
   const AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
   for (const Expect& e : cases) {
     AttentionPlan plan;
@@ -1040,7 +1053,9 @@ TEST(TreeAttentionTail, PaysWhereThePairedBlocksWouldFormASecondWave) {
     ASSERT_EQ(plan.pair_heads, kTreeAttentionPairHeads) << e.name;
     const int64_t wide = int64_t(plan.paired_items_begin) * 8;
     const int64_t paired = int64_t(plan.num_paired_items()) * (8 / kTreeAttentionPairHeads);
-    EXPECT_EQ(tree_attention_tail_pays(wide, paired, 132), e.pays)
+    EXPECT_EQ(tree_attention_wide_pays(wide, paired, 132), e.wide)
+        << e.name << ": " << wide << " wide blocks, " << paired << " paired";
+    EXPECT_EQ(tree_attention_tail_pays(wide, paired, 132), e.tail)
         << e.name << ": " << wide << " wide blocks, " << paired << " paired";
   }
 }
