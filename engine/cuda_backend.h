@@ -71,8 +71,8 @@ struct CudaBackendOptions {
   // beside stage 1's wide ones where tree_attention_tail_pays (kAuto), never, or always.
   TreeAttentionLimits::Tail attention_tail_kernel = TreeAttentionLimits::Tail::kAuto;
   // Tree attention's wide kernel (TreeAttentionLimits::wide_kernel): a plan's pairs of wide
-  // query tiles and its paired items in one kernel where the tail kernel would run (kAuto),
-  // never, or wherever the plan has such pairs.
+  // query tiles and its paired items in one kernel where tree_attention_wide_pays and its pairs
+  // cover every wide item (kAuto), never, or wherever the plan has such pairs.
   TreeAttentionLimits::Wide attention_wide_kernel = TreeAttentionLimits::Wide::kAuto;
 };
 

@@ -397,7 +397,7 @@ int run(const Args& args) {
                        : " (all-reduce: peer-to-peer fused with the norm, NCCL for the embedding)",
       args.cuda_graphs ? "on" : "off", args.gemm_tune ? "on" : "off", split_k.c_str(),
       args.max_chunk, args.pair_margin, args.decode_kernel ? "on" : "off",
-      args.tail ? "where it pays" : "off", args.wide ? "where the tail kernel would run" : "off");
+      args.tail ? "where it pays" : "off", args.wide ? "where it pays" : "off");
   if (cuda_device_count() < args.tensor_parallel) {
     std::fprintf(stderr, "bench_decode: --tensor-parallel %d needs %d devices, found %d\n",
                  args.tensor_parallel, args.tensor_parallel, cuda_device_count());

@@ -53,7 +53,7 @@
 //                                            tree_attention_tail_pays)
 //                             [--no-wide | --wide-always]  (TreeAttentionLimits::wide_kernel:
 //                                            never, or wherever the plan has wide pairs,
-//                                            instead of where the tail kernel would run)
+//                                            instead of where tree_attention_wide_pays)
 //                             [--kv-heads N]  (only 32 query heads over N kv heads, 8 or 32,
 //                                            instead of both)
 #include <cuda_runtime.h>
@@ -565,7 +565,7 @@ int main_impl(int argc, char** argv) {
                                                           : "always (--tail-always)"),
       opt.wide == TreeAttentionLimits::Wide::kOff
           ? "off (--no-wide)"
-          : (opt.wide == TreeAttentionLimits::Wide::kAuto ? "where the tail kernel would run"
+          : (opt.wide == TreeAttentionLimits::Wide::kAuto ? "where it pays"
                                                           : "wherever the plan pairs tiles "
                                                             "(--wide-always)"));
   std::printf("%-34s %5s %5s %6s %8s %8s %7s %8s %8s %6s %5s %9s %7s %9s %9s %6s %6s\n", "case",
