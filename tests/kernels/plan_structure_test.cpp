@@ -1016,20 +1016,21 @@ TEST(TreeAttentionTail, LaunchPaddingFitsThreeBesideStageOne) {
 // 264, stage 1 faster; P=4000 + 80 x 200: 200, the tail kernel faster). H100 measurements in
 // the design log (ninth and eighteenth sessions).
 TEST(TreeAttentionTail, PaysWhereThePairedBlocksWouldFormASecondWave) {
-  for (auto pays : {tree_attention_wide_pays, tree_attention_tail_pays}) {
-    EXPECT_FALSE(pays(0, 100, 132));
-    EXPECT_FALSE(pays(100, 0, 132));
-    EXPECT_FALSE(pays(264, 0, 132));
-    EXPECT_TRUE(pays(264, 1, 132));
-    EXPECT_FALSE(pays(265, 500, 132));
-    EXPECT_FALSE(pays(200, 64, 132));
-    EXPECT_TRUE(pays(200, 65, 132));
+  // (wide blocks, paired blocks) at 132 SMs' 264 slots: whether each rule pays.
+  struct Blocks {
+    int64_t wide, paired;
+    bool wide_pays, tail_pays;
+  };
+  for (const Blocks& b :
+       {Blocks{0, 100, false, false}, Blocks{100, 0, false, false}, Blocks{264, 0, false, false},
+        Blocks{264, 1, true, true}, Blocks{265, 500, false, false}, Blocks{200, 64, false, false},
+        Blocks{200, 65, true, true}, Blocks{197, 100, true, false}, Blocks{198, 100, true, true},
+        Blocks{96, 240, true, false}}) {
+    EXPECT_EQ(tree_attention_wide_pays(b.wide, b.paired, 132), b.wide_pays)
+        << b.wide << " wide blocks, " << b.paired << " paired";
+    EXPECT_EQ(tree_attention_tail_pays(b.wide, b.paired, 132), b.tail_pays)
+        << b.wide << " wide blocks, " << b.paired << " paired";
   }
-  EXPECT_TRUE(tree_attention_wide_pays(197, 100, 132));
-  EXPECT_FALSE(tree_attention_tail_pays(197, 100, 132));
-  EXPECT_TRUE(tree_attention_tail_pays(198, 100, 132));
-  EXPECT_TRUE(tree_attention_wide_pays(96, 240, 132));
-  EXPECT_FALSE(tree_attention_tail_pays(96, 240, 132));
   struct Expect {
     std::string name;
     testing::TreeCase tree;
