@@ -38,6 +38,9 @@
 //                                              random first slot per run)
 //                             [--few-shot P,B,S]...  (only these cases: a P-token prompt with
 //                                                     B branches of S tokens; repeatable)
+//                             [--speculative P,T]...  (only these cases, with --few-shot's: a
+//                                                     Medusa-like tree of T queries over a
+//                                                     P-token prompt; repeatable)
 //                             [--trace PATH]  (after timing, one more flushed launch of each
 //                                              case's plan with the stage 1 block trace on:
 //                                              a CSV row per block, times in ns from the first
@@ -102,8 +105,9 @@ struct Options {
   bool depth_slots = false;   // runs placed as the server's KV cache places them (--depth-slots)
   bool grid_launch = false;   // launch as the engine's CUDA graphs do (TreeAttentionGrid)
   bool graph = false;         // ... and replay them from a captured CUDA graph
-  std::vector<std::array<int32_t, 3>> few_shot;  // --few-shot P,B,S: custom cases only
-  std::string trace_path;                        // --trace: stage 1 block trace CSV
+  std::vector<std::array<int32_t, 3>> few_shot;     // --few-shot P,B,S: custom cases only
+  std::vector<std::array<int32_t, 2>> speculative;  // --speculative P,T: custom cases only
+  std::string trace_path;                           // --trace: stage 1 block trace CSV
   bool pair = true;        // AttentionPlanConfig::pair_heads as configured (--no-pair: 0)
   bool pair_all = false;   // --pair-all: offered at any GQA (kv heads in groups of 4)
   bool plan_only = false;  // --plan-only: build the plans, print their shape, no GPU
@@ -479,6 +483,15 @@ int main_impl(int argc, char** argv) {
         return 2;
       }
       opt.few_shot.push_back(f);
+    } else if (a == "--speculative") {
+      const std::string v = next();
+      std::array<int32_t, 2> f{};
+      if (std::sscanf(v.c_str(), "%d,%d", &f[0], &f[1]) != 2 || f[0] < 1 || f[1] < 2) {
+        std::fprintf(stderr, "--speculative: P,T (a positive prompt, at least 2 queries), not %s\n",
+                     v.c_str());
+        return 2;
+      }
+      opt.speculative.push_back(f);
     } else if (a == "--order") {
       const std::string o = next();
       if (o == "kv") {
@@ -506,7 +519,8 @@ int main_impl(int argc, char** argv) {
                    "[--items-per-sm X] "
                    "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] "
                    "[--grid] [--graph] [--no-decode-kernel] [--depth-slots] [--no-balance-tiles] "
-                   "[--few-shot P,B,S] [--trace PATH] [--no-pair] [--pair-all] [--plan-only] "
+                   "[--few-shot P,B,S] [--speculative P,T] [--trace PATH] [--no-pair] [--pair-all] "
+                   "[--plan-only] "
                    "[--no-tail | --tail-always] [--no-wide | --wide-always] [--kv-heads N]\n",
                    argv[0]);
       return 2;
@@ -517,6 +531,11 @@ int main_impl(int argc, char** argv) {
     cases.push_back({"few-shot P=" + std::to_string(prompt) + " + " + std::to_string(branches) +
                          "x" + std::to_string(tokens),
                      "custom", testing::few_shot_case(prompt, branches, tokens, 16, 4)});
+  }
+  for (const auto& [prompt, queries] : opt.speculative) {
+    cases.push_back(
+        {"speculative t=" + std::to_string(queries) + " over " + std::to_string(prompt), "custom",
+         testing::speculative_case(prompt, testing::medusa_like_paths(queries - 1), 16, 10)});
   }
   if (cases.empty()) cases = make_cases();
   if (opt.depth_slots) {
