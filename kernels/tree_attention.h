@@ -77,8 +77,7 @@ struct TreeAttentionLimits {
   // after it): never, where tree_attention_wide_pays() says so and no wide items are left for
   // stage 1 after it (kAuto: the wide items fill one wave and the paired items stream beside
   // them; whatever tail_kernel says), or wherever the plan has such pairs (kAlways). Needs an
-  // sm_90a build
-  // (TreeAttentionWorkspace::wide_kernel_built()). Eager launches decide with
+  // sm_90a build (TreeAttentionWorkspace::wide_kernel_built()). Eager launches decide with
   // tree_attention_runs_wide(); a grid (TreeAttentionGrid::wide) is told.
   enum class Wide : int32_t { kOff = 0, kAuto = 1, kAlways = 2 };
   Wide wide_kernel = Wide::kAuto;
