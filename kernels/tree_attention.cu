@@ -1359,22 +1359,18 @@ Status enqueue_token_table_fill(const void* device_plan, const int32_t* header, 
 
 namespace {
 
-// Stage 1's blocks for the workspace's last upload with num_kv_heads kv heads, split into those
-// of the items before the paired ones (one kv head a block) and of the paired ones (kPairHeads
-// a block where the kv heads allow): the inputs of the kAuto rules below. False where the
-// plan runs in the decode kernel, pairs no item or only paired items, or has no token table
-// (neither the tail nor the wide kernel takes such a plan).
-bool paired_split(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads,
-                  int64_t* wide_blocks, int64_t* paired_blocks) {
-  const int32_t begin = workspace.paired_items_begin(), items = workspace.num_items();
-  if (workspace.runs_decode_kernel() || begin < 1 || begin >= items ||
-      !workspace.uses_token_table() || num_kv_heads < 1) {
-    return false;
-  }
-  *wide_blocks = int64_t(begin) * num_kv_heads;
-  *paired_blocks = int64_t(items - begin) *
-                   (num_kv_heads % kPairHeads == 0 ? num_kv_heads / kPairHeads : num_kv_heads);
-  return true;
+// Whether the tail or the wide kernel can take the workspace's last upload at all: a plan that
+// runs in stage 1 (not the decode kernel) with a token table and paired items past the first.
+bool pairs_past_first(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads) {
+  const int32_t begin = workspace.paired_items_begin();
+  return !workspace.runs_decode_kernel() && workspace.uses_token_table() && begin >= 1 &&
+         begin < workspace.num_items() && num_kv_heads >= 1;
+}
+
+TreeAttentionAutoKernels auto_kernels(const TreeAttentionWorkspace& workspace,
+                                      int32_t num_kv_heads) {
+  return tree_attention_auto_kernels(workspace.num_items(), workspace.paired_items_begin(),
+                                     workspace.wide_pairs(), num_kv_heads, workspace.num_sms());
 }
 
 }  // namespace
@@ -1390,21 +1386,15 @@ bool tree_attention_runs_wide(const TreeAttentionWorkspace& workspace, int32_t n
   // kAuto: not where stage 1 would run items after it (a chunk's odd query tile), a launch of
   // its own after the wide kernel's (H100, GQA 4: few-shot P=4000 + 80 x 100 67.5 us with it,
   // 39.5 unpaired; seventeenth session, record h100-2026-11-27-session17.txt).
-  int64_t wide = 0, paired = 0;
-  return paired_split(workspace, num_kv_heads, &wide, &paired) &&
-         tree_attention_wide_pays(wide, paired, workspace.num_sms()) &&
-         tree_attention_wide_rest(workspace) == 0;
+  return pairs_past_first(workspace, num_kv_heads) && auto_kernels(workspace, num_kv_heads).wide;
 }
 
 bool tree_attention_runs_tail(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads) {
   const TreeAttentionLimits::Tail mode = workspace.limits().tail_kernel;
-  int64_t wide = 0, paired = 0;
-  if (mode == TreeAttentionLimits::Tail::kOff ||
-      !paired_split(workspace, num_kv_heads, &wide, &paired)) {
+  if (mode == TreeAttentionLimits::Tail::kOff || !pairs_past_first(workspace, num_kv_heads)) {
     return false;
   }
-  return mode == TreeAttentionLimits::Tail::kAlways ||
-         tree_attention_tail_pays(wide, paired, workspace.num_sms());
+  return mode == TreeAttentionLimits::Tail::kAlways || auto_kernels(workspace, num_kv_heads).tail;
 }
 
 Status launch_tree_attention(const void* q, const void* k_pool, const void* v_pool, void* out,

@@ -75,8 +75,8 @@ struct TreeAttentionLimits {
   // 5-stage ring that a producer warp fills; the plan's paired items run in three more warps
   // of the same blocks as the tail kernel runs them, and stage 1 runs the remaining items
   // after it): never, where tree_attention_wide_pays() says so and no wide items are left for
-  // stage 1 after it (kAuto: the wide items fill one wave and the paired items stream beside
-  // them; whatever tail_kernel says), or wherever the plan has such pairs (kAlways). Needs an
+  // stage 1 after it (kAuto: the paired items would not fit beside the wide ones in one wave;
+  // whatever tail_kernel says), or wherever the plan has such pairs (kAlways). Needs an
   // sm_90a build (TreeAttentionWorkspace::wide_kernel_built()). Eager launches decide with
   // tree_attention_runs_wide(); a grid (TreeAttentionGrid::wide) is told.
   enum class Wide : int32_t { kOff = 0, kAuto = 1, kAlways = 2 };
@@ -105,30 +105,59 @@ inline int32_t tree_attention_tail_block_smem(int32_t own_bytes, int32_t stage1_
 }
 
 // TreeAttentionLimits::Wide::kAuto's block rule (tree_attention_runs_wide adds that no items are
-// left for stage 1 after the wide kernel's pairs): stage 1's other (wide) items fill at most
-// one wave of its block slots and the paired items' blocks do not fit beside them, so that
-// stage 1 would run those as a second, DRAM-bound wave (few-shot P=16000 + 64 x 200 at GQA 4 on
-// an H100: 256 wide blocks, 256 paired, 264 slots). Where the paired blocks fit beside the
-// wide ones (few-shot P=4000 + b x 200) or the wide items alone take more than a wave
-// (speculative t=128), stage 1 already runs both kinds side by side.
+// left for stage 1 after the wide kernel's pairs): the plan has wide items and paired ones, and
+// the paired items' blocks do not fit beside the wide ones in one wave of stage 1's block
+// slots, so that stage 1 would run them as a second, DRAM-bound wave (few-shot P=16000 +
+// 64 x 200 at GQA 4 on an H100: 256 wide blocks, 256 paired, 264 slots), or the wide blocks
+// alone take more than a wave (the wide kernel's blocks loop over its units: H100, GQA 4,
+// eighteenth session, twelve few-shot trees of 320-2048 wide blocks 7-28% faster with it, e.g.
+// P=16000 + 128 x 200 107 us against 146). Where the paired blocks fit beside the wide ones
+// (few-shot P=4000 + b x 200), stage 1 already runs both kinds side by side.
 inline bool tree_attention_wide_pays(int64_t wide_blocks, int64_t paired_blocks, int32_t num_sms) {
   const int64_t slots = int64_t(kTreeAttentionStage1BlocksPerSm) * num_sms;
-  return paired_blocks > 0 && wide_blocks > 0 && wide_blocks <= slots &&
-         wide_blocks + paired_blocks > slots;
+  return paired_blocks > 0 && wide_blocks > 0 && wide_blocks + paired_blocks > slots;
 }
 
 // TreeAttentionLimits::Tail::kAuto: the tail kernel runs a plan's paired items (where the wide
-// kernel does not take the plan) under tree_attention_wide_pays' rule, and only where the wide
-// blocks fill at least 3/4 of stage 1's slots, so that few paired blocks would start before the
-// wide ones end. Where more slots are free, stage 1's paired blocks beside the wide ones
-// measured as fast or faster than the tail kernel's one-warp blocks (H100, GQA 4, eighteenth
-// session, record h100-2026-11-27-session18.txt: wide blocks 96-192 of 264, stage 1 alone
-// 1.0-3.9 us faster on six few-shot trees and as fast on one; 200 and 256, the tail kernel 1.6
-// us faster on one and as fast on three).
+// kernel does not take the plan) where the wide items' blocks fill one wave of stage 1's slots
+// at most but at least 3/4 of it, and the paired items' blocks do not fit beside them, so that
+// few paired blocks would start before the wide ones end. Where more slots are free, stage 1's
+// paired blocks beside the wide ones measured as fast or faster than the tail kernel's
+// one-warp blocks (H100, GQA 4, eighteenth session, record h100-2026-11-27-session18.txt: wide
+// blocks 96-192 of 264, stage 1 alone 1.0-3.9 us faster on six few-shot trees and as fast on
+// one; 200 and 256, the tail kernel 1.6 us faster on one and as fast on three).
 inline bool tree_attention_tail_pays(int64_t wide_blocks, int64_t paired_blocks, int32_t num_sms) {
   const int64_t slots = int64_t(kTreeAttentionStage1BlocksPerSm) * num_sms;
-  return tree_attention_wide_pays(wide_blocks, paired_blocks, num_sms) &&
+  return tree_attention_wide_pays(wide_blocks, paired_blocks, num_sms) && wide_blocks <= slots &&
          4 * wide_blocks >= 3 * slots;
+}
+
+// The kAuto picks from a plan's counts: its items, where its paired items begin (-1: none; the
+// workspace's paired_items_begin), its wide pairs (tree_attention_wide_pairs) and the kv heads
+// and SMs of the launch. Only a plan that pairs from an item past the first can take either
+// kernel: the wide kernel where tree_attention_wide_pays and its pairs cover every item before
+// the paired ones, the tail kernel where tree_attention_tail_pays (where the wide kernel does
+// not run). tree_attention_runs_wide / _runs_tail add what the counts do not say (the token
+// table, the decode kernel, head_dim 128 and an sm_90a build); `bench_tree_attention
+// --plan-only` prints these picks for an H100.
+struct TreeAttentionAutoKernels {
+  bool wide = false;
+  bool tail = false;
+};
+inline TreeAttentionAutoKernels tree_attention_auto_kernels(int32_t items, int32_t paired_begin,
+                                                            int32_t wide_pairs,
+                                                            int32_t num_kv_heads, int32_t num_sms) {
+  TreeAttentionAutoKernels k;
+  if (paired_begin < 1 || paired_begin >= items || num_kv_heads < 1) return k;
+  const int64_t wide = int64_t(paired_begin) * num_kv_heads;
+  const int64_t paired =
+      int64_t(items - paired_begin) * (num_kv_heads % kTreeAttentionPairHeads == 0
+                                           ? num_kv_heads / kTreeAttentionPairHeads
+                                           : num_kv_heads);
+  k.wide = wide_pairs > 0 && paired_begin == 2 * wide_pairs &&
+           tree_attention_wide_pays(wide, paired, num_sms);
+  k.tail = tree_attention_tail_pays(wide, paired, num_sms);
+  return k;
 }
 
 // One stage 1 block's record (TreeAttentionWorkspace::enable_block_trace): %globaltimer

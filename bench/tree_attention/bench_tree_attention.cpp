@@ -130,6 +130,9 @@ struct Result {
   int32_t chunk = 0, paired_items = 0;  // the plan's chunk; its items run kv heads paired
   int32_t decode_chunk = 0;             // the chunk its decode-shaped units were cut into
   bool wide = false;                    // the launch ran the wide kernel
+  // --plan-only: the kernels an H100 launch at the defaults would run (decode, stage 1, stage 1
+  // + tail, wide), from the plan's counts (tree_attention_auto_kernels).
+  const char* kernels = "";
   double unique_mb = 0, plan_kv_mb = 0, plan_build_us = 0;
   double median_us = 0, bound_us = 0, tbps = 0, copy_fraction = 0;
   double baseline_us = 0, speedup = 0;
@@ -288,7 +291,20 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   r.chunk = plan.split_chunk_tokens;
   r.decode_chunk = plan.decode_chunk_tokens;
   r.paired_items = plan.num_paired_items();
-  if (opt.plan_only) return r;
+  if (opt.plan_only) {
+    bool decode = plan.num_items() > 0;
+    for (int32_t i = 0; decode && i < plan.num_items(); ++i) {
+      decode = plan.item_rows(i) <= kDecodeShapedRows;
+    }
+    const int32_t paired_begin =
+        plan.pair_heads == kTreeAttentionPairHeads && plan.paired_items_begin < plan.num_items()
+            ? plan.paired_items_begin
+            : -1;
+    const TreeAttentionAutoKernels k = tree_attention_auto_kernels(
+        plan.num_items(), paired_begin, tree_attention_wide_pairs(plan), num_kv_heads, num_sms);
+    r.kernels = decode ? "decode" : (k.wide ? "wide" : (k.tail ? "tail" : "stage1"));
+    return r;
+  }
 
   testing::GpuAttentionProblem problem;
   CHECK_OK(problem.init(c.tree, num_q_heads, num_kv_heads, kHeadDim, TreeAttentionDtype::kFloat16,
@@ -549,15 +565,15 @@ int main_impl(int argc, char** argv) {
   if (opt.plan_only) {
     std::printf("plans for 132 SMs (an H100), head pairing %s\n\n",
                 !opt.pair ? "off" : (opt.pair_all ? "offered at every GQA" : "on"));
-    std::printf("%-34s %5s %5s %6s %6s %7s %7s %8s %8s %7s\n", "case", "heads", "q", "items",
-                "chunk", "dchunk", "paired", "uniqMB", "planMB", "plan_us");
+    std::printf("%-34s %5s %5s %6s %6s %7s %7s %8s %8s %7s %s\n", "case", "heads", "q", "items",
+                "chunk", "dchunk", "paired", "uniqMB", "planMB", "plan_us", "kernels");
     for (const Case& c : cases) {
       if (!selected(c)) continue;
       for (const auto& [q_heads, kv_heads] : head_shapes) {
         const Result r = run_case(c, q_heads, kv_heads, 132, 0, opt, nullptr);
-        std::printf("%-34s %2d/%-2d %5d %6d %6d %7d %7d %8.2f %8.2f %7.1f\n", r.name.c_str(),
+        std::printf("%-34s %2d/%-2d %5d %6d %6d %7d %7d %8.2f %8.2f %7.1f %s\n", r.name.c_str(),
                     r.num_q_heads, r.num_kv_heads, r.queries, r.items, r.chunk, r.decode_chunk,
-                    r.paired_items, r.unique_mb, r.plan_kv_mb, r.plan_build_us);
+                    r.paired_items, r.unique_mb, r.plan_kv_mb, r.plan_build_us, r.kernels);
       }
     }
     return 0;

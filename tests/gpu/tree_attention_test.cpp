@@ -796,6 +796,22 @@ TEST(TreeAttentionGpu, WideKernelMatchesPlanExecutor) {
   EXPECT_FALSE(tree_attention_graph_grid(shared_workspace(), llama.num_kv_heads, 128).wide);
   EXPECT_FALSE(tree_attention_graph_grid(shared_workspace(), llama.num_kv_heads, 128).tail);
   EXPECT_LE(gpu_vs_cpu(odd, llama, odd_plan, &shared_workspace(), 35), kFp16Tolerance);
+  // At kAuto where its units take more than one pass of the grid (few-shot P=4000 + 160 x 100:
+  // 20 pairs x 8 kv heads on 132 SMs, 320 wide blocks, more than stage 1's one wave), eagerly
+  // and from a graph's grid.
+  const TreeCase many = testing::few_shot_case(4000, 160, 100, 16, 36);
+  AttentionPlan many_plan;
+  ASSERT_TRUE(build_attention_plan(many.view, config_for(llama), &many_plan).ok());
+  ASSERT_TRUE(shared_workspace().upload(many_plan, nullptr).ok());
+  EXPECT_EQ(tree_attention_wide_rest(shared_workspace()), 0);
+  EXPECT_GT(int64_t(shared_workspace().wide_pairs()) * llama.num_kv_heads,
+            shared_workspace().num_sms());
+  EXPECT_TRUE(tree_attention_runs_wide(shared_workspace(), llama.num_kv_heads, 128));
+  const TreeAttentionGrid many_grid =
+      tree_attention_graph_grid(shared_workspace(), llama.num_kv_heads, 128);
+  EXPECT_TRUE(many_grid.wide);
+  EXPECT_LE(gpu_vs_cpu(many, llama, many_plan, &shared_workspace(), 36), kFp16Tolerance);
+  EXPECT_LE(gpu_vs_cpu(many, llama, many_plan, &shared_workspace(), 37, many_grid), kFp16Tolerance);
   // Without a token table there are no wide pairs.
   ASSERT_TRUE(small_table_workspace(0).upload(plan, nullptr).ok());
   EXPECT_EQ(small_table_workspace(0).wide_pairs(), 0);

@@ -1011,10 +1011,13 @@ TEST(TreeAttentionTail, LaunchPaddingFitsThreeBesideStageOne) {
 // (tree_attention_tail_pays), on the plans the builder makes for an H100's 132 SMs at
 // Llama-3-8B heads: both take P=16000 + 64 x 200's paired items (one wave of wide blocks, the
 // paired ones a second), neither those of few-shot P=4000 + b x 200 (the paired blocks fit
-// beside the wide ones) or of speculative t=128 (the wide items alone take more than a wave);
-// the tail kernel only where the wide blocks fill 3/4 of the slots (P=8000 + 40 x 100: 192 of
-// 264, stage 1 faster; P=4000 + 80 x 200: 200, the tail kernel faster). H100 measurements in
-// the design log (ninth and eighteenth sessions).
+// beside the wide ones); at speculative t=128 (its wide blocks more than a wave) only the wide
+// kernel's block rule holds (it does not run there: masked items are left after its pairs,
+// tree_attention_wide_rest); the tail kernel only where
+// the wide blocks fill 3/4 of one wave (P=8000 + 40 x 100: 192 of 264, stage 1 faster;
+// P=4000 + 80 x 200: 200, the tail kernel faster), the wide kernel also where they take more
+// than a wave (P=16000 + 128 x 200: 512). H100 measurements in the design log (ninth and
+// eighteenth sessions).
 TEST(TreeAttentionTail, PaysWhereThePairedBlocksWouldFormASecondWave) {
   // (wide blocks, paired blocks) at 132 SMs' 264 slots: whether each rule pays.
   struct Blocks {
@@ -1023,7 +1026,7 @@ TEST(TreeAttentionTail, PaysWhereThePairedBlocksWouldFormASecondWave) {
   };
   for (const Blocks& b :
        {Blocks{0, 100, false, false}, Blocks{100, 0, false, false}, Blocks{264, 0, false, false},
-        Blocks{264, 1, true, true}, Blocks{265, 500, false, false}, Blocks{200, 64, false, false},
+        Blocks{264, 1, true, true}, Blocks{265, 500, true, false}, Blocks{200, 64, false, false},
         Blocks{200, 65, true, true}, Blocks{197, 100, true, false}, Blocks{198, 100, true, true},
         Blocks{96, 240, true, false}}) {
     EXPECT_EQ(tree_attention_wide_pays(b.wide, b.paired, 132), b.wide_pays)
@@ -1043,10 +1046,12 @@ TEST(TreeAttentionTail, PaysWhereThePairedBlocksWouldFormASecondWave) {
                      testing::few_shot_case(4000, b, 200, 16, 4), false, false});
   }
   cases.push_back({"speculative t=128",
-                   testing::speculative_case(4000, testing::medusa_like_paths(127), 16, 5), false,
+                   testing::speculative_case(4000, testing::medusa_like_paths(127), 16, 5), true,
                    false});
   cases.push_back({"P=8000 + 40x100", testing::few_shot_case(8000, 40, 100, 16, 8), true, false});
   cases.push_back({"P=4000 + 80x200", testing::few_shot_case(4000, 80, 200, 16, 9), true, true});
+  cases.push_back(
+      {"P=16000 + 128x200", testing::few_shot_case(16000, 128, 200, 16, 10), true, false});
   const AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
   for (const Expect& e : cases) {
     AttentionPlan plan;
