@@ -57,8 +57,8 @@
 //                             [--no-wide | --wide-always]  (TreeAttentionLimits::wide_kernel:
 //                                            never, or wherever the plan has wide pairs,
 //                                            instead of where tree_attention_wide_pays)
-//                             [--kv-heads N]  (only 32 query heads over N kv heads, 8 or 32,
-//                                            instead of both)
+//                             [--kv-heads N]  (only 32 query heads over N kv heads, a divisor
+//                                            of 32, instead of 32/8 and 32/32)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -115,7 +115,7 @@ struct Options {
   TreeAttentionLimits::Tail tail = TreeAttentionLimits::Tail::kAuto;
   // TreeAttentionLimits::wide_kernel (default kAuto; --no-wide: kOff, --wide-always: kAlways)
   TreeAttentionLimits::Wide wide = TreeAttentionLimits::Wide::kAuto;
-  int kv_heads = 0;  // --kv-heads: only 32 / kv_heads (0: both head shapes)
+  int kv_heads = 0;  // --kv-heads: only 32 / kv_heads (0: 32/8 and 32/32)
 };
 
 struct Case {
@@ -465,8 +465,8 @@ int main_impl(int argc, char** argv) {
       opt.tail = TreeAttentionLimits::Tail::kAlways;
     } else if (a == "--kv-heads") {
       opt.kv_heads = std::atoi(next().c_str());
-      if (opt.kv_heads != 8 && opt.kv_heads != 32) {
-        std::fprintf(stderr, "--kv-heads takes 8 or 32\n");
+      if (opt.kv_heads < 1 || opt.kv_heads > 32 || 32 % opt.kv_heads != 0) {
+        std::fprintf(stderr, "--kv-heads takes a divisor of 32 (1-32)\n");
         return 2;
       }
     } else if (a == "--no-wide") {
