@@ -1066,6 +1066,33 @@ TEST(TreeAttentionTail, PaysWhereThePairedBlocksWouldFormASecondWave) {
   }
 }
 
+// tree_attention_auto_kernels: the kAuto picks from a plan's counts (132 SMs, 8 kv heads).
+// The wide kernel needs pairs covering every item before the paired ones, on top of its block
+// rule; neither kernel takes a plan without paired items past the first.
+TEST(TreeAttentionAuto, KernelsFromThePlansCounts) {
+  struct Counts {
+    int32_t items, paired_begin, wide_pairs;
+    bool wide, tail;
+  };
+  for (const Counts& c :
+       {Counts{160, 32, 16, true, true},      // P=16000 + 64 x 200: 256 wide blocks, 256 paired
+        Counts{160, 32, 15, false, true},     // the same with an item left after the pairs
+        Counts{192, 64, 32, true, false},     // P=16000 + 128 x 200: 512 wide blocks
+        Counts{185, 25, 2, false, true},      // P=4000 + 80 x 200: 200 wide blocks, rest 21
+        Counts{100, 20, 2, false, false},     // P=4000 + 80 x 100: 160 wide blocks, rest 16
+        Counts{70, 20, 10, false, false},     // P=4000 + 50 x 200: the paired blocks fit
+        Counts{60, -1, 15, false, false},     // no paired items
+        Counts{60, 0, 0, false, false},       // only paired items
+        Counts{60, 60, 30, false, false}}) {  // paired_begin past the items
+    const TreeAttentionAutoKernels k =
+        tree_attention_auto_kernels(c.items, c.paired_begin, c.wide_pairs, 8, 132);
+    EXPECT_EQ(k.wide, c.wide) << c.items << " items, paired from " << c.paired_begin << ", "
+                              << c.wide_pairs << " pairs";
+    EXPECT_EQ(k.tail, c.tail) << c.items << " items, paired from " << c.paired_begin << ", "
+                              << c.wide_pairs << " pairs";
+  }
+}
+
 // The wide kernel's pairs: the query tiles of one shared chunk, side by side in the kV-major
 // order, pair up (P=16000 + 64 x 200: 8 chunks of 4 tiles, 16 pairs; a speculative tree's
 // prompt tiles); a pair ends at the first masked, decode-shaped, head-paired or differently
