@@ -326,6 +326,25 @@ struct TreeAttentionGrid {
   }
 };
 
+// Whether every item of the plan is decode-shaped (at most kDecodeShapedRows query-tile rows):
+// where the upload also fills a token table and the limits allow it, the decode kernel runs
+// the plan (TreeAttentionWorkspace::runs_decode_kernel).
+inline bool tree_attention_all_decode_shaped(const AttentionPlan& plan) {
+  for (int32_t i = 0; i < plan.num_items(); ++i) {
+    if (plan.item_rows(i) > kDecodeShapedRows) return false;
+  }
+  return plan.num_items() > 0;
+}
+
+// The first item the kernel runs kTreeAttentionPairHeads kv heads a block for (-1: none): the
+// plan's paired items where it pairs at the kernel's head count and has any
+// (TreeAttentionWorkspace::paired_items_begin, once the upload validated them).
+inline int32_t tree_attention_paired_begin(const AttentionPlan& plan) {
+  return plan.pair_heads == kTreeAttentionPairHeads && plan.paired_items_begin < plan.num_items()
+             ? plan.paired_items_begin
+             : -1;
+}
+
 // The wide kernel's work in a plan: the number of leading pairs of items (2 i, 2 i + 1) that
 // read the same tokens (equal segment lists, pages and slots alike) without masks, each a query
 // tile of at most kTreeAttentionTileRows rows, the first of more than kDecodeShapedRows, none

@@ -262,16 +262,11 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
   words[kTokenTable] = mode;
   // The decode kernel runs the plan when all its items are decode-shaped (it reads its tokens
   // from the table).
-  bool decode_kernel = limits_.decode_kernel && mode != kTableNone && ni > 0;
-  for (size_t i = 0; decode_kernel && i < ni; ++i) {
-    decode_kernel = plan.item_rows(int32_t(i)) <= kDecodeShapedRows;
-  }
+  const bool decode_kernel =
+      limits_.decode_kernel && mode != kTableNone && tree_attention_all_decode_shaped(plan);
   // Head pairing: the kernel trusts the paired items to be one slab (decode-shaped).
-  int32_t paired_begin = -1;
-  if (plan.pair_heads == kTreeAttentionPairHeads && plan.paired_items_begin < plan.num_items()) {
-    TS_RETURN_IF_ERROR(validate_paired_items(plan));
-    paired_begin = plan.paired_items_begin;
-  }
+  const int32_t paired_begin = tree_attention_paired_begin(plan);
+  if (paired_begin >= 0) TS_RETURN_IF_ERROR(validate_paired_items(plan));
   words[kPairedBegin] = paired_begin;
   words[kWidePairs] = mode != kTableNone ? tree_attention_wide_pairs(plan) : 0;
   std::memcpy(header_, words, sizeof(header_));

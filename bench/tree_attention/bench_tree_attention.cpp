@@ -292,17 +292,12 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   r.decode_chunk = plan.decode_chunk_tokens;
   r.paired_items = plan.num_paired_items();
   if (opt.plan_only) {
-    bool decode = plan.num_items() > 0;
-    for (int32_t i = 0; decode && i < plan.num_items(); ++i) {
-      decode = plan.item_rows(i) <= kDecodeShapedRows;
-    }
-    const int32_t paired_begin =
-        plan.pair_heads == kTreeAttentionPairHeads && plan.paired_items_begin < plan.num_items()
-            ? plan.paired_items_begin
-            : -1;
-    const TreeAttentionAutoKernels k = tree_attention_auto_kernels(
-        plan.num_items(), paired_begin, tree_attention_wide_pairs(plan), num_kv_heads, num_sms);
-    r.kernels = decode ? "decode" : (k.wide ? "wide" : (k.tail ? "tail" : "stage1"));
+    const TreeAttentionAutoKernels k =
+        tree_attention_auto_kernels(plan.num_items(), tree_attention_paired_begin(plan),
+                                    tree_attention_wide_pairs(plan), num_kv_heads, num_sms);
+    r.kernels = tree_attention_all_decode_shaped(plan)
+                    ? "decode"
+                    : (k.wide ? "wide" : (k.tail ? "tail" : "stage1"));
     return r;
   }
 

@@ -1066,6 +1066,27 @@ TEST(TreeAttentionTail, PaysWhereThePairedBlocksWouldFormASecondWave) {
   }
 }
 
+// The plan-level facts the workspace's upload and bench_tree_attention --plan-only read: the
+// decode kernel's condition (every item decode-shaped) and where head pairing begins.
+TEST(TreeAttentionAuto, DecodeShapedAndPairedBeginFromThePlan) {
+  const AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
+  AttentionPlan few_shot, baseline;
+  const testing::TreeCase b50 = testing::few_shot_case(4000, 50, 200, 16, 4);
+  ASSERT_TRUE(build_attention_plan(b50.view, config, &few_shot).ok());
+  ASSERT_TRUE(build_baseline_plan(b50.view, config, &baseline).ok());
+  EXPECT_FALSE(tree_attention_all_decode_shaped(few_shot));  // its prompt items: 64-row tiles
+  EXPECT_TRUE(tree_attention_all_decode_shaped(baseline));   // one query's 4 heads an item
+  EXPECT_FALSE(tree_attention_all_decode_shaped(AttentionPlan{}));  // no items
+  ASSERT_EQ(few_shot.pair_heads, kTreeAttentionPairHeads);
+  EXPECT_EQ(tree_attention_paired_begin(few_shot), few_shot.paired_items_begin);
+  EXPECT_GT(tree_attention_paired_begin(few_shot), 0);
+  AttentionPlanConfig unpaired = config;
+  unpaired.pair_heads = 0;
+  AttentionPlan plain;
+  ASSERT_TRUE(build_attention_plan(b50.view, unpaired, &plain).ok());
+  EXPECT_EQ(tree_attention_paired_begin(plain), -1);
+}
+
 // tree_attention_auto_kernels: the kAuto picks from a plan's counts (132 SMs, 8 kv heads).
 // The wide kernel needs pairs covering every item before the paired ones, on top of its block
 // rule; neither kernel takes a plan without paired items past the first.
