@@ -338,9 +338,11 @@ inline bool tree_attention_all_decode_shaped(const AttentionPlan& plan) {
 
 // The first item the kernel runs kTreeAttentionPairHeads kv heads a block for (-1: none): the
 // plan's paired items where it pairs at the kernel's head count and has any
-// (TreeAttentionWorkspace::paired_items_begin, once the upload validated them).
+// (TreeAttentionWorkspace::paired_items_begin). -1 too for a begin outside [0, items], which
+// validate_paired_items refuses (the upload checks it first).
 inline int32_t tree_attention_paired_begin(const AttentionPlan& plan) {
-  return plan.pair_heads == kTreeAttentionPairHeads && plan.paired_items_begin < plan.num_items()
+  return plan.pair_heads == kTreeAttentionPairHeads && plan.paired_items_begin >= 0 &&
+                 plan.paired_items_begin < plan.num_items()
              ? plan.paired_items_begin
              : -1;
 }

@@ -264,9 +264,10 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
   // from the table).
   const bool decode_kernel =
       limits_.decode_kernel && mode != kTableNone && tree_attention_all_decode_shaped(plan);
-  // Head pairing: the kernel trusts the paired items to be one slab (decode-shaped).
+  // Head pairing: the kernel trusts the paired items to be one slab (decode-shaped), and a
+  // plan that pairs at its head count names where they begin inside [0, items].
+  if (plan.pair_heads == kTreeAttentionPairHeads) TS_RETURN_IF_ERROR(validate_paired_items(plan));
   const int32_t paired_begin = tree_attention_paired_begin(plan);
-  if (paired_begin >= 0) TS_RETURN_IF_ERROR(validate_paired_items(plan));
   words[kPairedBegin] = paired_begin;
   words[kWidePairs] = mode != kTableNone ? tree_attention_wide_pairs(plan) : 0;
   std::memcpy(header_, words, sizeof(header_));

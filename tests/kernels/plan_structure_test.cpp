@@ -1085,6 +1085,9 @@ TEST(TreeAttentionAuto, DecodeShapedAndPairedBeginFromThePlan) {
   AttentionPlan plain;
   ASSERT_TRUE(build_attention_plan(b50.view, unpaired, &plain).ok());
   EXPECT_EQ(tree_attention_paired_begin(plain), -1);
+  AttentionPlan negative = few_shot;  // invalid (the upload refuses it): never a begin
+  negative.paired_items_begin = -2;
+  EXPECT_EQ(tree_attention_paired_begin(negative), -1);
 }
 
 // tree_attention_auto_kernels: the kAuto picks from a plan's counts (132 SMs, 8 kv heads).
