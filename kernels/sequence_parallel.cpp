@@ -131,7 +131,9 @@ Status split_plan_for_sequence_parallel(const AttentionPlan& plan, int32_t world
     s.queries_per_tile = plan.queries_per_tile;
     s.page_size = plan.page_size;
     s.heads_first = plan.heads_first;
-    s.pair_heads = 0;  // a shard's items are a subset: no paired suffix
+    // Items keep their plan order, so the plan's paired items (a suffix) stay a suffix of
+    // every shard's: the shard pairs as the plan does, from its first item the plan paired.
+    s.pair_heads = plan.pair_heads;
     s.paired_items_begin = 0;
     s.max_item_tokens = 0;
     s.page_table.assign(plan.page_table.begin(), plan.page_table.end());
@@ -147,6 +149,7 @@ Status split_plan_for_sequence_parallel(const AttentionPlan& plan, int32_t world
   std::vector<int32_t> partial_rank(plan.num_partials());
   for (int32_t i = 0; i < num_items; ++i) {
     const int32_t r = rank_of[i];
+    if (plan.pair_heads > 1 && i < plan.paired_items_begin) ++(*shards)[r].paired_items_begin;
     append_item(plan, i, &(*shards)[r], &new_slot);
     for (int32_t p = plan.item_query_begin[i]; p < plan.item_query_end[i]; ++p) {
       partial_rank[p] = r;

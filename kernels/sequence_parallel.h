@@ -32,7 +32,8 @@ namespace treeserve {
 //    to r / world of the total, so a rank's cost exceeds total / world by at most the largest
 //    group of items sharing a start position.
 //  - Each shard is a valid plan on its own (validate_attention_plan): its own segments, mask
-//    words and partial slots, renumbered; its items in the plan's launch order. Its reduction
+//    words and partial slots, renumbered; its items in the plan's launch order, so a plan that
+//    pairs heads (pair_heads) pairs each shard's items from the first one it paired. Its reduction
 //    map covers ALL queries of the view, in the plan's merge order; a query none of the rank's
 //    items serves has an empty merge range. page_table and query_rows are the plan's.
 // Ranks may get no items when the plan has fewer start positions than ranks.

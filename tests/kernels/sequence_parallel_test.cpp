@@ -18,6 +18,7 @@
 #include "kernels/attention_cpu.h"
 #include "kernels/attention_plan.h"
 #include "kernels/testing/random_tree.h"
+#include "kernels/tree_attention.h"
 #include "tests/kernels/plan_test_util.h"
 
 namespace treeserve {
@@ -100,8 +101,21 @@ void expect_valid_split(const AttentionPlan& plan, const std::vector<AttentionPl
     EXPECT_EQ(s.page_table, plan.page_table);
     EXPECT_EQ(s.gqa_group_size, plan.gqa_group_size);
     EXPECT_EQ(s.queries_per_tile, plan.queries_per_tile);
+    EXPECT_EQ(s.pair_heads, plan.pair_heads);
     shard_ptrs.push_back(&s);
   }
+  // Head pairing kept: the plan's paired items are the shards' paired items.
+  auto paired_items = [](const std::vector<const AttentionPlan*>& plans) {
+    std::vector<std::vector<int64_t>> all;
+    for (const AttentionPlan* p : plans) {
+      const int32_t begin = p->pair_heads > 1 ? p->paired_items_begin : p->num_items();
+      for (int32_t i = begin; i < p->num_items(); ++i) all.push_back(describe_item(*p, i));
+    }
+    std::sort(all.begin(), all.end());
+    return all;
+  };
+  EXPECT_TRUE(paired_items({&plan}) == paired_items(shard_ptrs))
+      << "the shards' paired items differ from the plan's";
   EXPECT_TRUE(describe_items({&plan}) == describe_items(shard_ptrs))
       << "the shards' items differ from the plan's";
   for (int32_t q = 0; q < plan.num_queries(); ++q) {
@@ -275,6 +289,28 @@ TEST(SequenceParallel, ShardsMergedByLogSumExpMatchUnsplitPlan) {
     expect_splits_match_unsplit(c, plan, {2, 3, 5}, p);
     if (HasFailure()) return;
   }
+}
+
+// A plan that pairs heads (few-shot, Llama-3-8B heads): every shard pairs from the first of
+// its items the plan paired, so the rank holding the branches runs them paired; the merged
+// states still match.
+TEST(SequenceParallel, PairedPlansKeepTheirPairingInEveryShard) {
+  const TreeCase c = testing::few_shot_case(1000, 20, 100, 16, 4);
+  AttentionPlan plan;
+  ASSERT_TRUE(build_attention_plan(c.view, tree_attention_plan_config(32, 8, 128, 32), &plan).ok());
+  ASSERT_EQ(plan.pair_heads, kTreeAttentionPairHeads);
+  ASSERT_GT(plan.paired_items_begin, 0);
+  for (int32_t world : {2, 3, 4}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    std::vector<AttentionPlan> shards;
+    ASSERT_TRUE(split_plan_for_sequence_parallel(plan, world, &shards).ok());
+    expect_valid_split(plan, shards, world);
+    int32_t paired = 0;
+    for (const AttentionPlan& s : shards) paired += s.num_paired_items();
+    EXPECT_EQ(paired, plan.num_paired_items());
+    EXPECT_GT(shards.back().num_paired_items(), 0);  // the branches come last in KV order
+  }
+  expect_splits_match_unsplit(c, plan, {2, 3}, make_problem(c, 8, 4, 128, 9));
 }
 
 // A 20000-token prompt with decode branches and a speculative token tree below one of them:
