@@ -19,8 +19,11 @@
 // the ends being aligned by the all-reduce. combine = min over ranks of (end - local-done)
 // (the rank that finished its local work last), local = step - combine.
 //
+// `--wide-always` / `--no-wide` set the wide kernel's mode (TreeAttentionLimits::wide_kernel:
+// kAlways / kOff; default kAuto) for the one-GPU launch and every rank alike (A/B).
+//
 // usage: bench_sequence_parallel [--world N] [--reps N] [--filter SUBSTR] [--no-flush]
-//                                [--json PATH] [--nccl-combine]
+//        [--json PATH] [--nccl-combine] [--wide-always | --no-wide]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -54,7 +57,15 @@ struct Options {
   std::string filter;
   std::string json_path;
   bool nccl_combine = false;  // force the NCCL combine (A/B of the peer-to-peer one)
+  TreeAttentionLimits::Wide wide = TreeAttentionLimits::Wide::kAuto;
 };
+
+// The workspace limits for plans, with the wide kernel's mode from the options.
+TreeAttentionLimits limits_for(const std::vector<AttentionPlan>& plans, const Options& opt) {
+  TreeAttentionLimits l = testing::workspace_limits_for(plans, kQHeads, kHeadDim);
+  l.wide_kernel = opt.wide;
+  return l;
+}
 
 struct Case {
   std::string name;
@@ -172,7 +183,7 @@ Result run_case(const Case& c, int32_t num_sms, double copy_bw, const Options& o
       c.tree.view, tree_attention_plan_config(kQHeads, kKvHeads, kHeadDim, num_sms), &plan));
   r.items = plan.num_items();
   TreeAttentionWorkspace ws;
-  CHECK_OK(ws.init(testing::workspace_limits_for({plan}, kQHeads, kHeadDim)));
+  CHECK_OK(ws.init(limits_for({plan}, opt)));
   CHECK_OK(ws.upload(plan, nullptr));
   CHECK_OK(problem.launch_uploaded(ws, nullptr));
   std::vector<float> single_out;
@@ -208,7 +219,7 @@ Result run_case(const Case& c, int32_t num_sms, double copy_bw, const Options& o
     devices.push_back(rank);
   }
   SequenceParallelAttention sp;
-  CHECK_OK(sp.init(devices, testing::workspace_limits_for(shards, kQHeads, kHeadDim)));
+  CHECK_OK(sp.init(devices, limits_for(shards, opt)));
   sp.use_nccl_combine(opt.nccl_combine);
   CHECK_OK(sp.upload(shards));
   CHECK_OK(sp.launch(tensors, TreeAttentionDtype::kFloat16, kQHeads, kKvHeads, kHeadDim, page_size,
@@ -335,10 +346,14 @@ int main_impl(int argc, char** argv) {
       opt.json_path = next();
     } else if (a == "--nccl-combine") {
       opt.nccl_combine = true;
+    } else if (a == "--wide-always") {
+      opt.wide = TreeAttentionLimits::Wide::kAlways;
+    } else if (a == "--no-wide") {
+      opt.wide = TreeAttentionLimits::Wide::kOff;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--world N] [--reps N] [--filter SUBSTR] [--no-flush] "
-                   "[--json PATH] [--nccl-combine]\n",
+                   "[--json PATH] [--nccl-combine] [--wide-always | --no-wide]\n",
                    argv[0]);
       return 2;
     }
@@ -360,9 +375,12 @@ int main_impl(int argc, char** argv) {
               copy_bw / 1e12);
   std::printf(
       "fp16, 32 q / 8 kv heads, head_dim 128, one layer, page 16, L2 %s before each "
-      "rep, median of %d; combine: %s\n\n",
+      "rep, median of %d; combine: %s; wide kernel %s\n\n",
       opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps,
-      opt.nccl_combine ? "NCCL all-reduces (forced)" : "peer to peer where the GPUs allow it");
+      opt.nccl_combine ? "NCCL all-reduces (forced)" : "peer to peer where the GPUs allow it",
+      opt.wide == TreeAttentionLimits::Wide::kAlways ? "wherever a plan has pairs (--wide-always)"
+      : opt.wide == TreeAttentionLimits::Wide::kOff  ? "off (--no-wide)"
+                                                     : "where it pays");
   std::printf("%-22s %5s %6s %9s %8s %9s %6s %8s %9s %6s %7s %8s %8s %6s %15s %9s\n", "case", "q",
               "items", "uniqMB", "1gpu_us", "bound", "TB/s", "sp_us", "sp_bound", "TB/s", "speedup",
               "local", "combine", "%comb", "rank_local_us", "max_diff");
