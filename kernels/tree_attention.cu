@@ -1359,8 +1359,8 @@ Status enqueue_token_table_fill(const void* device_plan, const int32_t* header, 
 
 namespace {
 
-// Whether the tail or the wide kernel can take the workspace's last upload at all: a plan that
-// runs in stage 1 (not the decode kernel) with a token table and paired items past the first.
+// Whether the tail kernel can take the workspace's last upload at all: a plan that runs in
+// stage 1 (not the decode kernel) with a token table and paired items past the first.
 bool pairs_past_first(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads) {
   const int32_t begin = workspace.paired_items_begin();
   return !workspace.runs_decode_kernel() && workspace.uses_token_table() && begin >= 1 &&
@@ -1370,7 +1370,8 @@ bool pairs_past_first(const TreeAttentionWorkspace& workspace, int32_t num_kv_he
 TreeAttentionAutoKernels auto_kernels(const TreeAttentionWorkspace& workspace,
                                       int32_t num_kv_heads) {
   return tree_attention_auto_kernels(workspace.num_items(), workspace.paired_items_begin(),
-                                     workspace.wide_pairs(), num_kv_heads, workspace.num_sms());
+                                     workspace.wide_pairs(), workspace.max_item_tokens(),
+                                     num_kv_heads, workspace.num_sms());
 }
 
 }  // namespace
@@ -1385,8 +1386,9 @@ bool tree_attention_runs_wide(const TreeAttentionWorkspace& workspace, int32_t n
   if (mode == TreeAttentionLimits::Wide::kAlways) return true;
   // kAuto: not where stage 1 would run items after it (a chunk's odd query tile), a launch of
   // its own after the wide kernel's (H100, GQA 4: few-shot P=4000 + 80 x 100 67.5 us with it,
-  // 39.5 unpaired; seventeenth session, record h100-2026-11-27-session17.txt).
-  return pairs_past_first(workspace, num_kv_heads) && auto_kernels(workspace, num_kv_heads).wide;
+  // 39.5 unpaired; seventeenth session, record h100-2026-11-27-session17.txt): the counts'
+  // rule asks for pairs covering the items before the paired ones, or all of them.
+  return workspace.uses_token_table() && auto_kernels(workspace, num_kv_heads).wide;
 }
 
 bool tree_attention_runs_tail(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads) {

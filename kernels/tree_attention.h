@@ -132,23 +132,48 @@ inline bool tree_attention_tail_pays(int64_t wide_blocks, int64_t paired_blocks,
          4 * wide_blocks >= 3 * slots;
 }
 
+// The wide kernel for a plan of wide pairs alone (every item in one, no paired items: a
+// sequence-parallel rank's share of a long prompt) at kAuto: where stage 1's blocks for them
+// (wide_blocks: items x kv heads) would fill at least 3/4 of its slots and its chunks
+// (chunk_tokens: the plan's longest item) are at least kTreeAttentionWideAloneChunk tokens.
+// H100, GQA 4 (nineteenth session, record h100-2026-11-28-session19.txt:
+// bench_sequence_parallel's rank 0 with --wide-always): 16 pairs of 2048-token chunks (P=32k +
+// 64 x 200, 256 wide blocks) 59.2 -> 53.7 us, 64 pairs (P=128k + 64 x 200, 1024 blocks) 220 ->
+// 193. Shorter chunks unmeasured there.
+constexpr int32_t kTreeAttentionWideAloneChunk = 1024;
+inline bool tree_attention_wide_alone_pays(int64_t wide_blocks, int32_t chunk_tokens,
+                                           int32_t num_sms) {
+  return 4 * wide_blocks >= 3 * int64_t(kTreeAttentionStage1BlocksPerSm) * num_sms &&
+         chunk_tokens >= kTreeAttentionWideAloneChunk;
+}
+
 // The kAuto picks from a plan's counts: its items, where its paired items begin (-1: none; the
-// workspace's paired_items_begin), its wide pairs (tree_attention_wide_pairs) and the kv heads
-// and SMs of the launch. Only a plan that pairs from an item past the first can take either
-// kernel: the wide kernel where tree_attention_wide_pays and its pairs cover every item before
-// the paired ones, the tail kernel where tree_attention_tail_pays (where the wide kernel does
-// not run). tree_attention_runs_wide / _runs_tail add what the counts do not say (the token
-// table, the decode kernel, head_dim 128 and an sm_90a build); `bench_tree_attention
-// --plan-only` prints these picks for an H100.
+// workspace's paired_items_begin), its wide pairs (tree_attention_wide_pairs), its longest item's
+// tokens (max_item_tokens) and the kv heads and SMs of the launch. A plan without paired items
+// takes the wide kernel only where its pairs are all its items and tree_attention_wide_alone_pays.
+// Otherwise only a plan that pairs from an item past the first can take either kernel: the wide
+// kernel where tree_attention_wide_pays and its pairs cover every item before the paired ones, the
+// tail kernel where tree_attention_tail_pays (where the wide kernel does not run).
+// tree_attention_runs_wide / _runs_tail add what the counts do not say (the token table, the
+// decode kernel, head_dim 128 and an sm_90a build); `bench_tree_attention --plan-only` prints
+// these picks for an H100.
 struct TreeAttentionAutoKernels {
   bool wide = false;
   bool tail = false;
 };
 inline TreeAttentionAutoKernels tree_attention_auto_kernels(int32_t items, int32_t paired_begin,
                                                             int32_t wide_pairs,
+                                                            int32_t max_item_tokens,
                                                             int32_t num_kv_heads, int32_t num_sms) {
   TreeAttentionAutoKernels k;
-  if (paired_begin < 1 || paired_begin >= items || num_kv_heads < 1) return k;
+  if (num_kv_heads < 1) return k;
+  if (paired_begin < 0 || paired_begin >= items) {
+    k.wide =
+        wide_pairs > 0 && items == 2 * wide_pairs &&
+        tree_attention_wide_alone_pays(int64_t(items) * num_kv_heads, max_item_tokens, num_sms);
+    return k;
+  }
+  if (paired_begin < 1) return k;
   const int64_t wide = int64_t(paired_begin) * num_kv_heads;
   const int64_t paired =
       int64_t(items - paired_begin) * (num_kv_heads % kTreeAttentionPairHeads == 0

@@ -37,7 +37,10 @@
 //                                              server's KV cache lays them out; default: a
 //                                              random first slot per run)
 //                             [--few-shot P,B,S]...  (only these cases: a P-token prompt with
-//                                                     B branches of S tokens; repeatable)
+//                                                     B branches of S tokens; repeatable; S = 0:
+//                                                     B queries at the prompt's end, no tokens
+//                                                     of their own, as a sequence-parallel
+//                                                     rank's share of a prompt)
 //                             [--speculative P,T]...  (only these cases, with --few-shot's: a
 //                                                     Medusa-like tree of T queries over a
 //                                                     P-token prompt; repeatable)
@@ -68,6 +71,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/tree_attention/bench_util.h"
@@ -292,9 +296,9 @@ Result run_case(const Case& c, int32_t num_q_heads, int32_t num_kv_heads, int32_
   r.decode_chunk = plan.decode_chunk_tokens;
   r.paired_items = plan.num_paired_items();
   if (opt.plan_only) {
-    const TreeAttentionAutoKernels k =
-        tree_attention_auto_kernels(plan.num_items(), tree_attention_paired_begin(plan),
-                                    tree_attention_wide_pairs(plan), num_kv_heads, num_sms);
+    const TreeAttentionAutoKernels k = tree_attention_auto_kernels(
+        plan.num_items(), tree_attention_paired_begin(plan), tree_attention_wide_pairs(plan),
+        plan.max_item_tokens, num_kv_heads, num_sms);
     r.kernels = tree_attention_all_decode_shaped(plan)
                     ? "decode"
                     : (k.wide ? "wide" : (k.tail ? "tail" : "stage1"));
@@ -488,9 +492,8 @@ int main_impl(int argc, char** argv) {
       const std::string v = next();
       std::array<int32_t, 3> f{};
       if (std::sscanf(v.c_str(), "%d,%d,%d", &f[0], &f[1], &f[2]) != 3 || f[0] < 1 || f[1] < 1 ||
-          f[2] < 1) {
-        std::fprintf(stderr, "--few-shot: P,B,S (positive token / branch counts), not %s\n",
-                     v.c_str());
+          f[2] < 0) {
+        std::fprintf(stderr, "--few-shot: P,B,S (positive P and B, S >= 0), not %s\n", v.c_str());
         return 2;
       }
       opt.few_shot.push_back(f);
@@ -539,9 +542,18 @@ int main_impl(int argc, char** argv) {
   }
   std::vector<Case> cases;
   for (const auto& [prompt, branches, tokens] : opt.few_shot) {
+    testing::TreeCase tree;
+    if (tokens > 0) {
+      tree = testing::few_shot_case(prompt, branches, tokens, 16, 4);
+    } else {  // the queries at the prompt's end
+      testing::TreeViewBuilder b(16);
+      const int32_t run = b.add_run(-1, prompt);
+      for (int32_t q = 0; q < branches; ++q) b.add_query(run);
+      tree = b.build(4);
+    }
     cases.push_back({"few-shot P=" + std::to_string(prompt) + " + " + std::to_string(branches) +
                          "x" + std::to_string(tokens),
-                     "custom", testing::few_shot_case(prompt, branches, tokens, 16, 4)});
+                     "custom", std::move(tree)});
   }
   for (const auto& [prompt, queries] : opt.speculative) {
     cases.push_back(

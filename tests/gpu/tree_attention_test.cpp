@@ -812,6 +812,26 @@ TEST(TreeAttentionGpu, WideKernelMatchesPlanExecutor) {
   EXPECT_TRUE(many_grid.wide);
   EXPECT_LE(gpu_vs_cpu(many, llama, many_plan, &shared_workspace(), 36), kFp16Tolerance);
   EXPECT_LE(gpu_vs_cpu(many, llama, many_plan, &shared_workspace(), 37, many_grid), kFp16Tolerance);
+  // At kAuto for a plan of pairs alone (no paired items; a sequence-parallel rank's share of a
+  // long prompt is one): 64 queries at the end of an 8000-token prompt, 16 pairs of 1024-token
+  // chunks, 256 wide blocks (tree_attention_wide_alone_pays), eagerly and from a graph's grid.
+  testing::TreeViewBuilder alone_builder(16);
+  const int32_t alone_prompt = alone_builder.add_run(-1, 8000);
+  for (int32_t q = 0; q < 64; ++q) alone_builder.add_query(alone_prompt);
+  const TreeCase alone = alone_builder.build(38);
+  AttentionPlan alone_plan;
+  ASSERT_TRUE(build_attention_plan(alone.view, config_for(llama), &alone_plan).ok());
+  ASSERT_TRUE(shared_workspace().upload(alone_plan, nullptr).ok());
+  EXPECT_EQ(shared_workspace().paired_items_begin(), -1);
+  EXPECT_EQ(2 * shared_workspace().wide_pairs(), alone_plan.num_items());
+  EXPECT_TRUE(tree_attention_runs_wide(shared_workspace(), llama.num_kv_heads, 128));
+  const TreeAttentionGrid alone_grid =
+      tree_attention_graph_grid(shared_workspace(), llama.num_kv_heads, 128);
+  EXPECT_TRUE(alone_grid.wide);
+  EXPECT_EQ(alone_grid.wide_rest, 0);
+  EXPECT_LE(gpu_vs_cpu(alone, llama, alone_plan, &shared_workspace(), 38), kFp16Tolerance);
+  EXPECT_LE(gpu_vs_cpu(alone, llama, alone_plan, &shared_workspace(), 39, alone_grid),
+            kFp16Tolerance);
   // Without a token table there are no wide pairs.
   ASSERT_TRUE(small_table_workspace(0).upload(plan, nullptr).ok());
   EXPECT_EQ(small_table_workspace(0).wide_pairs(), 0);

@@ -1092,28 +1092,37 @@ TEST(TreeAttentionAuto, DecodeShapedAndPairedBeginFromThePlan) {
 
 // tree_attention_auto_kernels: the kAuto picks from a plan's counts (132 SMs, 8 kv heads).
 // The wide kernel needs pairs covering every item before the paired ones, on top of its block
-// rule; neither kernel takes a plan without paired items past the first.
+// rule, or, in a plan without paired items, pairs covering every item, whose stage 1 blocks fill
+// 3/4 of its 264 slots, over chunks of 1024+ tokens; the tail kernel needs paired items past
+// the first.
 TEST(TreeAttentionAuto, KernelsFromThePlansCounts) {
   struct Counts {
-    int32_t items, paired_begin, wide_pairs;
+    int32_t items, paired_begin, wide_pairs, max_tokens;
     bool wide, tail;
   };
   for (const Counts& c :
-       {Counts{160, 32, 16, true, true},      // P=16000 + 64 x 200: 256 wide blocks, 256 paired
-        Counts{160, 32, 15, false, true},     // the same with an item left after the pairs
-        Counts{192, 64, 32, true, false},     // P=16000 + 128 x 200: 512 wide blocks
-        Counts{185, 25, 2, false, true},      // P=4000 + 80 x 200: 200 wide blocks, rest 21
-        Counts{100, 20, 2, false, false},     // P=4000 + 80 x 100: 160 wide blocks, rest 16
-        Counts{70, 20, 10, false, false},     // P=4000 + 50 x 200: the paired blocks fit
-        Counts{60, -1, 15, false, false},     // no paired items
-        Counts{60, 0, 0, false, false},       // only paired items
-        Counts{60, 60, 30, false, false}}) {  // paired_begin past the items
+       {Counts{160, 32, 16, 2048, true, true},   // P=16000 + 64 x 200: 256 wide blocks, 256 paired
+        Counts{160, 32, 15, 2048, false, true},  // the same with an item left after the pairs
+        Counts{192, 64, 32, 2048, true, false},  // P=16000 + 128 x 200: 512 wide blocks
+        Counts{185, 25, 2, 512, false, true},    // P=4000 + 80 x 200: 200 wide blocks, rest 21
+        Counts{100, 20, 2, 512, false, false},   // P=4000 + 80 x 100: 160 wide blocks, rest 16
+        Counts{70, 20, 10, 832, false, false},   // P=4000 + 50 x 200: the paired blocks fit
+        Counts{60, -1, 15, 2048, false, false},  // no paired items, items after the pairs
+        Counts{32, -1, 16, 2048, true, false},   // pairs alone (P=32k + 64 x 200's rank 0): 256
+        Counts{32, -1, 16, 512, false, false},   // the same over 512-token chunks
+        Counts{32, -1, 16, 1024, true, false},   // over 1024-token chunks
+        Counts{24, -1, 12, 2048, false, false},  // pairs alone, 192 blocks: under 3/4 of 264
+        Counts{26, -1, 13, 2048, true, false},   // 208 blocks
+        Counts{34, -1, 16, 2048, false, false},  // an item left after the pairs
+        Counts{60, 0, 0, 200, false, false},     // only paired items
+        Counts{60, 60, 30, 2048, true, false}}) {  // paired_begin past the items: pairs alone
     const TreeAttentionAutoKernels k =
-        tree_attention_auto_kernels(c.items, c.paired_begin, c.wide_pairs, 8, 132);
-    EXPECT_EQ(k.wide, c.wide) << c.items << " items, paired from " << c.paired_begin << ", "
-                              << c.wide_pairs << " pairs";
-    EXPECT_EQ(k.tail, c.tail) << c.items << " items, paired from " << c.paired_begin << ", "
-                              << c.wide_pairs << " pairs";
+        tree_attention_auto_kernels(c.items, c.paired_begin, c.wide_pairs, c.max_tokens, 8, 132);
+    const std::string what = std::to_string(c.items) + " items, paired from " +
+                             std::to_string(c.paired_begin) + ", " + std::to_string(c.wide_pairs) +
+                             " pairs, " + std::to_string(c.max_tokens) + " tokens";
+    EXPECT_EQ(k.wide, c.wide) << what;
+    EXPECT_EQ(k.tail, c.tail) << what;
   }
 }
 
