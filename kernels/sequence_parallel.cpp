@@ -67,8 +67,26 @@ int64_t sequence_parallel_item_cost(const AttentionPlan& plan, int32_t i) {
   return int64_t(plan.item_num_tokens[i]) * (tile_rows + rows);
 }
 
+int64_t sequence_parallel_block_cost(const AttentionPlan& plan, int32_t i) {
+  constexpr int64_t kFixedQuarters = 11;  // the plan builder's simulated_span
+  const int64_t pair = std::max(1, plan.pair_heads);
+  const int64_t tokens = plan.item_num_tokens[i];
+  if (pair > 1 && i >= plan.paired_items_begin) {
+    return kFixedQuarters +
+           4 * ((tokens * pair + kSequenceParallelKvTile - 1) / kSequenceParallelKvTile);
+  }
+  return pair *
+         (kFixedQuarters + 4 * ((tokens + kSequenceParallelKvTile - 1) / kSequenceParallelKvTile));
+}
+
+int64_t sequence_parallel_cost(const AttentionPlan& plan, int32_t i, SequenceParallelCost cost) {
+  return cost == SequenceParallelCost::kBlocks ? sequence_parallel_block_cost(plan, i)
+                                               : sequence_parallel_item_cost(plan, i);
+}
+
 Status split_plan_for_sequence_parallel(const AttentionPlan& plan, int32_t world,
-                                        std::vector<AttentionPlan>* shards) {
+                                        std::vector<AttentionPlan>* shards,
+                                        SequenceParallelCost cost) {
   if (world < 1) {
     return InvalidArgument("split_plan_for_sequence_parallel: world = " + std::to_string(world) +
                            " must be >= 1");
@@ -96,7 +114,7 @@ Status split_plan_for_sequence_parallel(const AttentionPlan& plan, int32_t world
       cut_at.push_back(k);
       cost_before.push_back(total);
     }
-    total += sequence_parallel_item_cost(plan, order[k]);
+    total += sequence_parallel_cost(plan, order[k], cost);
   }
   cut_at.push_back(num_items);
   cost_before.push_back(total);

@@ -28,9 +28,10 @@ namespace treeserve {
 //    plan cuts into consecutive chunks, is read as one contiguous token range per rank, the ranks
 //    in order. Items starting at the same position (the query tiles of one chunk) stay together,
 //    so a shared chunk is read on one rank only.
-//  - The cuts balance sequence_parallel_item_cost: each is placed at the start position nearest
-//    to r / world of the total, so a rank's cost exceeds total / world by at most the largest
-//    group of items sharing a start position.
+//  - The cuts balance the items' costs (sequence_parallel_cost: by default
+//    sequence_parallel_item_cost): each is placed at the start position nearest to r / world of
+//    the total, so a rank's cost exceeds total / world by at most the largest group of items
+//    sharing a start position.
 //  - Each shard is a valid plan on its own (validate_attention_plan): its own segments, mask
 //    words and partial slots, renumbered; its items in the plan's launch order, so a plan that
 //    pairs heads (pair_heads) pairs each shard's items from the first one it paired. Its reduction
@@ -42,14 +43,34 @@ namespace treeserve {
 // multiplied by world), so that long runs are cut finely enough for every shard to fill its GPU.
 // plan must not be one of *shards. Returns INVALID_ARGUMENT for world < 1, a null shards, or a
 // plan that fails validate_attention_plan.
-Status split_plan_for_sequence_parallel(const AttentionPlan& plan, int32_t world,
-                                        std::vector<AttentionPlan>* shards);
+// How the split weighs an item.
+enum class SequenceParallelCost : uint8_t {
+  kTokensRows,  // sequence_parallel_item_cost (the default)
+  kBlocks,      // sequence_parallel_block_cost (A/B: bench_sequence_parallel --split-cost blocks)
+};
+Status split_plan_for_sequence_parallel(
+    const AttentionPlan& plan, int32_t world, std::vector<AttentionPlan>* shards,
+    SequenceParallelCost cost = SequenceParallelCost::kTokensRows);
 
 // The split's estimate of an item's time: KV tokens x (query rows + a tile of rows), the plan
 // builder's launch-order cost (AttentionPlanConfig::item_order): time grows with tokens x rows,
 // and a decode item of a few rows still pays about a tile's worth of per-token work (measured:
 // stage 1 is bound by each block's per-tile chain more than by DRAM).
 int64_t sequence_parallel_item_cost(const AttentionPlan& plan, int32_t item);
+
+// Stage 1's block model, as the plan builder's span simulation costs an item (in quarter K/V
+// tiles of kSequenceParallelKvTile tokens, times the plan's pair_heads): a block's fixed part
+// (11 quarters) plus 4 a tile of the item's tokens, whatever its rows; a paired item (from
+// paired_items_begin, where pair_heads > 1) shares its block with pair_heads - 1 others, its
+// tiles pair_heads times shorter. On 2 H100s (2026-11-28, record
+// bench/tree_attention/h100-2026-11-28-session19.txt) the default cost left P=32k + 64 x 200's
+// ranks at 53 and 86 us: it weighs a 200-token branch item 1/19 of a 2048-token prompt tile's
+// item, the block model 1/5. Not measured yet as the split's cost.
+constexpr int32_t kSequenceParallelKvTile = 64;
+int64_t sequence_parallel_block_cost(const AttentionPlan& plan, int32_t item);
+
+// sequence_parallel_item_cost or sequence_parallel_block_cost, as cost says.
+int64_t sequence_parallel_cost(const AttentionPlan& plan, int32_t item, SequenceParallelCost cost);
 
 // The physical page ids (plan.page_table values) holding at least one token some item of plan
 // reads, sorted and unique: the pages a GPU must hold to run this plan (a shard's, after the

@@ -20,10 +20,12 @@
 // (the rank that finished its local work last), local = step - combine.
 //
 // `--wide-always` / `--no-wide` set the wide kernel's mode (TreeAttentionLimits::wide_kernel:
-// kAlways / kOff; default kAuto) for the one-GPU launch and every rank alike (A/B).
+// kAlways / kOff; default kAuto) for the one-GPU launch and every rank alike (A/B);
+// `--split-cost blocks` weighs the split's items by stage 1's block model
+// (SequenceParallelCost::kBlocks) instead of tokens x rows (A/B).
 //
 // usage: bench_sequence_parallel [--world N] [--reps N] [--filter SUBSTR] [--no-flush]
-//        [--json PATH] [--nccl-combine] [--wide-always | --no-wide]
+//        [--json PATH] [--nccl-combine] [--wide-always | --no-wide] [--split-cost rows|blocks]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -58,6 +60,7 @@ struct Options {
   std::string json_path;
   bool nccl_combine = false;  // force the NCCL combine (A/B of the peer-to-peer one)
   TreeAttentionLimits::Wide wide = TreeAttentionLimits::Wide::kAuto;
+  SequenceParallelCost split_cost = SequenceParallelCost::kTokensRows;
 };
 
 // The workspace limits for plans, with the wide kernel's mode from the options.
@@ -208,7 +211,7 @@ Result run_case(const Case& c, int32_t num_sms, double copy_bw, const Options& o
       c.tree.view, tree_attention_plan_config(kQHeads, kKvHeads, kHeadDim, num_sms * world),
       &sp_plan));
   std::vector<AttentionPlan> shards;
-  CHECK_OK(split_plan_for_sequence_parallel(sp_plan, world, &shards));
+  CHECK_OK(split_plan_for_sequence_parallel(sp_plan, world, &shards, opt.split_cost));
   for (const AttentionPlan& s : shards) r.rank_items.push_back(s.num_items());
   std::vector<RankCopy> copies;
   std::vector<SequenceParallelAttention::RankTensors> tensors;
@@ -350,10 +353,19 @@ int main_impl(int argc, char** argv) {
       opt.wide = TreeAttentionLimits::Wide::kAlways;
     } else if (a == "--no-wide") {
       opt.wide = TreeAttentionLimits::Wide::kOff;
+    } else if (a == "--split-cost") {
+      const std::string v = next();
+      if (v != "rows" && v != "blocks") {
+        std::fprintf(stderr, "--split-cost: rows or blocks, not %s\n", v.c_str());
+        return 2;
+      }
+      opt.split_cost =
+          v == "blocks" ? SequenceParallelCost::kBlocks : SequenceParallelCost::kTokensRows;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--world N] [--reps N] [--filter SUBSTR] [--no-flush] "
-                   "[--json PATH] [--nccl-combine] [--wide-always | --no-wide]\n",
+                   "[--json PATH] [--nccl-combine] [--wide-always | --no-wide] "
+                   "[--split-cost rows|blocks]\n",
                    argv[0]);
       return 2;
     }
@@ -375,12 +387,14 @@ int main_impl(int argc, char** argv) {
               copy_bw / 1e12);
   std::printf(
       "fp16, 32 q / 8 kv heads, head_dim 128, one layer, page 16, L2 %s before each "
-      "rep, median of %d; combine: %s; wide kernel %s\n\n",
+      "rep, median of %d; combine: %s; wide kernel %s; split cost %s\n\n",
       opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps,
       opt.nccl_combine ? "NCCL all-reduces (forced)" : "peer to peer where the GPUs allow it",
       opt.wide == TreeAttentionLimits::Wide::kAlways ? "wherever a plan has pairs (--wide-always)"
       : opt.wide == TreeAttentionLimits::Wide::kOff  ? "off (--no-wide)"
-                                                     : "where it pays");
+                                                     : "where it pays",
+      opt.split_cost == SequenceParallelCost::kBlocks ? "stage 1's blocks (--split-cost blocks)"
+                                                      : "tokens x rows");
   std::printf("%-22s %5s %6s %9s %8s %9s %6s %8s %9s %6s %7s %8s %8s %6s %15s %9s\n", "case", "q",
               "items", "uniqMB", "1gpu_us", "bound", "TB/s", "sp_us", "sp_bound", "TB/s", "speedup",
               "local", "combine", "%comb", "rank_local_us", "max_diff");

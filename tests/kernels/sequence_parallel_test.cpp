@@ -128,12 +128,13 @@ void expect_valid_split(const AttentionPlan& plan, const std::vector<AttentionPl
 }
 
 // Max shard cost <= total / world + the costliest group of items sharing a start position.
-void expect_balanced(const AttentionPlan& plan, const std::vector<AttentionPlan>& shards) {
+void expect_balanced(const AttentionPlan& plan, const std::vector<AttentionPlan>& shards,
+                     SequenceParallelCost how = SequenceParallelCost::kTokensRows) {
   int64_t total = 0;
   std::vector<std::pair<int64_t, int64_t>> starts;  // (start key, cost)
   for (int32_t i = 0; i < plan.num_items(); ++i) {
     const int32_t g = plan.item_segment_begin[i];
-    const int64_t cost = sequence_parallel_item_cost(plan, i);
+    const int64_t cost = sequence_parallel_cost(plan, i, how);
     starts.push_back({(int64_t(plan.seg_node[g]) << 32) | plan.seg_token_begin[g], cost});
     total += cost;
   }
@@ -150,7 +151,7 @@ void expect_balanced(const AttentionPlan& plan, const std::vector<AttentionPlan>
   for (size_t r = 0; r < shards.size(); ++r) {
     int64_t cost = 0;
     for (int32_t i = 0; i < shards[r].num_items(); ++i) {
-      cost += sequence_parallel_item_cost(shards[r], i);
+      cost += sequence_parallel_cost(shards[r], i, how);
     }
     EXPECT_LE(double(cost), bound) << "rank " << r << " of " << shards.size();
   }
@@ -267,12 +268,16 @@ TEST(SequenceParallel, RandomTreesSplitIntoValidBalancedShards) {
     AttentionPlan plan;
     ASSERT_TRUE(build_attention_plan(c.view, random_config(seed), &plan).ok()) << seed;
     for (int32_t world : {1, 2, 3, 4, 7}) {
-      SCOPED_TRACE("seed " + std::to_string(seed) + " world " + std::to_string(world));
-      std::vector<AttentionPlan> shards;
-      ASSERT_TRUE(split_plan_for_sequence_parallel(plan, world, &shards).ok());
-      expect_valid_split(plan, shards, world);
-      expect_balanced(plan, shards);
-      if (HasFailure()) return;
+      for (SequenceParallelCost how :
+           {SequenceParallelCost::kTokensRows, SequenceParallelCost::kBlocks}) {
+        SCOPED_TRACE("seed " + std::to_string(seed) + " world " + std::to_string(world) + " cost " +
+                     std::to_string(int(how)));
+        std::vector<AttentionPlan> shards;
+        ASSERT_TRUE(split_plan_for_sequence_parallel(plan, world, &shards, how).ok());
+        expect_valid_split(plan, shards, world);
+        expect_balanced(plan, shards, how);
+        if (HasFailure()) return;
+      }
     }
   }
 }
@@ -309,6 +314,10 @@ TEST(SequenceParallel, PairedPlansKeepTheirPairingInEveryShard) {
     for (const AttentionPlan& s : shards) paired += s.num_paired_items();
     EXPECT_EQ(paired, plan.num_paired_items());
     EXPECT_GT(shards.back().num_paired_items(), 0);  // the branches come last in KV order
+    ASSERT_TRUE(
+        split_plan_for_sequence_parallel(plan, world, &shards, SequenceParallelCost::kBlocks).ok());
+    expect_valid_split(plan, shards, world);
+    expect_balanced(plan, shards, SequenceParallelCost::kBlocks);
   }
   expect_splits_match_unsplit(c, plan, {2, 3}, make_problem(c, 8, 4, 128, 9));
 }
@@ -389,6 +398,30 @@ TEST(SequenceParallel, ReadPagesAreTheSegmentsPages) {
   std::sort(want.begin(), want.end());
   want.erase(std::unique(want.begin(), want.end()), want.end());
   EXPECT_EQ(pages, want);
+}
+
+// sequence_parallel_block_cost: a block's fixed 11 quarter tiles plus 4 a 64-token tile, times
+// pair_heads for an unpaired item; a paired item's tiles pair_heads times shorter, its block
+// shared. Rows do not count.
+TEST(SequenceParallel, BlockCostIsStageOnesBlockModel) {
+  const TreeCase c = testing::few_shot_case(1000, 20, 100, 16, 4);
+  AttentionPlan plan;
+  ASSERT_TRUE(build_attention_plan(c.view, tree_attention_plan_config(32, 8, 128, 32), &plan).ok());
+  ASSERT_EQ(plan.pair_heads, 4);
+  ASSERT_GT(plan.paired_items_begin, 0);
+  for (int32_t i = 0; i < plan.num_items(); ++i) {
+    const int64_t tokens = plan.item_num_tokens[i];
+    const int64_t want = i < plan.paired_items_begin ? 4 * (11 + 4 * ((tokens + 63) / 64))
+                                                     : 11 + 4 * ((4 * tokens + 63) / 64);
+    EXPECT_EQ(sequence_parallel_block_cost(plan, i), want) << "item " << i;
+    EXPECT_EQ(sequence_parallel_cost(plan, i, SequenceParallelCost::kBlocks), want);
+    EXPECT_EQ(sequence_parallel_cost(plan, i, SequenceParallelCost::kTokensRows),
+              sequence_parallel_item_cost(plan, i));
+  }
+  AttentionPlan unpaired = plan;
+  unpaired.pair_heads = 0;
+  EXPECT_EQ(sequence_parallel_block_cost(unpaired, plan.num_items() - 1),
+            11 + 4 * ((plan.item_num_tokens.back() + 63) / 64));
 }
 
 TEST(SequenceParallel, RejectsBadArguments) {
