@@ -32,6 +32,12 @@ namespace treeserve {
 // pairing (AttentionPlanConfig::pair_heads) pairs them.
 inline constexpr int32_t kDecodeShapedRows = 16;
 
+// Stage 1's block model, as the plan builder's span simulation (and the sequence-parallel
+// split's block cost) count a block: a fixed part of this many quarter K/V tiles plus 4 a tile.
+// The fixed part, 2.75 tiles, is the H100 block trace's fit (~4.4 us a block before and after
+// its tiles, ~1.6 us a 64-token tile, for wide and decode-shaped blocks alike).
+inline constexpr int64_t kBlockFixedQuarterTiles = 11;
+
 struct AttentionPlanConfig {
   // Kernel tile shape.
   int32_t query_tile_rows = 64;    // rows of one query tile = queries * gqa_group_size

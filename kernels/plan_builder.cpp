@@ -319,10 +319,9 @@ int64_t PlanBuilder::longest_decode_shaped_run() const {
 
 // Chunk growth's estimate of a launch's span (AttentionPlanConfig::max_chunk_tokens): the
 // items this chunk gives (per group: query tiles x even chunks, cut as emit_group cuts them),
-// each costing a block's fixed part plus its KV tiles, list-scheduled longest first on
-// num_sms item slots; the longest slot, in quarter KV tiles. The fixed part, 2.75 tiles, is
-// the block trace's fit on an H100 (README: ~4.4 us a block before and after its tiles,
-// ~1.6 us a 64-token tile, for wide and decode-shaped blocks alike). With pair > 1 (head
+// each costing a block's fixed part (kBlockFixedQuarterTiles) plus its KV tiles,
+// list-scheduled longest first on num_sms item slots; the longest slot, in quarter KV tiles.
+// With pair > 1 (head
 // pairing, AttentionPlanConfig::pair_heads) a decode-shaped item (a unit whose one query tile
 // has at most 16 rows) costs the fixed part plus ceil(tokens * pair / kv_tile_tokens) tiles
 // (its block runs pair heads, tiles pair times shorter: the H100 block trace of few-shot
@@ -334,7 +333,6 @@ int64_t PlanBuilder::longest_decode_shaped_run() const {
 // the longest item's cost (no placement needed).
 int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair, int32_t decode_chunk,
                                     bool one_wave) const {
-  constexpr int64_t kBlockQuarterTiles = 11;
   const int64_t tile = c_.kv_tile_tokens;
   pair = std::max(1, pair);
   // An item's cost is the fixed part plus 4 quarters a KV tile, and it reads at most
@@ -363,7 +361,7 @@ int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair, int32_t decode_
       }
     }
     if (items + ceil_div(paired_items, pair) > c_.num_sms) return INT64_MAX;
-    return longest < 0 ? 0 : kBlockQuarterTiles + 4 * longest;
+    return longest < 0 ? 0 : kBlockFixedQuarterTiles + 4 * longest;
   }
   const int64_t max_tiles = ceil_div(std::max(chunk, decode_chunk), tile) * pair;
   std::vector<int64_t>& count = s_.span_item_cost;
@@ -397,7 +395,7 @@ int64_t PlanBuilder::simulated_span(int32_t chunk, int32_t pair, int32_t decode_
   load.assign(size_t(std::max(1, c_.num_sms)), 0);
   for (int64_t k = max_tiles; k >= 0; --k) {
     if (count[size_t(k)] > 0)
-      place_equal_items(&load, count[size_t(k)], kBlockQuarterTiles + 4 * k);
+      place_equal_items(&load, count[size_t(k)], kBlockFixedQuarterTiles + 4 * k);
   }
   return load.back();
 }

@@ -68,15 +68,14 @@ int64_t sequence_parallel_item_cost(const AttentionPlan& plan, int32_t i) {
 }
 
 int64_t sequence_parallel_block_cost(const AttentionPlan& plan, int32_t i) {
-  constexpr int64_t kFixedQuarters = 11;  // the plan builder's simulated_span
   const int64_t pair = std::max(1, plan.pair_heads);
   const int64_t tokens = plan.item_num_tokens[i];
   if (pair > 1 && i >= plan.paired_items_begin) {
-    return kFixedQuarters +
+    return kBlockFixedQuarterTiles +
            4 * ((tokens * pair + kSequenceParallelKvTile - 1) / kSequenceParallelKvTile);
   }
-  return pair *
-         (kFixedQuarters + 4 * ((tokens + kSequenceParallelKvTile - 1) / kSequenceParallelKvTile));
+  return pair * (kBlockFixedQuarterTiles +
+                 4 * ((tokens + kSequenceParallelKvTile - 1) / kSequenceParallelKvTile));
 }
 
 int64_t sequence_parallel_cost(const AttentionPlan& plan, int32_t i, SequenceParallelCost cost) {

@@ -60,8 +60,8 @@ int64_t sequence_parallel_item_cost(const AttentionPlan& plan, int32_t item);
 
 // Stage 1's block model, as the plan builder's span simulation costs an item (in quarter K/V
 // tiles of kSequenceParallelKvTile tokens, times the plan's pair_heads): a block's fixed part
-// (11 quarters) plus 4 a tile of the item's tokens, whatever its rows; a paired item (from
-// paired_items_begin, where pair_heads > 1) shares its block with pair_heads - 1 others, its
+// (kBlockFixedQuarterTiles) plus 4 a tile of the item's tokens, whatever its rows; a paired item
+// (from paired_items_begin, where pair_heads > 1) shares its block with pair_heads - 1 others, its
 // tiles pair_heads times shorter. On 2 H100s (2026-11-28, record
 // bench/tree_attention/h100-2026-11-28-session19.txt) the default cost left P=32k + 64 x 200's
 // ranks at 53 and 86 us: it weighs a 200-token branch item 1/19 of a 2048-token prompt tile's
