@@ -71,7 +71,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "bench/tree_attention/bench_util.h"
@@ -542,18 +541,9 @@ int main_impl(int argc, char** argv) {
   }
   std::vector<Case> cases;
   for (const auto& [prompt, branches, tokens] : opt.few_shot) {
-    testing::TreeCase tree;
-    if (tokens > 0) {
-      tree = testing::few_shot_case(prompt, branches, tokens, 16, 4);
-    } else {  // the queries at the prompt's end
-      testing::TreeViewBuilder b(16);
-      const int32_t run = b.add_run(-1, prompt);
-      for (int32_t q = 0; q < branches; ++q) b.add_query(run);
-      tree = b.build(4);
-    }
     cases.push_back({"few-shot P=" + std::to_string(prompt) + " + " + std::to_string(branches) +
                          "x" + std::to_string(tokens),
-                     "custom", std::move(tree)});
+                     "custom", testing::few_shot_case(prompt, branches, tokens, 16, 4)});
   }
   for (const auto& [prompt, queries] : opt.speculative) {
     cases.push_back(

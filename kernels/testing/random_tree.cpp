@@ -188,7 +188,13 @@ TreeCase fasttree_case(const std::vector<int32_t>& nodes_per_level,
 
 TreeCase few_shot_case(int32_t prompt_tokens, int32_t branches, int32_t branch_tokens,
                        int32_t page_size, uint64_t seed) {
-  return fasttree_case({1, branches}, {prompt_tokens, branch_tokens}, page_size, seed);
+  if (branch_tokens > 0) {
+    return fasttree_case({1, branches}, {prompt_tokens, branch_tokens}, page_size, seed);
+  }
+  TreeViewBuilder b(page_size);
+  const int32_t prompt = b.add_run(-1, prompt_tokens);
+  for (int32_t q = 0; q < branches; ++q) b.add_query(prompt);
+  return b.build(seed);
 }
 
 TreeCase speculative_case(int32_t prefix_tokens, const std::vector<std::vector<int32_t>>& paths,

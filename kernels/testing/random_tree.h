@@ -74,7 +74,9 @@ TreeCase fasttree_case(const std::vector<int32_t>& nodes_per_level,
                        uint64_t seed);
 
 // Few-shot prompting (DeFT): a prompt_tokens prompt with `branches` branches of
-// branch_tokens tokens each, one decode query per branch.
+// branch_tokens tokens each, one decode query per branch. branch_tokens 0: the `branches`
+// queries sit at the prompt's end with no tokens of their own (a plan of query-tile pairs
+// alone at 17+ queries and GQA 4, as a sequence-parallel rank's share of a prompt).
 TreeCase few_shot_case(int32_t prompt_tokens, int32_t branches, int32_t branch_tokens,
                        int32_t page_size, uint64_t seed);
 

@@ -815,10 +815,7 @@ TEST(TreeAttentionGpu, WideKernelMatchesPlanExecutor) {
   // At kAuto for a plan of pairs alone (no paired items; a sequence-parallel rank's share of a
   // long prompt is one): 64 queries at the end of an 8000-token prompt, 16 pairs of 1024-token
   // chunks, 256 wide blocks (tree_attention_wide_alone_pays), eagerly and from a graph's grid.
-  testing::TreeViewBuilder alone_builder(16);
-  const int32_t alone_prompt = alone_builder.add_run(-1, 8000);
-  for (int32_t q = 0; q < 64; ++q) alone_builder.add_query(alone_prompt);
-  const TreeCase alone = alone_builder.build(38);
+  const TreeCase alone = testing::few_shot_case(8000, 64, 0, 16, 38);
   AttentionPlan alone_plan;
   ASSERT_TRUE(build_attention_plan(alone.view, config_for(llama), &alone_plan).ok());
   ASSERT_TRUE(shared_workspace().upload(alone_plan, nullptr).ok());

@@ -1151,6 +1151,15 @@ TEST(TreeAttentionWide, PairsTheQueryTilesOfASharedChunk) {
   EXPECT_GT(spec_pairs, 0);
   ASSERT_LT(2 * spec_pairs, plan.num_items());
   for (int32_t i = 0; i < 2 * spec_pairs; ++i) EXPECT_LT(plan.item_mask_offset[size_t(i)], 0);
+  // Queries at the prompt's end (few_shot_case with no branch tokens): pairs alone, which
+  // kAuto gives the wide kernel (tree_attention_wide_alone_pays: 256 blocks of 1024 tokens).
+  const TreeCase alone = testing::few_shot_case(8000, 64, 0, 16, 38);
+  ASSERT_TRUE(build_attention_plan(alone.view, config, &plan).ok());
+  EXPECT_EQ(tree_attention_paired_begin(plan), -1);
+  EXPECT_EQ(2 * tree_attention_wide_pairs(plan), plan.num_items());
+  EXPECT_TRUE(tree_attention_auto_kernels(plan.num_items(), -1, tree_attention_wide_pairs(plan),
+                                          plan.max_item_tokens, 8, 132)
+                  .wide);
 
   // A pair broken by a different chunk, a mask, or a narrow first item stops the count there.
   const TreeCase b50 = testing::few_shot_case(4000, 50, 200, 16, 4);
