@@ -72,7 +72,8 @@ struct CudaBackendOptions {
   TreeAttentionLimits::Tail attention_tail_kernel = TreeAttentionLimits::Tail::kAuto;
   // Tree attention's wide kernel (TreeAttentionLimits::wide_kernel): a plan's pairs of wide
   // query tiles and its paired items in one kernel where tree_attention_wide_pays and its pairs
-  // cover every wide item (kAuto), never, or wherever the plan has such pairs.
+  // cover every wide item, or for a plan of pairs alone where tree_attention_wide_alone_pays
+  // (kAuto), never, or wherever the plan has such pairs.
   TreeAttentionLimits::Wide attention_wide_kernel = TreeAttentionLimits::Wide::kAuto;
 };
 

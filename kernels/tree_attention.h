@@ -74,11 +74,11 @@ struct TreeAttentionLimits {
   // an SM: two consumer warpgroups, one item of the pair each, sharing every K/V tile of a
   // 5-stage ring that a producer warp fills; the plan's paired items run in three more warps
   // of the same blocks as the tail kernel runs them, and stage 1 runs the remaining items
-  // after it): never, where tree_attention_wide_pays() says so and no wide items are left for
-  // stage 1 after it (kAuto: the paired items would not fit beside the wide ones in one wave;
-  // whatever tail_kernel says), or wherever the plan has such pairs (kAlways). Needs an
-  // sm_90a build (TreeAttentionWorkspace::wide_kernel_built()). Eager launches decide with
-  // tree_attention_runs_wide(); a grid (TreeAttentionGrid::wide) is told.
+  // after it): never, where tree_attention_auto_kernels() picks it (kAuto: no wide items left
+  // for stage 1 after its pairs, and tree_attention_wide_pays, or for a plan of pairs alone
+  // tree_attention_wide_alone_pays; whatever tail_kernel says), or wherever the plan has such
+  // pairs (kAlways). Needs an sm_90a build (TreeAttentionWorkspace::wide_kernel_built()). Eager
+  // launches decide with tree_attention_runs_wide(); a grid (TreeAttentionGrid::wide) is told.
   enum class Wide : int32_t { kOff = 0, kAuto = 1, kAlways = 2 };
   Wide wide_kernel = Wide::kAuto;
 
@@ -104,8 +104,8 @@ inline int32_t tree_attention_tail_block_smem(int32_t own_bytes, int32_t stage1_
   return padded > own_bytes && padded <= 2 * int64_t(own_bytes) ? int32_t(padded) : own_bytes;
 }
 
-// TreeAttentionLimits::Wide::kAuto's block rule (tree_attention_runs_wide adds that no items are
-// left for stage 1 after the wide kernel's pairs): the plan has wide items and paired ones, and
+// TreeAttentionLimits::Wide::kAuto's block rule (tree_attention_auto_kernels adds that no items
+// are left for stage 1 after the wide kernel's pairs): the plan has wide items and paired ones, and
 // the paired items' blocks do not fit beside the wide ones in one wave of stage 1's block
 // slots, so that stage 1 would run them as a second, DRAM-bound wave (few-shot P=16000 +
 // 64 x 200 at GQA 4 on an H100: 256 wide blocks, 256 paired, 264 slots), or the wide blocks
@@ -410,8 +410,9 @@ inline int32_t tree_attention_wide_pairs(const AttentionPlan& plan) {
 // Whether an eager launch of the workspace's last upload with num_kv_heads kv heads at
 // head_dim runs the wide kernel (TreeAttentionLimits::wide_kernel): the upload has wide pairs,
 // the build has the kernel, head_dim is 128, the plan does not run in the decode kernel, and
-// at kAuto it pairs, has a token table, tree_attention_wide_pays and no items are left for
-// stage 1 after the pairs (tree_attention_wide_rest).
+// at kAuto it has a token table and tree_attention_auto_kernels picks it (no items left for
+// stage 1 after the pairs, and tree_attention_wide_pays, or tree_attention_wide_alone_pays for
+// a plan of pairs alone).
 bool tree_attention_runs_wide(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads,
                               int32_t head_dim);
 
