@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/detail/p2p_barrier.cuh"
+#include "kernels/detail/pdl_launch.cuh"
 #include "kernels/detail/sequence_parallel_combine.h"
 
 namespace treeserve::detail {
@@ -66,35 +67,61 @@ __global__ void __launch_bounds__(kThreads)
 static_assert(kSpMaxRanks == kMaxP2PRanks);
 
 // One warp per (query, q head) pair, lane l owning float4 l of the head (head_dim / 4 <= 32).
+// The peers' states come over NVLink, where a load is a round trip of microseconds: a warp
+// asks for every rank's LSE and O of kRoundPairs pairs at once (one round trip a round, not
+// one for the LSEs and another for each rank's O), and the grid has warps enough for the
+// usual decode batch in one round (kSpP2PBlocks x 8 warps x 2 pairs: 64 queries x 32 heads).
+// Launched programmatically (launch_pdl): the blocks wait for the local merge (pdl_wait)
+// before the barrier, so the barrier still means every rank's state is complete.
+constexpr int kRoundPairs = 2;
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     p2p_combine(const SpP2PCombine a, const int32_t* query_rows, T* out, int64_t n, int num_q_heads,
                 int vec_per_pair) {
+  pdl_wait();
   p2p_block_barrier(a.flags, a.counters, a.rank, a.world);
   constexpr int kWarps = kThreads / 32;
   const int lane = threadIdx.x % 32;
-  for (int64_t pair = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; pair < n;
-       pair += int64_t(gridDim.x) * kWarps) {
-    float m = -INFINITY;
-    for (int s = 0; s < a.world; ++s) m = fmaxf(m, __ldcg(a.lse[s] + pair));
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    float w_sum = 0.f;
-    for (int s = 0; s < a.world; ++s) {
-      const float lse = __ldcg(a.lse[s] + pair);
-      const float w = m == -INFINITY ? 0.f : exp2f(lse - m);  // lse = -inf -> 0
-      w_sum += w;
-      if (lane < vec_per_pair) {
-        const float4 x =
-            __ldcg(reinterpret_cast<const float4*>(a.o[s]) + pair * vec_per_pair + lane);
-        acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+  const int64_t stride = int64_t(gridDim.x) * kWarps;  // pairs apart within a round
+  for (int64_t first = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; first < n;
+       first += stride * kRoundPairs) {
+    float lse[kRoundPairs][kSpMaxRanks];
+    float4 x[kRoundPairs][kSpMaxRanks];
+#pragma unroll
+    for (int j = 0; j < kRoundPairs; ++j) {
+      const int64_t pair = first + j * stride;
+#pragma unroll
+      for (int s = 0; s < kSpMaxRanks; ++s) {
+        const bool valid = s < a.world && pair < n;
+        lse[j][s] = valid ? __ldcg(a.lse[s] + pair) : -INFINITY;
+        x[j][s] = valid && lane < vec_per_pair
+                      ? __ldcg(reinterpret_cast<const float4*>(a.o[s]) + pair * vec_per_pair + lane)
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
       }
     }
-    if (lane >= vec_per_pair) continue;
-    const float inv = w_sum > 0.f ? 1.f / w_sum : 0.f;
-    acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
-    const int64_t row = query_rows[pair / num_q_heads];
-    const int head = int(pair % num_q_heads);
-    store4(out + ((row * num_q_heads + head) * vec_per_pair + lane) * 4, acc);
+#pragma unroll
+    for (int j = 0; j < kRoundPairs; ++j) {
+      const int64_t pair = first + j * stride;
+      if (pair >= n || lane >= vec_per_pair) continue;
+      float m = -INFINITY;
+#pragma unroll
+      for (int s = 0; s < kSpMaxRanks; ++s) m = fmaxf(m, lse[j][s]);
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      float w_sum = 0.f;
+#pragma unroll
+      for (int s = 0; s < kSpMaxRanks; ++s) {  // ranks in order; past world, w = 0 adds nothing
+        const float w = m == -INFINITY ? 0.f : exp2f(lse[j][s] - m);  // lse = -inf -> 0
+        w_sum += w;
+        acc.x += w * x[j][s].x, acc.y += w * x[j][s].y, acc.z += w * x[j][s].z,
+            acc.w += w * x[j][s].w;
+      }
+      const float inv = w_sum > 0.f ? 1.f / w_sum : 0.f;
+      acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
+      const int64_t row = query_rows[pair / num_q_heads];
+      const int head = int(pair % num_q_heads);
+      store4(out + ((row * num_q_heads + head) * vec_per_pair + lane) * 4, acc);
+    }
   }
 }
 
@@ -145,14 +172,16 @@ Status enqueue_p2p_combine(const SpP2PCombine& args, const int32_t* query_rows, 
   // Launched even without pairs: every call of every rank must pass the barrier.
   const int64_t n = int64_t(num_queries) * num_q_heads;
   const int vec = head_dim / 4;
-  if (dtype == TreeAttentionDtype::kBFloat16) {
-    p2p_combine<<<kSpP2PBlocks, kThreads, 0, stream>>>(
-        args, query_rows, static_cast<__nv_bfloat16*>(out), n, num_q_heads, vec);
-  } else {
-    p2p_combine<<<kSpP2PBlocks, kThreads, 0, stream>>>(args, query_rows, static_cast<__half*>(out),
-                                                       n, num_q_heads, vec);
+  const cudaError_t e =
+      dtype == TreeAttentionDtype::kBFloat16
+          ? launch_pdl(dim3(kSpP2PBlocks), dim3(kThreads), 0, stream, p2p_combine<__nv_bfloat16>,
+                       args, query_rows, static_cast<__nv_bfloat16*>(out), n, num_q_heads, vec)
+          : launch_pdl(dim3(kSpP2PBlocks), dim3(kThreads), 0, stream, p2p_combine<__half>, args,
+                       query_rows, static_cast<__half*>(out), n, num_q_heads, vec);
+  if (e != cudaSuccess) {
+    return Internal(std::string("sequence-parallel p2p_combine launch: ") + cudaGetErrorString(e));
   }
-  return launch_status("sequence-parallel p2p_combine launch");
+  return Status::Ok();
 }
 
 }  // namespace treeserve::detail

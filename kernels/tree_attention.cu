@@ -972,6 +972,10 @@ __global__ void __launch_bounds__(kThreads)
                                const float* partial_o, const float* partial_lse, float* state_o,
                                float* state_lse, int num_q_heads) {
   constexpr int kPerLane = D / 32;
+  // What follows (the sequence-parallel combine, launched programmatically) waits for this
+  // grid's end before it reads the states: let it be scheduled now, so its launch is not on
+  // the step's path.
+  pdl_trigger();
   const PlanHeaderArg h = load_header(header, plan, header_on_device);
   const int lane = threadIdx.x & 31;
   const int pair = blockIdx.x * kWarps + (threadIdx.x >> 5);

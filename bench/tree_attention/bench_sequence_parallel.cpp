@@ -22,10 +22,13 @@
 // `--wide-always` / `--no-wide` set the wide kernel's mode (TreeAttentionLimits::wide_kernel:
 // kAlways / kOff; default kAuto) for the one-GPU launch and every rank alike (A/B);
 // `--split-cost blocks` weighs the split's items by stage 1's block model
-// (SequenceParallelCost::kBlocks) instead of tokens x rows (A/B).
+// (SequenceParallelCost::kBlocks) instead of tokens x rows (A/B). `--step-only` records no event
+// between a rank's local work and its combine, so the combine's programmatic launch can
+// overlap the local merge as in a real step (the local / combine split then reads 0).
 //
 // usage: bench_sequence_parallel [--world N] [--reps N] [--filter SUBSTR] [--no-flush]
 //        [--json PATH] [--nccl-combine] [--wide-always | --no-wide] [--split-cost rows|blocks]
+//        [--step-only]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -61,6 +64,7 @@ struct Options {
   bool nccl_combine = false;  // force the NCCL combine (A/B of the peer-to-peer one)
   TreeAttentionLimits::Wide wide = TreeAttentionLimits::Wide::kAuto;
   SequenceParallelCost split_cost = SequenceParallelCost::kTokensRows;
+  bool step_only = false;  // no local-done event (local / combine not split)
 };
 
 // The workspace limits for plans, with the wide kernel's mode from the options.
@@ -245,7 +249,7 @@ Result run_case(const Case& c, int32_t num_sms, double copy_bw, const Options& o
     }
     CHECK_OK(sp.launch_local(tensors, TreeAttentionDtype::kFloat16, kQHeads, kKvHeads, kHeadDim,
                              page_size, scale));
-    for (int32_t rank = 0; rank < world; ++rank) {
+    for (int32_t rank = 0; rank < world && !opt.step_only; ++rank) {
       CHECK_CUDA(cudaSetDevice(rank));
       CHECK_CUDA(cudaEventRecord((*timing)[rank].local_done, sp.stream(rank)));
     }
@@ -254,11 +258,12 @@ Result run_case(const Case& c, int32_t num_sms, double copy_bw, const Options& o
       CHECK_CUDA(cudaSetDevice(rank));
       CHECK_CUDA(cudaEventRecord((*timing)[rank].end, sp.stream(rank)));
     }
-    double step_us = 1e30, combine_us = 1e30;
+    double step_us = 1e30, combine_us = opt.step_only ? 0 : 1e30;
     for (int32_t rank = 0; rank < world; ++rank) {
       const DeviceTiming& t = (*timing)[rank];
       CHECK_CUDA(cudaEventSynchronize(t.end));
       step_us = std::min<double>(step_us, elapsed_us(t.start, t.end));
+      if (opt.step_only) continue;
       combine_us = std::min<double>(combine_us, elapsed_us(t.local_done, t.end));
       if (i >= 3) rank_local[rank].push_back(elapsed_us(t.start, t.local_done));
     }
@@ -271,7 +276,7 @@ Result run_case(const Case& c, int32_t num_sms, double copy_bw, const Options& o
   r.sp_us = median(step);
   r.combine_us = median(combine);
   r.local_us = r.sp_us - r.combine_us;
-  for (const auto& v : rank_local) r.rank_local_us.push_back(median(v));
+  for (const auto& v : rank_local) r.rank_local_us.push_back(v.empty() ? 0 : median(v));
   r.sp_tbps = double(unique) / (r.sp_us * 1e-6) / 1e12;
   r.speedup = r.single_us / r.sp_us;
   sp.release();
@@ -361,11 +366,13 @@ int main_impl(int argc, char** argv) {
       }
       opt.split_cost =
           v == "blocks" ? SequenceParallelCost::kBlocks : SequenceParallelCost::kTokensRows;
+    } else if (a == "--step-only") {
+      opt.step_only = true;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--world N] [--reps N] [--filter SUBSTR] [--no-flush] "
                    "[--json PATH] [--nccl-combine] [--wide-always | --no-wide] "
-                   "[--split-cost rows|blocks]\n",
+                   "[--split-cost rows|blocks] [--step-only]\n",
                    argv[0]);
       return 2;
     }
@@ -387,14 +394,15 @@ int main_impl(int argc, char** argv) {
               copy_bw / 1e12);
   std::printf(
       "fp16, 32 q / 8 kv heads, head_dim 128, one layer, page 16, L2 %s before each "
-      "rep, median of %d; combine: %s; wide kernel %s; split cost %s\n\n",
+      "rep, median of %d; combine: %s; wide kernel %s; split cost %s%s\n\n",
       opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps,
       opt.nccl_combine ? "NCCL all-reduces (forced)" : "peer to peer where the GPUs allow it",
       opt.wide == TreeAttentionLimits::Wide::kAlways ? "wherever a plan has pairs (--wide-always)"
       : opt.wide == TreeAttentionLimits::Wide::kOff  ? "off (--no-wide)"
                                                      : "where it pays",
       opt.split_cost == SequenceParallelCost::kBlocks ? "stage 1's blocks (--split-cost blocks)"
-                                                      : "tokens x rows");
+                                                      : "tokens x rows",
+      opt.step_only ? "; step only (no local-done event: local / combine columns 0)" : "");
   std::printf("%-22s %5s %6s %9s %8s %9s %6s %8s %9s %6s %7s %8s %8s %6s %15s %9s\n", "case", "q",
               "items", "uniqMB", "1gpu_us", "bound", "TB/s", "sp_us", "sp_bound", "TB/s", "speedup",
               "local", "combine", "%comb", "rank_local_us", "max_diff");

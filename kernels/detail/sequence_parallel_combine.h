@@ -29,14 +29,16 @@ Status enqueue_write_combined(const float* o_sum, const float* w_sum, const int3
                               int32_t num_q_heads, int32_t head_dim, cudaStream_t stream);
 
 // Peer-to-peer combine (all devices with peer access): one kernel per rank replaces steps 1-4.
-// Block b meets block b of every rank (detail/p2p_barrier.cuh: flags, counters), then each
-// warp takes (query, q head) pairs and reads every rank's state over NVLink:
+// It goes out as a programmatic launch and waits for the kernel before it (the local merge,
+// which lets it be scheduled early). Block b meets block b of every rank
+// (detail/p2p_barrier.cuh: flags, counters), then each warp takes (query, q head) pairs and
+// reads every rank's state over NVLink, all ranks' LSE and O of two pairs in one round trip:
 //   M = max_s lse_s,  w_s = 2^(lse_s - M),  out = sum_s w_s o_s / sum_s w_s
 // (o_s normalised, as launch_tree_attention_state writes it), ranks summed in rank order, so
 // every rank writes the same rows. A rank must not overwrite its state before the peers have
 // read it: callers alternate two state buffers per step (a rank reaches step i + 1's combine
 // only after every peer has started it, so step i's reads are over before step i + 2 writes).
-inline constexpr int kSpP2PBlocks = 64;
+inline constexpr int kSpP2PBlocks = 128;
 inline constexpr int kSpMaxRanks = 8;
 struct SpP2PCombine {
   int32_t rank = 0;
