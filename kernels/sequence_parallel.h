@@ -65,7 +65,11 @@ int64_t sequence_parallel_item_cost(const AttentionPlan& plan, int32_t item);
 // tiles pair_heads times shorter. On 2 H100s (2026-11-28, record
 // bench/tree_attention/h100-2026-11-28-session19.txt) the default cost left P=32k + 64 x 200's
 // ranks at 53 and 86 us: it weighs a 200-token branch item 1/19 of a 2048-token prompt tile's
-// item, the block model 1/5. Not measured yet as the split's cost.
+// item, the block model 1/5. As the split's cost (2 H200s, 2026-11-28, record
+// h200x2-2026-11-28-session20.txt) it overshoots there: the cut moves from 32 / 96 items to
+// 40 / 88, rank 0 gets more than one wave of 2048-token blocks and the step takes 107.9 us
+// against 94.9; P=128k + 8 x 200 gains (91.0 against 93.3). So not the default: neither cost
+// sees waves.
 constexpr int32_t kSequenceParallelKvTile = 64;
 int64_t sequence_parallel_block_cost(const AttentionPlan& plan, int32_t item);
 
