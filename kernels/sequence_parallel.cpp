@@ -104,38 +104,78 @@ Status split_plan_for_sequence_parallel(const AttentionPlan& plan, int32_t world
   std::stable_sort(order.begin(), order.end(),
                    [&](int32_t a, int32_t b) { return key[a] < key[b]; });
 
-  // Cut candidates: positions in order where the start key changes, with the cost before them.
-  std::vector<int32_t> cut_at{0};
-  std::vector<int64_t> cost_before{0};
-  int64_t total = 0;
+  // Groups: runs of order with one start key (a chunk's query tiles, or one short run's items).
+  // A group is part of a long run where its node starts more than one group (the plan cut the
+  // run into chunks); the others are short runs (decode branches, token trees).
+  std::vector<int32_t> group_at;  // group g is order[group_at[g], group_at[g + 1])
   for (int32_t k = 0; k < num_items; ++k) {
-    if (k > 0 && key[order[k]] != key[order[k - 1]]) {
-      cut_at.push_back(k);
-      cost_before.push_back(total);
-    }
-    total += sequence_parallel_cost(plan, order[k], cost);
+    if (k == 0 || key[order[k]] != key[order[k - 1]]) group_at.push_back(k);
   }
-  cut_at.push_back(num_items);
-  cost_before.push_back(total);
-
-  // Rank r takes order[begin, end): end is the cut candidate nearest (r + 1) / world of the total
-  // cost (ties to the earlier one). The targets increase, so the cuts never go backwards.
-  std::vector<int32_t> rank_of(num_items);
-  int32_t begin = 0;
-  for (int32_t r = 0; r < world; ++r) {
-    int32_t end = num_items;
-    if (r + 1 < world) {
-      const double target = double(total) * double(r + 1) / double(world);
-      const size_t c = size_t(std::lower_bound(cost_before.begin(), cost_before.end(), target) -
-                              cost_before.begin());
-      size_t best = std::min(c, cost_before.size() - 1);
-      if (c > 0 && target - double(cost_before[c - 1]) <= double(cost_before[best]) - target) {
-        best = c - 1;
-      }
-      end = std::max(begin, cut_at[best]);
+  group_at.push_back(num_items);
+  const int32_t num_groups = int32_t(group_at.size()) - 1;
+  std::vector<int64_t> group_cost(size_t(num_groups), 0);
+  std::vector<uint8_t> long_group(size_t(num_groups), 0);
+  for (int32_t g = 0; g < num_groups; ++g) {
+    for (int32_t k = group_at[g]; k < group_at[g + 1]; ++k) {
+      group_cost[g] += sequence_parallel_cost(plan, order[k], cost);
     }
-    for (int32_t k = begin; k < end; ++k) rank_of[order[k]] = r;
-    begin = end;
+    const int64_t node = key[order[group_at[g]]] >> 32;
+    const bool same_prev = g > 0 && (key[order[group_at[g - 1]]] >> 32) == node;
+    const bool same_next = g + 1 < num_groups && (key[order[group_at[g + 1]]] >> 32) == node;
+    long_group[g] = same_prev || same_next;  // a node's groups are adjacent in KV order
+  }
+
+  // The long runs' groups, in KV order, are cut into world contiguous ranges: rank r's range
+  // ends at the cut candidate nearest (r + 1) / world of their cost (ties to the earlier one),
+  // so each rank reads one contiguous token range of every long run, the ranks in order.
+  std::vector<int32_t> rank_of_group(size_t(num_groups), 0);
+  std::vector<int64_t> load(size_t(world), 0);
+  {
+    std::vector<int32_t> longs;
+    std::vector<int64_t> cost_before{0};
+    for (int32_t g = 0; g < num_groups; ++g) {
+      if (!long_group[g]) continue;
+      longs.push_back(g);
+      cost_before.push_back(cost_before.back() + group_cost[g]);
+    }
+    const int64_t total = cost_before.back();
+    size_t begin = 0;
+    for (int32_t r = 0; r < world; ++r) {
+      size_t end = longs.size();
+      if (r + 1 < world) {
+        const double target = double(total) * double(r + 1) / double(world);
+        const size_t c = size_t(std::lower_bound(cost_before.begin(), cost_before.end(), target) -
+                                cost_before.begin());
+        size_t best = std::min(c, cost_before.size() - 1);
+        if (c > 0 && target - double(cost_before[c - 1]) <= double(cost_before[best]) - target) {
+          best = c - 1;
+        }
+        end = std::max(begin, best);
+      }
+      for (size_t j = begin; j < end; ++j) rank_of_group[longs[j]] = r;
+      load[r] = cost_before[end] - cost_before[begin];
+      begin = end;
+    }
+  }
+  // The short runs' groups, costliest first (KV order among equals), each to the rank with the
+  // least cost so far (the lowest on ties): the branches of a few-shot tree, which all start
+  // after the prompt, are spread over the ranks instead of all landing on the last.
+  {
+    std::vector<int32_t> shorts;
+    for (int32_t g = 0; g < num_groups; ++g) {
+      if (!long_group[g]) shorts.push_back(g);
+    }
+    std::stable_sort(shorts.begin(), shorts.end(),
+                     [&](int32_t a, int32_t b) { return group_cost[a] > group_cost[b]; });
+    for (int32_t g : shorts) {
+      const int32_t r = int32_t(std::min_element(load.begin(), load.end()) - load.begin());
+      rank_of_group[g] = r;
+      load[r] += group_cost[g];
+    }
+  }
+  std::vector<int32_t> rank_of(num_items);
+  for (int32_t g = 0; g < num_groups; ++g) {
+    for (int32_t k = group_at[g]; k < group_at[g + 1]; ++k) rank_of[order[k]] = rank_of_group[g];
   }
 
   // Each shard: its items in plan order, then the reduction map over every query.

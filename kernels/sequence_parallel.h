@@ -23,15 +23,18 @@ namespace treeserve {
 
 // Splits plan over world ranks; (*shards)[r] is rank r's plan (the vector is resized to world,
 // and its plans' vectors are reused). How:
-//  - Items are ordered by the KV position they start at (their first segment's node in
-//    preorder, then token offset) and cut into world contiguous ranges, so a long run, which the
-//    plan cuts into consecutive chunks, is read as one contiguous token range per rank, the ranks
-//    in order. Items starting at the same position (the query tiles of one chunk) stay together,
-//    so a shared chunk is read on one rank only.
-//  - The cuts balance the items' costs (sequence_parallel_cost: by default
-//    sequence_parallel_item_cost): each is placed at the start position nearest to r / world of
-//    the total, so a rank's cost exceeds total / world by at most the largest group of items
-//    sharing a start position.
+//  - Items are grouped by the KV position they start at (their first segment's node, then
+//    token offset): the items of one group (the query tiles of one chunk) stay together, so a
+//    shared chunk is read on one rank only.
+//  - Long runs (a node the plan cut into chunks, so it starts several groups) are cut into world
+//    contiguous ranges, in KV order: each rank reads one contiguous token range of every long
+//    run, the ranks in order, and a range ends at the group boundary nearest (r + 1) / world of
+//    the long runs' cost (sequence_parallel_cost: by default sequence_parallel_item_cost).
+//  - The short runs' groups (decode branches, token trees: a node starting one group) are then
+//    dealt out costliest first, each to the rank with the least cost so far. A few-shot tree's
+//    branches, which all start after the prompt, are spread over the ranks (in KV order alone
+//    they all landed on the last rank: 2 H200s, P=32k + 64 x 200, ranks at 53 and 80 us).
+//    A rank's cost exceeds total / world by at most the costliest group.
 //  - Each shard is a valid plan on its own (validate_attention_plan): its own segments, mask
 //    words and partial slots, renumbered; its items in the plan's launch order, so a plan that
 //    pairs heads (pair_heads) pairs each shard's items from the first one it paired. Its reduction

@@ -306,13 +306,55 @@ TEST(SequenceParallel, PairedPlansKeepTheirPairingInEveryShard) {
     int32_t paired = 0;
     for (const AttentionPlan& s : shards) paired += s.num_paired_items();
     EXPECT_EQ(paired, plan.num_paired_items());
-    EXPECT_GT(shards.back().num_paired_items(), 0);  // the branches come last in KV order
     ASSERT_TRUE(
         split_plan_for_sequence_parallel(plan, world, &shards, SequenceParallelCost::kBlocks).ok());
     expect_valid_split(plan, shards, world);
     expect_balanced(plan, shards, SequenceParallelCost::kBlocks);
   }
   expect_splits_match_unsplit(c, plan, {2, 3}, make_problem(c, 8, 4, 128, 9));
+}
+
+// A few-shot tree over 2 GPUs (the plan for 264 SMs, as bench_sequence_parallel builds it): the
+// prompt's chunks are cut into contiguous ranges, the 64 branches (short runs, which all start
+// after the prompt in KV order) dealt to the least-loaded rank: 32 on each of 2 ranks (over 3
+// and 4, the ranks with more of the prompt's chunks may get none). Before, the last rank took
+// them all (2 H200s: ranks at 53 and 80 us).
+TEST(SequenceParallel, ShortRunsAreDealtToTheLeastLoadedRank) {
+  const TreeCase c = testing::few_shot_case(32768, 64, 200, 16, 4);
+  AttentionPlan plan;
+  ASSERT_TRUE(
+      build_attention_plan(c.view, tree_attention_plan_config(32, 8, 128, 264), &plan).ok());
+  const int32_t prompt_node = 0;
+  ASSERT_EQ(c.view.nodes[prompt_node].num_tokens, 32768);
+  for (int32_t world : {2, 3, 4}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    std::vector<AttentionPlan> shards;
+    ASSERT_TRUE(split_plan_for_sequence_parallel(plan, world, &shards).ok());
+    expect_valid_split(plan, shards, world);
+    expect_balanced(plan, shards);
+    int32_t prompt_end = 0, branches_total = 0;
+    for (int32_t r = 0; r < world; ++r) {
+      int32_t branches = 0, first = INT32_MAX, last = -1;
+      for (int32_t i = 0; i < shards[r].num_items(); ++i) {
+        const int32_t g = shards[r].item_segment_begin[i];
+        if (shards[r].seg_node[g] != prompt_node) {
+          ++branches;
+          continue;
+        }
+        first = std::min(first, shards[r].seg_token_begin[g]);
+        last = std::max(last, shards[r].seg_token_begin[g] + shards[r].item_num_tokens[i]);
+      }
+      ASSERT_GE(last, 0) << "rank " << r << " reads none of the prompt";
+      EXPECT_EQ(first, prompt_end) << "rank " << r;  // contiguous, in rank order
+      prompt_end = last;
+      if (world == 2) {
+        EXPECT_EQ(branches, 32) << "rank " << r;
+      }
+      branches_total += branches;
+    }
+    EXPECT_EQ(prompt_end, 32768);
+    EXPECT_EQ(branches_total, 64);
+  }
 }
 
 // A 20000-token prompt with decode branches and a speculative token tree below one of them:
