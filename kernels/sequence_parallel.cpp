@@ -85,7 +85,7 @@ int64_t sequence_parallel_cost(const AttentionPlan& plan, int32_t i, SequencePar
 
 Status split_plan_for_sequence_parallel(const AttentionPlan& plan, int32_t world,
                                         std::vector<AttentionPlan>* shards,
-                                        SequenceParallelCost cost) {
+                                        SequenceParallelCost cost, int32_t pair_heads) {
   if (world < 1) {
     return InvalidArgument("split_plan_for_sequence_parallel: world = " + std::to_string(world) +
                            " must be >= 1");
@@ -219,6 +219,16 @@ Status split_plan_for_sequence_parallel(const AttentionPlan& plan, int32_t world
     }
     for (AttentionPlan& s : *shards)
       s.query_merge_begin.push_back(int32_t(s.merge_partials.size()));
+  }
+  // A plan the builder left unpaired: each shard pairs its own decode-shaped items.
+  if (plan.pair_heads <= 1 && pair_heads > 1) {
+    for (AttentionPlan& s : *shards) {
+      bool narrow = false;
+      for (int32_t i = 0; i < s.num_items() && !narrow; ++i) {
+        narrow = s.item_rows(i) <= kDecodeShapedRows;
+      }
+      if (narrow) pair_decode_items(&s, pair_heads, /*longest_first=*/true);
+    }
   }
   return Status::Ok();
 }

@@ -25,10 +25,12 @@
 // (SequenceParallelCost::kBlocks) instead of tokens x rows (A/B). `--step-only` records no event
 // between a rank's local work and its combine, so the combine's programmatic launch can
 // overlap the local merge as in a real step (the local / combine split then reads 0).
+// `--no-pair-shards` leaves the shards of a plan the builder did not pair unpaired (the split's
+// pair_heads 0; A/B).
 //
 // usage: bench_sequence_parallel [--world N] [--reps N] [--filter SUBSTR] [--no-flush]
 //        [--json PATH] [--nccl-combine] [--wide-always | --no-wide] [--split-cost rows|blocks]
-//        [--step-only]
+//        [--step-only] [--no-pair-shards]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -64,7 +66,8 @@ struct Options {
   bool nccl_combine = false;  // force the NCCL combine (A/B of the peer-to-peer one)
   TreeAttentionLimits::Wide wide = TreeAttentionLimits::Wide::kAuto;
   SequenceParallelCost split_cost = SequenceParallelCost::kTokensRows;
-  bool step_only = false;  // no local-done event (local / combine not split)
+  bool step_only = false;   // no local-done event (local / combine not split)
+  bool pair_shards = true;  // the split pairs an unpaired plan's shards (off: A/B)
 };
 
 // The workspace limits for plans, with the wide kernel's mode from the options.
@@ -211,11 +214,12 @@ Result run_case(const Case& c, int32_t num_sms, double copy_bw, const Options& o
 
   // Sequence parallel: the plan for all GPUs' SMs, split; each rank a full copy of q and KV.
   AttentionPlan sp_plan;
-  CHECK_OK(build_attention_plan(
-      c.tree.view, tree_attention_plan_config(kQHeads, kKvHeads, kHeadDim, num_sms * world),
-      &sp_plan));
+  const AttentionPlanConfig sp_config =
+      tree_attention_plan_config(kQHeads, kKvHeads, kHeadDim, num_sms * world);
+  CHECK_OK(build_attention_plan(c.tree.view, sp_config, &sp_plan));
   std::vector<AttentionPlan> shards;
-  CHECK_OK(split_plan_for_sequence_parallel(sp_plan, world, &shards, opt.split_cost));
+  CHECK_OK(split_plan_for_sequence_parallel(sp_plan, world, &shards, opt.split_cost,
+                                            opt.pair_shards ? sp_config.pair_heads : 0));
   for (const AttentionPlan& s : shards) r.rank_items.push_back(s.num_items());
   std::vector<RankCopy> copies;
   std::vector<SequenceParallelAttention::RankTensors> tensors;
@@ -368,11 +372,13 @@ int main_impl(int argc, char** argv) {
           v == "blocks" ? SequenceParallelCost::kBlocks : SequenceParallelCost::kTokensRows;
     } else if (a == "--step-only") {
       opt.step_only = true;
+    } else if (a == "--no-pair-shards") {
+      opt.pair_shards = false;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--world N] [--reps N] [--filter SUBSTR] [--no-flush] "
                    "[--json PATH] [--nccl-combine] [--wide-always | --no-wide] "
-                   "[--split-cost rows|blocks] [--step-only]\n",
+                   "[--split-cost rows|blocks] [--step-only] [--no-pair-shards]\n",
                    argv[0]);
       return 2;
     }
@@ -394,7 +400,7 @@ int main_impl(int argc, char** argv) {
               copy_bw / 1e12);
   std::printf(
       "fp16, 32 q / 8 kv heads, head_dim 128, one layer, page 16, L2 %s before each "
-      "rep, median of %d; combine: %s; wide kernel %s; split cost %s%s\n\n",
+      "rep, median of %d; combine: %s; wide kernel %s; split cost %s%s%s\n\n",
       opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps,
       opt.nccl_combine ? "NCCL all-reduces (forced)" : "peer to peer where the GPUs allow it",
       opt.wide == TreeAttentionLimits::Wide::kAlways ? "wherever a plan has pairs (--wide-always)"
@@ -402,7 +408,8 @@ int main_impl(int argc, char** argv) {
                                                      : "where it pays",
       opt.split_cost == SequenceParallelCost::kBlocks ? "stage 1's blocks (--split-cost blocks)"
                                                       : "tokens x rows",
-      opt.step_only ? "; step only (no local-done event: local / combine columns 0)" : "");
+      opt.step_only ? "; step only (no local-done event: local / combine columns 0)" : "",
+      opt.pair_shards ? "" : "; shards of unpaired plans left unpaired (--no-pair-shards)");
   std::printf("%-22s %5s %6s %9s %8s %9s %6s %8s %9s %6s %7s %8s %8s %6s %15s %9s\n", "case", "q",
               "items", "uniqMB", "1gpu_us", "bound", "TB/s", "sp_us", "sp_bound", "TB/s", "speedup",
               "local", "combine", "%comb", "rank_local_us", "max_diff");

@@ -174,7 +174,9 @@ void expect_sequence_parallel_matches(const TreeCase& tree, const Shape& shape, 
   AttentionPlan plan;
   ASSERT_OK(build_attention_plan(tree.view, config, &plan));
   std::vector<AttentionPlan> shards;
-  ASSERT_OK(split_plan_for_sequence_parallel(plan, world, &shards));
+  // Shards of an unpaired plan pair their branches (where the config pairs), as the bench runs.
+  ASSERT_OK(split_plan_for_sequence_parallel(plan, world, &shards,
+                                             SequenceParallelCost::kTokensRows, config.pair_heads));
 
   TreeAttentionWorkspace single;
   ASSERT_OK(single.init(testing::workspace_limits_for({plan}, shape.num_q_heads, kHeadDim)));

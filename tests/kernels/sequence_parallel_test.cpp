@@ -357,6 +357,88 @@ TEST(SequenceParallel, ShortRunsAreDealtToTheLeastLoadedRank) {
   }
 }
 
+// pair_heads on a plan the builder left unpaired (P=32k + 64 x 200 for 264 SMs): every shard
+// pairs its branches, longest first after its other items, and keeps every item of the plan
+// once; the shards of a plan that pairs, or with pair_heads 0, are as without it. Merged on the
+// CPU, paired shards give the unsplit plan's states.
+TEST(SequenceParallel, ShardsOfAnUnpairedPlanPairTheirBranches) {
+  {
+    const TreeCase c = testing::few_shot_case(32768, 64, 200, 16, 4);
+    const AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 264);
+    ASSERT_EQ(config.pair_heads, kTreeAttentionPairHeads);
+    AttentionPlan plan;
+    ASSERT_TRUE(build_attention_plan(c.view, config, &plan).ok());
+    ASSERT_LE(plan.pair_heads, 1) << "the builder paired this plan: the case tests nothing";
+    std::vector<AttentionPlan> shards, unpaired;
+    ASSERT_TRUE(split_plan_for_sequence_parallel(plan, 2, &unpaired).ok());
+    ASSERT_TRUE(split_plan_for_sequence_parallel(
+                    plan, 2, &shards, SequenceParallelCost::kTokensRows, config.pair_heads)
+                    .ok());
+    std::vector<const AttentionPlan*> ptrs;
+    for (int32_t r = 0; r < 2; ++r) {
+      const AttentionPlan& s = shards[r];
+      ASSERT_TRUE(validate_attention_plan(s).ok()) << "rank " << r;
+      ptrs.push_back(&s);
+      EXPECT_EQ(s.pair_heads, kTreeAttentionPairHeads) << "rank " << r;
+      EXPECT_EQ(s.num_paired_items(), 32) << "rank " << r;  // its 32 branches
+      for (int32_t i = 0; i < s.num_items(); ++i) {
+        EXPECT_EQ(i >= s.paired_items_begin, s.item_rows(i) <= kDecodeShapedRows)
+            << "rank " << r << " item " << i;
+      }
+      EXPECT_EQ(describe_items({&s}), describe_items({&unpaired[r]})) << "rank " << r;
+      EXPECT_EQ(unpaired[r].pair_heads, plan.pair_heads);
+    }
+    EXPECT_TRUE(describe_items({&plan}) == describe_items(ptrs));
+  }
+  {  // A plan that pairs: the same shards with or without pair_heads.
+    const TreeCase c = testing::few_shot_case(1000, 20, 100, 16, 4);
+    AttentionPlan plan;
+    ASSERT_TRUE(
+        build_attention_plan(c.view, tree_attention_plan_config(32, 8, 128, 32), &plan).ok());
+    ASSERT_EQ(plan.pair_heads, kTreeAttentionPairHeads);
+    std::vector<AttentionPlan> a, b;
+    ASSERT_TRUE(split_plan_for_sequence_parallel(plan, 3, &a).ok());
+    ASSERT_TRUE(split_plan_for_sequence_parallel(plan, 3, &b, SequenceParallelCost::kTokensRows,
+                                                 kTreeAttentionPairHeads)
+                    .ok());
+    for (int32_t r = 0; r < 3; ++r) {
+      EXPECT_EQ(a[r].paired_items_begin, b[r].paired_items_begin);
+      EXPECT_EQ(a[r].item_num_tokens, b[r].item_num_tokens);
+    }
+  }
+  {  // Merged on the CPU: a small few-shot tree whose plan for many SMs does not pair.
+    const TreeCase c = testing::few_shot_case(3000, 12, 60, 16, 4);
+    AttentionPlan plan;
+    ASSERT_TRUE(
+        build_attention_plan(c.view, tree_attention_plan_config(32, 8, 64, 1024), &plan).ok());
+    ASSERT_LE(plan.pair_heads, 1);
+    const Problem p = make_problem(c, 8, 4, 64, 13);
+    const int32_t d = p.layout.head_dim;
+    const size_t state_elems = size_t(plan.num_queries()) * p.num_q_heads;
+    AttentionCpuWorkspace ws;
+    std::vector<float> want_o(state_elems * d), want_lse(state_elems);
+    ASSERT_TRUE(execute_attention_plan_cpu_state(plan, c.view, p.layout, p.q.data(), p.num_rows,
+                                                 p.k.data(), p.v.data(), p.num_q_heads, p.scale,
+                                                 want_o.data(), want_lse.data(), &ws)
+                    .ok());
+    for (int32_t world : {2, 3}) {
+      SCOPED_TRACE("world " + std::to_string(world));
+      std::vector<AttentionPlan> shards;
+      ASSERT_TRUE(split_plan_for_sequence_parallel(plan, world, &shards,
+                                                   SequenceParallelCost::kTokensRows,
+                                                   kTreeAttentionPairHeads)
+                      .ok());
+      int32_t paired = 0, narrow = 0;
+      for (const AttentionPlan& s : shards) paired += s.num_paired_items();
+      for (int32_t i = 0; i < plan.num_items(); ++i)
+        narrow += plan.item_rows(i) <= kDecodeShapedRows;
+      EXPECT_GT(narrow, 0);
+      EXPECT_EQ(paired, narrow);  // the branches' items
+      expect_merged_shards_match(c, shards, p, want_o, want_lse);
+    }
+  }
+}
+
 // A 20000-token prompt with decode branches and a speculative token tree below one of them:
 // every rank reads one contiguous, disjoint range of the prompt, in rank order, and the prompt's
 // pages are divided between the ranks (at most a boundary page shared).
