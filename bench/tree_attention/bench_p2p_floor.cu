@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/tree_attention/bench_util.h"
 #include "kernels/detail/p2p_barrier.cuh"
 
 namespace {
@@ -104,15 +105,6 @@ __global__ void __launch_bounds__(kThreads) probe(const Args a, int mode) {
     }
   }
 }
-
-#define CHECK_CUDA(expr)                                                                          \
-  do {                                                                                            \
-    const cudaError_t _e = (expr);                                                                \
-    if (_e != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(_e)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 struct Rank {
   cudaStream_t stream = nullptr;

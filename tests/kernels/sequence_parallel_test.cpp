@@ -150,6 +150,38 @@ void expect_balanced(const AttentionPlan& plan, const std::vector<AttentionPlan>
   }
 }
 
+// Every rank reads one contiguous, non-empty range of node's tokens, the ranks in order, the
+// ranges covering the node's tokens together.
+void expect_contiguous_ranges(const std::vector<AttentionPlan>& shards, int32_t node,
+                              int32_t tokens) {
+  int32_t previous_end = 0;
+  for (size_t r = 0; r < shards.size(); ++r) {
+    const AttentionPlan& s = shards[r];
+    std::vector<uint8_t> read(size_t(tokens), 0);
+    for (int32_t g = 0; g < s.num_segments(); ++g) {
+      if (s.seg_node[g] != node) continue;
+      for (int32_t t = 0; t < s.seg_num_tokens[g]; ++t) read[s.seg_token_begin[g] + t] = 1;
+    }
+    const auto first = std::find(read.begin(), read.end(), 1);
+    ASSERT_NE(first, read.end()) << "rank " << r << " reads none of node " << node;
+    const auto last = std::find(first, read.end(), 0);
+    EXPECT_EQ(std::find(last, read.end(), 1), read.end()) << "rank " << r << ": not contiguous";
+    EXPECT_EQ(int32_t(first - read.begin()), previous_end) << "rank " << r;
+    previous_end = int32_t(last - read.begin());
+  }
+  EXPECT_EQ(previous_end, tokens);
+}
+
+// The default split of a plan over a long prefix (node, of tokens): valid, balanced, and the
+// prefix cut into contiguous ranges.
+void split_long_prefix(const AttentionPlan& plan, int32_t world, int32_t node, int32_t tokens,
+                       std::vector<AttentionPlan>* shards) {
+  ASSERT_TRUE(split_plan_for_sequence_parallel(plan, world, shards).ok());
+  expect_valid_split(plan, *shards, world);
+  expect_balanced(plan, *shards);
+  expect_contiguous_ranges(*shards, node, tokens);
+}
+
 struct Problem {
   KvLayout layout;
   int32_t num_q_heads = 0;
@@ -329,30 +361,19 @@ TEST(SequenceParallel, ShortRunsAreDealtToTheLeastLoadedRank) {
   for (int32_t world : {2, 3, 4}) {
     SCOPED_TRACE("world " + std::to_string(world));
     std::vector<AttentionPlan> shards;
-    ASSERT_TRUE(split_plan_for_sequence_parallel(plan, world, &shards).ok());
-    expect_valid_split(plan, shards, world);
-    expect_balanced(plan, shards);
-    int32_t prompt_end = 0, branches_total = 0;
+    split_long_prefix(plan, world, prompt_node, 32768, &shards);
+    if (::testing::Test::HasFatalFailure()) return;
+    int32_t branches_total = 0;
     for (int32_t r = 0; r < world; ++r) {
-      int32_t branches = 0, first = INT32_MAX, last = -1;
+      int32_t branches = 0;
       for (int32_t i = 0; i < shards[r].num_items(); ++i) {
-        const int32_t g = shards[r].item_segment_begin[i];
-        if (shards[r].seg_node[g] != prompt_node) {
-          ++branches;
-          continue;
-        }
-        first = std::min(first, shards[r].seg_token_begin[g]);
-        last = std::max(last, shards[r].seg_token_begin[g] + shards[r].item_num_tokens[i]);
+        branches += shards[r].seg_node[shards[r].item_segment_begin[i]] != prompt_node;
       }
-      ASSERT_GE(last, 0) << "rank " << r << " reads none of the prompt";
-      EXPECT_EQ(first, prompt_end) << "rank " << r;  // contiguous, in rank order
-      prompt_end = last;
       if (world == 2) {
         EXPECT_EQ(branches, 32) << "rank " << r;
       }
       branches_total += branches;
     }
-    EXPECT_EQ(prompt_end, 32768);
     EXPECT_EQ(branches_total, 64);
   }
 }
@@ -469,26 +490,8 @@ TEST(SequenceParallel, LongPrefixIsCutIntoContiguousRanges) {
   for (int32_t world : {2, 3, 4}) {
     SCOPED_TRACE("world " + std::to_string(world));
     std::vector<AttentionPlan> shards;
-    ASSERT_TRUE(split_plan_for_sequence_parallel(plan, world, &shards).ok());
-    expect_valid_split(plan, shards, world);
-    expect_balanced(plan, shards);
-    int32_t previous_end = 0;
-    for (int32_t r = 0; r < world; ++r) {
-      std::vector<uint8_t> read(20000, 0);
-      for (int32_t g = 0; g < shards[r].num_segments(); ++g) {
-        if (shards[r].seg_node[g] != prompt_node) continue;
-        for (int32_t t = 0; t < shards[r].seg_num_tokens[g]; ++t) {
-          read[shards[r].seg_token_begin[g] + t] = 1;
-        }
-      }
-      const auto first = std::find(read.begin(), read.end(), 1);
-      ASSERT_NE(first, read.end()) << "rank " << r << " reads none of the prompt";
-      const auto last = std::find(first, read.end(), 0);
-      EXPECT_EQ(std::find(last, read.end(), 1), read.end()) << "rank " << r << ": not contiguous";
-      EXPECT_EQ(int32_t(first - read.begin()), previous_end) << "rank " << r;
-      previous_end = int32_t(last - read.begin());
-    }
-    EXPECT_EQ(previous_end, 20000);
+    split_long_prefix(plan, world, prompt_node, 20000, &shards);
+    if (::testing::Test::HasFatalFailure()) return;
     // Page sets: the prompt's ~1250 pages are dealt out, not replicated.
     std::vector<int32_t> pages, all;
     size_t sum = 0;
