@@ -279,7 +279,7 @@ Result run_case(const Case& c, int32_t num_sms, double copy_bw, const Options& o
   CHECK_CUDA(cudaSetDevice(0));
   r.sp_us = median(step);
   r.combine_us = median(combine);
-  r.local_us = r.sp_us - r.combine_us;
+  r.local_us = opt.step_only ? 0 : r.sp_us - r.combine_us;  // step only: not split
   for (const auto& v : rank_local) r.rank_local_us.push_back(v.empty() ? 0 : median(v));
   r.sp_tbps = double(unique) / (r.sp_us * 1e-6) / 1e12;
   r.speedup = r.single_us / r.sp_us;
