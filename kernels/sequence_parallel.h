@@ -51,15 +51,15 @@ enum class SequenceParallelCost : uint8_t {
   kTokensRows,  // sequence_parallel_item_cost (the default)
   kBlocks,      // sequence_parallel_block_cost (A/B: bench_sequence_parallel --split-cost blocks)
 };
-//
-// pair_heads: where > 1 and the plan does not pair heads (pair_heads <= 1), each shard with
-// decode-shaped items pairs them at pair_heads kv heads a block (pair_decode_items, longest
-// first). Pass the config's AttentionPlanConfig::pair_heads (tree_attention_plan_config sets it
-// where the kernel pairs). The plan is built for all the GPUs' SMs, whose simulation may leave
-// the branches unpaired because they would spread over every GPU's slots; a rank has its own
-// GPU's. 2 H200s, 2026-11-28: P=32k + 64 x 200 78.1 -> 64.0 us (1.59x -> 1.93x one GPU; each
-// rank's prompt pairs and 32 paired branches then run in the wide kernel), P=128k + 8 x 200 the
-// same (85.4), the plans that pair unchanged.
+
+// split_plan_for_sequence_parallel's pair_heads: where > 1 and the plan does not pair heads
+// (pair_heads <= 1), each shard with decode-shaped items pairs them at pair_heads kv heads a block
+// (pair_decode_items, longest first). Pass the config's AttentionPlanConfig::pair_heads
+// (tree_attention_plan_config sets it where the kernel pairs). The plan is built for all the GPUs'
+// SMs, whose simulation may leave the branches unpaired because they would spread over every GPU's
+// slots; a rank has its own GPU's. 2 H200s, 2026-11-28: P=32k + 64 x 200 78.1 -> 64.0 us (1.59x
+// -> 1.93x one GPU; each rank's prompt pairs and 32 paired branches then run in the wide kernel),
+// P=128k + 8 x 200 the same (85.4), the plans that pair unchanged.
 Status split_plan_for_sequence_parallel(
     const AttentionPlan& plan, int32_t world, std::vector<AttentionPlan>* shards,
     SequenceParallelCost cost = SequenceParallelCost::kTokensRows, int32_t pair_heads = 0);
