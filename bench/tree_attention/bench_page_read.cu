@@ -11,7 +11,9 @@
 //    4 (bulk copies with .multicast::cluster), against each CTA reading for itself.
 // No kernel here attends: these are the costs any kernel reading the same bytes pays.
 //
-// usage: bench_page_read [--reps N] [--cluster]
+// With --in-order, the pool's pages hold the tree's in order (no shuffle, no unused pages).
+//
+// usage: bench_page_read [--reps N] [--cluster] [--in-order]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -272,14 +274,17 @@ std::vector<int64_t> tree_units(const Tree& t, int reads, const std::vector<int>
 int main(int argc, char** argv) {
   int reps = 30;
   bool cluster = false;
+  bool in_order = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--cluster") {
       cluster = true;
+    } else if (a == "--in-order") {
+      in_order = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--reps N] [--cluster]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--reps N] [--cluster] [--in-order]\n", argv[0]);
       return 2;
     }
   }
@@ -294,8 +299,9 @@ int main(int argc, char** argv) {
   const double copy_bw = treeserve::bench::copy_bandwidth();
   std::printf(
       "device: %s, %d SMs; d2d copy bandwidth %.3f TB/s (read + write); median of %d, "
-      "L2 flushed before each\n\n",
-      prop.name, sms, copy_bw / 1e12, reps);
+      "L2 flushed before each; pages %s\n\n",
+      prop.name, sms, copy_bw / 1e12, reps,
+      in_order ? "in order (--in-order)" : "shuffled over a pool 4x the tree's");
   treeserve::bench::Timer timer(true, nullptr);
   // Each figure: the timer's median, then any launch error fails the run.
   auto us = [&](auto launch) {
@@ -334,7 +340,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMemset(pool, 3, pool_bytes));
   std::vector<int> slot(pool_pages);
   std::iota(slot.begin(), slot.end(), 0);
-  std::shuffle(slot.begin(), slot.end(), std::mt19937(7));
+  if (!in_order) std::shuffle(slot.begin(), slot.end(), std::mt19937(7));
   int64_t* d_units;
   const size_t max_units = size_t(2) * kHeads * (1000 * 4 + 800);
   CHECK_CUDA(cudaMalloc(&d_units, max_units * sizeof(int64_t)));

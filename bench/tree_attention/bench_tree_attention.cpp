@@ -36,6 +36,10 @@
 //                             [--depth-slots]  (runs start at slot depth % page size, as the
 //                                              server's KV cache lays them out; default: a
 //                                              random first slot per run)
+//                             [--fresh-pages]  (physical pages as a fresh server's pool hands
+//                                              them out while the tree grows: the prompt's
+//                                              contiguous, branches' interleaved; default:
+//                                              shuffled over a pool with unused pages)
 //                             [--few-shot P,B,S]...  (only these cases: a P-token prompt with
 //                                                     B branches of S tokens; repeatable; S = 0:
 //                                                     B queries at the prompt's end, no tokens
@@ -106,6 +110,7 @@ struct Options {
   std::string table = "fixed";
   bool decode_kernel = true;  // TreeAttentionLimits::decode_kernel
   bool depth_slots = false;   // runs placed as the server's KV cache places them (--depth-slots)
+  bool fresh_pages = false;   // pages as a fresh pool hands them out (--fresh-pages)
   bool grid_launch = false;   // launch as the engine's CUDA graphs do (TreeAttentionGrid)
   bool graph = false;         // ... and replay them from a captured CUDA graph
   std::vector<std::array<int32_t, 3>> few_shot;     // --few-shot P,B,S: custom cases only
@@ -451,6 +456,8 @@ int main_impl(int argc, char** argv) {
       opt.balance_tiles = false;
     } else if (a == "--depth-slots") {
       opt.depth_slots = true;
+    } else if (a == "--fresh-pages") {
+      opt.fresh_pages = true;
     } else if (a == "--no-pair") {
       opt.pair = false;
     } else if (a == "--pair-all") {
@@ -531,7 +538,8 @@ int main_impl(int argc, char** argv) {
                    "[--min-split TOKENS] "
                    "[--items-per-sm X] "
                    "[--order kv|mixed|plan|longest|interleaved] [--table fixed|packed|none] "
-                   "[--grid] [--graph] [--no-decode-kernel] [--depth-slots] [--no-balance-tiles] "
+                   "[--grid] [--graph] [--no-decode-kernel] [--depth-slots] [--fresh-pages] "
+                   "[--no-balance-tiles] "
                    "[--few-shot P,B,S] [--speculative P,T] [--trace PATH] [--no-pair] [--pair-all] "
                    "[--plan-only] "
                    "[--no-tail | --tail-always] [--no-wide | --wide-always] [--kv-heads N]\n",
@@ -553,6 +561,9 @@ int main_impl(int argc, char** argv) {
   if (cases.empty()) cases = make_cases();
   if (opt.depth_slots) {
     for (Case& c : cases) testing::place_runs_at_depth_slots(&c.tree, 7);
+  }
+  if (opt.fresh_pages) {
+    for (Case& c : cases) testing::place_pages_as_fresh_pool(&c.tree);
   }
   auto selected = [&](const Case& c) {
     return opt.filter.empty() || c.name.find(opt.filter) != std::string::npos;
@@ -586,9 +597,10 @@ int main_impl(int argc, char** argv) {
               prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_bw / 1e12);
   std::printf(
       "fp16, head_dim 128, one layer, page 16, L2 %s before each rep, median of %d; decode "
-      "kernel %s, run slots %s; launches %s; tail kernel %s; wide kernel %s\n\n",
+      "kernel %s, run slots %s, pages %s; launches %s; tail kernel %s; wide kernel %s\n\n",
       opt.flush_l2 ? "flushed" : "NOT flushed", opt.reps, opt.decode_kernel ? "on" : "off",
       opt.depth_slots ? "at depth % page" : "random",
+      opt.fresh_pages ? "as a fresh pool hands them out" : "shuffled",
       opt.graph ? "replayed from CUDA graphs (--graph)"
                 : (opt.grid_launch ? "eager, bucketed grids (--grid)" : "eager"),
       opt.tail == TreeAttentionLimits::Tail::kOff

@@ -6,6 +6,7 @@
 #include <map>
 #include <numeric>
 #include <queue>
+#include <tuple>
 
 namespace treeserve::testing {
 
@@ -113,6 +114,25 @@ void place_runs_at_depth_slots(TreeCase* c, uint64_t seed) {
   std::mt19937_64 rng(seed);
   for (KvNodeRun& node : c->view.nodes) node.first_slot = node.depth_tokens % c->view.page_size;
   c->num_pages = assign_pages(&c->view, &rng);
+}
+
+void place_pages_as_fresh_pool(TreeCase* c) {
+  AttentionView& view = c->view;
+  const int32_t ps = view.page_size;
+  // (position of the page's first token, run, page index in the run) for every logical page.
+  std::vector<std::tuple<int64_t, int32_t, int32_t>> order;
+  order.reserve(view.pages.size());
+  for (int32_t n = 0; n < int32_t(view.nodes.size()); ++n) {
+    const KvNodeRun& run = view.nodes[n];
+    for (int32_t k = 0; k < run.page_count; ++k) {
+      const int64_t first_token = k == 0 ? 0 : int64_t(k) * ps - run.first_slot;
+      order.emplace_back(run.depth_tokens + first_token, n, k);
+    }
+  }
+  std::sort(order.begin(), order.end());
+  int32_t next = 0;
+  for (const auto& [position, n, k] : order) view.pages[view.nodes[n].page_begin + k] = next++;
+  c->num_pages = next;
 }
 
 TreeCase random_tree_case(uint64_t seed, const RandomTreeOptions& o) {

@@ -67,6 +67,13 @@ TreeCase random_tree_case(uint64_t seed, const RandomTreeOptions& options);
 // page per four used ones).
 void place_runs_at_depth_slots(TreeCase* c, uint64_t seed);
 
+// Reassigns a case's physical pages as a fresh server's page pool hands them out while the
+// tree grows token by token from an empty pool: ids 0, 1, 2, ... in the order the pages'
+// first tokens are written (their sequence position, then run preorder), so a prefilled
+// prompt's pages are contiguous and branches decoded side by side interleave theirs. A run's
+// first page, when it starts mid-page, is its own (the builders do not share boundary pages).
+void place_pages_as_fresh_pool(TreeCase* c);
+
 // FastTree kernel shapes: level i has nodes_per_level[i] runs of tokens_per_level[i] tokens,
 // spread evenly under the previous level; one decode query per leaf.
 TreeCase fasttree_case(const std::vector<int32_t>& nodes_per_level,

@@ -89,6 +89,43 @@ TEST(PlanStructure, RunsAtDepthSlotsAreValidAndCovered) {
   }
 }
 
+// testing::place_pages_as_fresh_pool (bench_tree_attention --fresh-pages): ids 0..n-1 in the
+// order the pages' first tokens are written, so a few-shot prompt's pages come first and in
+// order, and its branches' pages interleave (page k of every branch before page k + 1).
+TEST(PlanStructure, FreshPoolPagesFollowTheTokensPositions) {
+  TreeCase c = testing::few_shot_case(4000, 3, 200, 16, 4);
+  testing::place_pages_as_fresh_pool(&c);
+  ASSERT_TRUE(validate_attention_view(c.view, c.num_pages).ok());
+  ASSERT_EQ(c.num_pages, int64_t(c.view.pages.size()));
+  std::vector<int32_t> sorted(c.view.pages.begin(), c.view.pages.end());
+  std::sort(sorted.begin(), sorted.end());
+  for (int32_t i = 0; i < int32_t(sorted.size()); ++i) ASSERT_EQ(sorted[i], i);
+  const KvNodeRun& prompt = c.view.nodes[0];
+  ASSERT_EQ(prompt.parent, -1);
+  for (int32_t k = 0; k < prompt.page_count; ++k) {
+    EXPECT_EQ(c.view.pages[prompt.page_begin + k], k);
+  }
+  // Each branch's pages rise, and a later page of any branch follows every branch's pages
+  // that start at an earlier position.
+  for (size_t a = 1; a < c.view.nodes.size(); ++a) {
+    const KvNodeRun& run = c.view.nodes[a];
+    for (int32_t k = 1; k < run.page_count; ++k) {
+      EXPECT_LT(c.view.pages[run.page_begin + k - 1], c.view.pages[run.page_begin + k]);
+    }
+    for (size_t b = 1; b < c.view.nodes.size(); ++b) {
+      const KvNodeRun& other = c.view.nodes[b];
+      if (run.page_count > 2 && other.page_count > 1) {
+        EXPECT_LT(c.view.pages[other.page_begin], c.view.pages[run.page_begin + 2])
+            << "branch " << b << "'s first page after branch " << a << "'s third";
+      }
+    }
+  }
+  const AttentionPlanConfig config = small_config(4);
+  AttentionPlan plan;
+  ASSERT_TRUE(build_attention_plan(c.view, config, &plan).ok());
+  expect_plan_covers_view(plan, c.view, config);
+}
+
 TEST(PlanStructure, WorkloadShapesCovered) {
   const AttentionPlanConfig config;
   std::vector<TreeCase> cases;
