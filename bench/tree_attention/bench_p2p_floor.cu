@@ -9,9 +9,12 @@
 //    flags, then acquire polling of the own flags);
 //  - barrier + fence: the same with __threadfence_system() before the release stores, as the
 //    barrier was until 2026-11-28;
-//  - barrier + pull P: the barrier, then each warp loads P (query, q head) states of every rank
-//    (128 floats and an LSE each) as the combine does, one round trip a round.
-// With --blocks N (default 128, the combine's grid). Peer access between all GPUs is needed.
+//  - combine P: the sequence-parallel combine itself (detail::enqueue_p2p_combine: its
+//    barrier, then every rank's LSE and O of P (query, q head) pairs pulled and merged, the
+//    output written in fp16), P / 32 queries of 32 q heads, head_dim 128, on its own
+//    kSpP2PBlocks blocks.
+// With --blocks N (default 128, the combine's grid) for the other kernels. Peer access between
+// all GPUs is needed.
 //
 // usage: bench_p2p_floor [--world N] [--reps N] [--blocks N]
 #include <cuda_runtime.h>
@@ -25,6 +28,7 @@
 
 #include "bench/tree_attention/bench_util.h"
 #include "kernels/detail/p2p_barrier.cuh"
+#include "kernels/detail/sequence_parallel_combine.h"
 
 namespace {
 
@@ -32,15 +36,13 @@ using treeserve::detail::kMaxP2PRanks;
 
 constexpr int kThreads = 256;
 constexpr int kHeadDim = 128;
+constexpr int kQHeads = 32;
+using treeserve::detail::kSpP2PBlocks;
 
 struct Args {
   int rank = 0, world = 1;
   uint32_t* flags[kMaxP2PRanks] = {};
   uint32_t* counters = nullptr;
-  const float* o[kMaxP2PRanks] = {};
-  const float* lse[kMaxP2PRanks] = {};
-  float* out = nullptr;
-  int64_t pairs = 0;
 };
 
 // p2p_block_barrier with a system-scope fence before the release stores (its form until
@@ -66,7 +68,7 @@ __device__ __forceinline__ void barrier_fenced(const Args& a) {
   __syncthreads();
 }
 
-// mode 0 empty, 1 barrier, 2 barrier + fence, 3 barrier + pull.
+// mode 0 empty, 1 barrier, 2 barrier + fence.
 __global__ void __launch_bounds__(kThreads) probe(const Args a, int mode) {
   if (mode == 0) return;
   if (mode == 2) {
@@ -74,45 +76,17 @@ __global__ void __launch_bounds__(kThreads) probe(const Args a, int mode) {
     return;
   }
   treeserve::detail::p2p_block_barrier(a.flags, a.counters, a.rank, a.world);
-  if (mode != 3) return;
-  constexpr int kWarps = kThreads / 32, kRound = 2;
-  const int lane = threadIdx.x % 32;
-  const int64_t stride = int64_t(gridDim.x) * kWarps;
-  for (int64_t first = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; first < a.pairs;
-       first += stride * kRound) {
-    float lse[kRound][kMaxP2PRanks];
-    float4 x[kRound][kMaxP2PRanks];
-#pragma unroll
-    for (int j = 0; j < kRound; ++j) {
-#pragma unroll
-      for (int s = 0; s < kMaxP2PRanks; ++s) {
-        const int64_t pair = first + j * stride;
-        const bool valid = s < a.world && pair < a.pairs;
-        lse[j][s] = valid ? __ldcg(a.lse[s] + pair) : 0.f;
-        x[j][s] = valid ? __ldcg(reinterpret_cast<const float4*>(a.o[s]) + pair * 32 + lane)
-                        : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kRound; ++j) {
-      const int64_t pair = first + j * stride;
-      if (pair >= a.pairs) continue;
-      float acc = 0.f;
-#pragma unroll
-      for (int s = 0; s < kMaxP2PRanks; ++s)
-        acc += lse[j][s] * (x[j][s].x + x[j][s].y + x[j][s].z + x[j][s].w);
-      a.out[pair * 32 + lane] = acc;
-    }
-  }
 }
 
 struct Rank {
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, end = nullptr;
-  uint32_t* flags = nullptr;  // [blocks][kMaxP2PRanks] then counters [blocks]
-  float* o = nullptr;
+  uint32_t* flags = nullptr;          // [blocks][kMaxP2PRanks] then counters [blocks]
+  uint32_t* combine_flags = nullptr;  // the same for the combine's kSpP2PBlocks blocks
+  float* o = nullptr;                 // the combine's state: float [pairs][128], LSE [pairs]
   float* lse = nullptr;
-  float* out = nullptr;
+  void* out = nullptr;      // fp16 [queries][32][128]
+  int32_t* rows = nullptr;  // the queries' output rows: 0, 1, ...
 };
 
 }  // namespace
@@ -167,44 +141,62 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMemset(k.o, 0, kMaxPairs * kHeadDim * 4));
     CHECK_CUDA(cudaMalloc(&k.lse, kMaxPairs * 4));
     CHECK_CUDA(cudaMemset(k.lse, 0, kMaxPairs * 4));
-    CHECK_CUDA(cudaMalloc(&k.out, kMaxPairs * 32 * 4));
+    const size_t combine_words = size_t(kSpP2PBlocks) * (kMaxP2PRanks + 1);
+    CHECK_CUDA(cudaMalloc(&k.combine_flags, combine_words * 4));
+    CHECK_CUDA(cudaMemset(k.combine_flags, 0, combine_words * 4));
+    CHECK_CUDA(cudaMalloc(&k.out, kMaxPairs * kHeadDim * 2));
+    std::vector<int32_t> rows(kMaxPairs / kQHeads);
+    for (size_t q = 0; q < rows.size(); ++q) rows[q] = int32_t(q);
+    CHECK_CUDA(cudaMalloc(&k.rows, rows.size() * 4));
+    CHECK_CUDA(cudaMemcpy(k.rows, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaDeviceSynchronize());
   }
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s x %d; %d blocks of %d threads, median of %d\n\n", prop.name, world,
-              blocks, kThreads, reps);
+  std::printf(
+      "device: %s x %d; %d blocks of %d threads (the combine: its own %d), median of %d\n\n",
+      prop.name, world, blocks, kThreads, kSpP2PBlocks, reps);
   struct Variant {
     const char* name;
     int mode;
     int64_t pairs;
   };
-  const Variant variants[] = {{"empty", 0, 0},
-                              {"barrier", 1, 0},
-                              {"barrier + fence", 2, 0},
-                              {"barrier + pull 256", 3, 256},
-                              {"barrier + pull 2048", 3, 2048},
-                              {"barrier + pull 8192", 3, 8192},
+  const Variant variants[] = {{"empty", 0, 0},           {"barrier", 1, 0},
+                              {"barrier + fence", 2, 0}, {"combine 256", 3, 256},
+                              {"combine 2048", 3, 2048}, {"combine 8192", 3, 8192},
                               {"empty (again)", 0, 0}};
   for (const Variant& v : variants) {
     std::vector<double> us;
     for (int i = 0; i < reps + 5; ++i) {
       for (int r = 0; r < world; ++r) {
         CHECK_CUDA(cudaSetDevice(r));
-        Args a;
-        a.rank = r;
-        a.world = world;
-        for (int s = 0; s < world; ++s) {
-          a.flags[s] = ranks[s].flags;
-          a.o[s] = ranks[s].o;
-          a.lse[s] = ranks[s].lse;
-        }
-        a.counters = ranks[r].flags + blocks * kMaxP2PRanks;
-        a.out = ranks[r].out;
-        a.pairs = v.pairs;
         CHECK_CUDA(cudaEventRecord(ranks[r].start, ranks[r].stream));
-        probe<<<blocks, kThreads, 0, ranks[r].stream>>>(a, v.mode);
-        CHECK_CUDA(cudaGetLastError());
+        if (v.mode == 3) {
+          treeserve::detail::SpP2PCombine c;
+          c.rank = r;
+          c.world = world;
+          for (int s = 0; s < world; ++s) {
+            c.o[s] = ranks[s].o;
+            c.lse[s] = ranks[s].lse;
+            c.flags[s] = ranks[s].combine_flags;
+          }
+          c.counters = ranks[r].combine_flags + kSpP2PBlocks * kMaxP2PRanks;
+          const treeserve::Status st = treeserve::detail::enqueue_p2p_combine(
+              c, ranks[r].rows, ranks[r].out, treeserve::TreeAttentionDtype::kFloat16,
+              int32_t(v.pairs / kQHeads), kQHeads, kHeadDim, ranks[r].stream);
+          if (!st.ok()) {
+            std::fprintf(stderr, "combine: %s\n", st.message().c_str());
+            return 1;
+          }
+        } else {
+          Args a;
+          a.rank = r;
+          a.world = world;
+          for (int s = 0; s < world; ++s) a.flags[s] = ranks[s].flags;
+          a.counters = ranks[r].flags + blocks * kMaxP2PRanks;
+          probe<<<blocks, kThreads, 0, ranks[r].stream>>>(a, v.mode);
+          CHECK_CUDA(cudaGetLastError());
+        }
         CHECK_CUDA(cudaEventRecord(ranks[r].end, ranks[r].stream));
       }
       double best = 1e30;
