@@ -125,11 +125,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-Status launch_status(const char* what) {
-  const cudaError_t e = cudaGetLastError();
+// A launch's error (e: what the launch returned) as a Status.
+Status launch_status(const char* what, cudaError_t e) {
   if (e == cudaSuccess) return Status::Ok();
   return Internal(std::string(what) + ": " + cudaGetErrorString(e));
 }
+// ... for a <<<>>> launch, which reports through cudaGetLastError.
+Status launch_status(const char* what) { return launch_status(what, cudaGetLastError()); }
 
 int blocks_for(int64_t threads) { return int((threads + kThreads - 1) / kThreads); }
 
@@ -178,10 +180,7 @@ Status enqueue_p2p_combine(const SpP2PCombine& args, const int32_t* query_rows, 
                        args, query_rows, static_cast<__nv_bfloat16*>(out), n, num_q_heads, vec)
           : launch_pdl(dim3(kSpP2PBlocks), dim3(kThreads), 0, stream, p2p_combine<__half>, args,
                        query_rows, static_cast<__half*>(out), n, num_q_heads, vec);
-  if (e != cudaSuccess) {
-    return Internal(std::string("sequence-parallel p2p_combine launch: ") + cudaGetErrorString(e));
-  }
-  return Status::Ok();
+  return launch_status("sequence-parallel p2p_combine launch", e);
 }
 
 }  // namespace treeserve::detail
