@@ -29,7 +29,7 @@ from plot_loadtest import plot  # noqa: E402  (the same figure for a saved --jso
 from treeserve_client import (TreeServeClient, finish_reason_name, is_idle,  # noqa: E402
                               kv_pages_in_use)
 
-DEFAULT_WORKLOADS_DIR = os.path.normpath(os.path.join(_HERE, "..", "..", "shared", "workloads"))
+DEFAULT_WORKLOADS_DIR = os.path.normpath(os.path.join(_HERE, "..", "bench", "workloads"))
 
 
 def percentile(values, q):

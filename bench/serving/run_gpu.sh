@@ -22,9 +22,7 @@
 #   ARGS_<workload>  extra arguments for one workload, replacing the defaults below (e.g.
 #                  ARGS_multilevel="--warmup 16"); defaults: --warmup 8 for multilevel,
 #                  multidoc, multifewshot; --warmup 4 for multichain
-#   WORKLOADS_DIR  folder holding deft-templates/ (default ../shared/workloads beside the
-#                  checkout, else shared/workloads inside it); without it tot and speculative
-#                  are reported as skipped
+#   WORKLOADS_DIR  folder holding deft-templates/ (default bench/workloads)
 #   READY_TIMEOUT  seconds to wait for each server (default 900: loading an 8B model)
 #   SCALE          full (default) or small: a dry run on a CPU box is
 #                  SCALE=small SERVER_ARGS="--backend cpu" BASE_CONFIG=configs/server/default.json
@@ -33,7 +31,7 @@
 # Exit status: 0 when every comparison of this call ran without request errors, else 1.
 set -euo pipefail
 if [[ $# -ne 3 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 bin_dir=$(realpath "$1") model_dir=$(realpath "$2") out=$3
@@ -56,9 +54,7 @@ fi
 base_config=${BASE_CONFIG:-$root/configs/server/gpu-h100.json}
 scale=${SCALE:-full}
 workloads=${WORKLOADS:-fewshot tot tot_server speculative multilevel multidoc multichain multifewshot}
-workloads_dir=${WORKLOADS_DIR:-$root/../shared/workloads}
-[[ -d $workloads_dir/deft-templates || ! -d $root/shared/workloads ]] ||
-  workloads_dir=$root/shared/workloads
+workloads_dir=${WORKLOADS_DIR:-$root/bench/workloads}
 
 # The two presets differ in prefix sharing only: off is kv_cache.prefix_sharing false (no
 # radix reuse across trees) and engine.attention baseline (each branch reads its whole path).

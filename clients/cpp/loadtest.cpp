@@ -591,7 +591,7 @@ int run(int argc, char** argv) {
   Args args;
   namespace fs = std::filesystem;
   args.workloads_dir =
-      fs::path(TREESERVE_SOURCE_DIR "/../shared/workloads").lexically_normal().string();
+      fs::path(TREESERVE_SOURCE_DIR "/bench/workloads").lexically_normal().string();
   CLI::App app{
       "treeserve_loadtest: load test for treeserve over its real gRPC API (the C++ port of "
       "clients/loadtest.py). Workloads: fewshot, tot, speculative, multilevel, multidoc, "

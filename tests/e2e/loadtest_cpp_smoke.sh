@@ -8,12 +8,11 @@
 # the radix cache the C++ run filled), runs with the same params and writes the same JSON keys.
 # Stops the server with SIGTERM expecting exit 0.
 # usage: loadtest_cpp_smoke.sh TREESERVE_BINARY TREESERVE_LOADTEST PYTHON3 SOURCE_DIR
-# python3 needs only its standard library (free port, JSON checks). The DeFT templates are looked
-# for in SOURCE_DIR/../shared/workloads (or $TREESERVE_WORKLOADS); without them tot and
-# speculative must fail with a clear message and are skipped.
+# python3 needs only its standard library (free port, JSON checks). The DeFT templates come from
+# SOURCE_DIR/bench/workloads.
 set -euo pipefail
 bin=$1 lt_bin=$2 py=$3 src=$4
-workloads_dir=${TREESERVE_WORKLOADS:-$src/../shared/workloads}
+workloads_dir=$src/bench/workloads
 tmp=$(mktemp -d)
 port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 log=$tmp/server.log
@@ -61,13 +60,6 @@ for run in "${runs[@]}"; do
   read -r w needs <<<"$run"
   args=(--workload "$w")
   [[ $w != tot_server ]] || args=(--workload tot --server-side-search)
-  if [[ $needs == 1 ]] && [[ ! -d $workloads_dir/deft-templates ]]; then
-    expect_usage_error "$w without templates" "deft-templates" \
-      "${lt[@]}" "${args[@]}" --workloads-dir "$workloads_dir"
-    echo "SKIP $w: no $workloads_dir/deft-templates (clear error checked)"
-    skipped=$((skipped + 1))
-    continue
-  fi
   rc=0
   "${lt[@]}" "${args[@]}" --workloads-dir "$workloads_dir" --json "$tmp/$w.json" \
     >"$tmp/$w.out" 2>&1 || rc=$?

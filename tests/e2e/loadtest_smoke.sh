@@ -3,12 +3,11 @@
 # against a live CPU treeserve; checks exit codes, the JSON results (sane figures, no errors,
 # the pool back to idle) and that the server stops on SIGTERM with exit 0.
 # usage: loadtest_smoke.sh TREESERVE_BINARY PYTHON3 SOURCE_DIR
-# The DeFT templates are looked for in SOURCE_DIR/../shared/workloads (or $TREESERVE_WORKLOADS);
-# without them tot and speculative are skipped, after checking that they fail with a clear
-# message.
+# The DeFT templates come from SOURCE_DIR/bench/workloads; a workload that needs them, pointed
+# at a folder without them, must fail with a clear message.
 set -euo pipefail
 bin=$1 py=$2 src=$3
-workloads_dir=${TREESERVE_WORKLOADS:-$src/../shared/workloads}
+workloads_dir=$src/bench/workloads
 tmp=$(mktemp -d)
 port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 log=$tmp/server.log
@@ -31,18 +30,6 @@ check() {  # check NAME JSON: the results file has sane fields
 # Every workload of clients/loadtest_presets.json ("NAME NEEDS_DATA" lines, the file's order; on
 # fd 3, so that nothing the loop runs can read them).
 while read -r w needs <&3; do
-  if [[ $needs == 1 ]] && [[ ! -d $workloads_dir/deft-templates ]]; then
-    rc=0
-    "${lt[@]}" --workload $w --workloads-dir "$workloads_dir" >"$tmp/$w.out" 2>&1 || rc=$?
-    if [[ $rc -ne 0 ]] && grep -q "deft-templates" "$tmp/$w.out"; then
-      echo "SKIP $w: no $workloads_dir/deft-templates (clear error checked)"
-      skipped=$((skipped + 1))
-    else
-      echo "FAIL $w: expected a clear error without the templates"; cat "$tmp/$w.out"
-      failed=$((failed + 1))
-    fi
-    continue
-  fi
   rc=0
   "${lt[@]}" --workload $w --workloads-dir "$workloads_dir" --json "$tmp/$w.json" \
     >"$tmp/$w.out" 2>&1 || rc=$?
@@ -57,16 +44,24 @@ for name, w in json.load(open(sys.argv[1]))["workloads"].items():
     print(name, int(w["needs_data"]))' "$src/clients/loadtest_presets.json")
 
 # tot with the BFS run on the server (one TreeSearch call per problem).
-if [[ -d $workloads_dir/deft-templates ]]; then
-  rc=0
-  "${lt[@]}" --workload tot --server-side-search --workloads-dir "$workloads_dir" \
-    --json "$tmp/tot-server.json" >"$tmp/tot-server.out" 2>&1 || rc=$?
-  if [[ $rc -eq 0 ]] && check tot "$tmp/tot-server.json"; then
-    passed=$((passed + 1))
-  else
-    echo "FAIL tot --server-side-search (exit $rc)"; cat "$tmp/tot-server.out"
-    failed=$((failed + 1))
-  fi
+rc=0
+"${lt[@]}" --workload tot --server-side-search --workloads-dir "$workloads_dir" \
+  --json "$tmp/tot-server.json" >"$tmp/tot-server.out" 2>&1 || rc=$?
+if [[ $rc -eq 0 ]] && check tot "$tmp/tot-server.json"; then
+  passed=$((passed + 1))
+else
+  echo "FAIL tot --server-side-search (exit $rc)"; cat "$tmp/tot-server.out"
+  failed=$((failed + 1))
+fi
+
+# A workload that needs the templates, pointed at a folder without them: a clear error.
+rc=0
+"${lt[@]}" --workload tot --workloads-dir "$tmp/nowhere" >"$tmp/nowhere.out" 2>&1 || rc=$?
+if [[ $rc -ne 0 ]] && grep -q "deft-templates" "$tmp/nowhere.out"; then
+  passed=$((passed + 1))
+else
+  echo "FAIL tot without templates: expected a clear error (exit $rc)"; cat "$tmp/nowhere.out"
+  failed=$((failed + 1))
 fi
 
 # --plot without matplotlib must fail with a clear message (and not run the load).
