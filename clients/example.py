@@ -7,8 +7,9 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from treeserve_client import TreeServeClient, is_idle  # noqa: E402
+# The treeserve package from this checkout (clients/python); an installed one works the same.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "python"))
+from treeserve import TreeServeClient, is_idle  # noqa: E402
 
 
 def main():

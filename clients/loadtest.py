@@ -1,4 +1,4 @@
-"""Load test for treeserve over its real gRPC API, with DESIGN.md's workloads.
+"""Load test for treeserve over its real gRPC API: decoding-tree and serving workloads.
 
     /usr/bin/python3 clients/loadtest.py --target 127.0.0.1:50051 --workload fewshot --scale small
     /usr/bin/python3 clients/loadtest.py --workload multilevel --scale full --json out.json \
@@ -23,11 +23,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, _HERE)
+sys.path[:0] = [_HERE, os.path.join(_HERE, "python")]  # the treeserve package, uninstalled
 from loadtest_workloads import PARAMS, WORKLOADS, is_rpc_error  # noqa: E402
 from plot_loadtest import plot  # noqa: E402  (the same figure for a saved --json)
-from treeserve_client import (TreeServeClient, finish_reason_name, is_idle,  # noqa: E402
-                              kv_pages_in_use)
+from treeserve import (TreeServeClient, finish_reason_name, is_idle,  # noqa: E402
+                       kv_pages_in_use)
 
 DEFAULT_WORKLOADS_DIR = os.path.normpath(os.path.join(_HERE, "..", "bench", "workloads"))
 

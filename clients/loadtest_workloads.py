@@ -1,4 +1,5 @@
-"""The decoding and serving workloads of DESIGN.md, replayed over treeserve's real gRPC API.
+"""The decoding workloads (DeFT's) and serving workloads (FastTree's), replayed over treeserve's
+real gRPC API.
 
 Each workload is a class with `units(ctx)`, which returns the logical requests to run as
 callables; loadtest.py runs them on a thread pool and `ctx` (a loadtest.RunContext) supplies

@@ -19,6 +19,7 @@ fi
   libsentencepiece-dev sentencepiece \
   libspdlog-dev nlohmann-json3-dev libcli11-dev \
   libgtest-dev libgmock-dev libbenchmark-dev libcpp-httplib-dev \
-  python3 python3-grpcio python3-grpc-tools \
+  python3 python3-grpcio python3-grpc-tools python3-setuptools python3-wheel python3-venv \
+  python3-matplotlib \
   docker-compose >/dev/null
 echo "treeserve dependencies installed"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Smoke test of clients/loadtest.py: every workload at --scale small (with a time budget)
 # against a live CPU treeserve; checks exit codes, the JSON results (sane figures, no errors,
-# the pool back to idle) and that the server stops on SIGTERM with exit 0.
+# the pool back to idle), --plot (a PNG where matplotlib is installed, a clear error where it
+# is not) and that the server stops on SIGTERM with exit 0. loadtest.py imports the treeserve
+# package from clients/python, its stubs generated into $TREESERVE_PY_STUBS (a temp folder).
 # usage: loadtest_smoke.sh TREESERVE_BINARY PYTHON3 SOURCE_DIR
 # The DeFT templates come from SOURCE_DIR/bench/workloads; a workload that needs them, pointed
 # at a folder without them, must fail with a clear message.
@@ -64,15 +66,32 @@ else
   failed=$((failed + 1))
 fi
 
-# --plot without matplotlib must fail with a clear message (and not run the load).
-if ! "$py" -c 'import matplotlib' 2>/dev/null; then
+# --plot: with matplotlib, a PNG; without it (here its import is blocked by a stand-in
+# package on PYTHONPATH), a clear error before any load runs.
+if "$py" -c 'import matplotlib' 2>/dev/null; then
   rc=0
-  "${lt[@]}" --workload fewshot --plot "$tmp/x.png" >"$tmp/plot.out" 2>&1 || rc=$?
-  if [[ $rc -ne 0 ]] && grep -q "matplotlib" "$tmp/plot.out"; then
+  "${lt[@]}" --workload fewshot --plot "$tmp/fewshot.png" >"$tmp/plot.out" 2>&1 || rc=$?
+  is_png='import sys; sys.exit(open(sys.argv[1], "rb").read(8) != b"\x89PNG\r\n\x1a\n")'
+  if [[ $rc -eq 0 ]] && "$py" -c "$is_png" "$tmp/fewshot.png" 2>/dev/null; then
     passed=$((passed + 1))
   else
-    echo "FAIL --plot without matplotlib"; cat "$tmp/plot.out"; failed=$((failed + 1))
+    echo "FAIL --plot: expected a PNG (exit $rc)"; cat "$tmp/plot.out"; failed=$((failed + 1))
   fi
+else
+  echo "skip --plot PNG: $py has no matplotlib (Debian: apt-get install python3-matplotlib)"
+  skipped=$((skipped + 1))
+fi
+mkdir -p "$tmp/no-matplotlib/matplotlib"
+echo 'raise ImportError("blocked by the test")' >"$tmp/no-matplotlib/matplotlib/__init__.py"
+rc=0
+PYTHONPATH="$tmp/no-matplotlib${PYTHONPATH:+:$PYTHONPATH}" \
+  "${lt[@]}" --workload fewshot --plot "$tmp/x.png" >"$tmp/noplot.out" 2>&1 || rc=$?
+if [[ $rc -ne 0 ]] && grep -q "needs matplotlib" "$tmp/noplot.out" && [[ ! -e $tmp/x.png ]] &&
+   ! grep -q "throughput" "$tmp/noplot.out"; then
+  passed=$((passed + 1))
+else
+  echo "FAIL --plot without matplotlib: expected a clear error (exit $rc)"; cat "$tmp/noplot.out"
+  failed=$((failed + 1))
 fi
 
 kill -TERM $pid

@@ -1,43 +1,8 @@
-"""Small Python client for treeserve over its real gRPC API (treeserve.v1.TreeServe).
-
-Uses Debian's python3-grpcio and python3-grpc-tools (run with /usr/bin/python3). The stubs
-are generated from proto/treeserve.proto on first import into a cache folder, so the client
-always matches the proto it sits beside.
-"""
-import importlib
-import os
-import sys
-import tempfile
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_PROTO_ROOT = os.path.normpath(os.path.join(_HERE, ".."))
-_PROTO = os.path.join(_PROTO_ROOT, "proto", "treeserve.proto")
-
-
-def _generated_dir():
-    cache = os.environ.get("TREESERVE_PY_STUBS") or os.path.join(
-        tempfile.gettempdir(), "treeserve-py-stubs-%d" % os.getuid())
-    os.makedirs(cache, exist_ok=True)
-    return cache
-
-
-def _load_stubs():
-    out = _generated_dir()
-    pb2 = os.path.join(out, "proto", "treeserve_pb2.py")
-    if not os.path.exists(pb2) or os.path.getmtime(pb2) < os.path.getmtime(_PROTO):
-        from grpc_tools import protoc  # python3-grpc-tools
-        rc = protoc.main(["protoc", "-I" + _PROTO_ROOT, "--python_out=" + out,
-                          "--grpc_python_out=" + out, _PROTO])
-        if rc != 0:
-            raise RuntimeError("protoc failed on %s (exit %d)" % (_PROTO, rc))
-        open(os.path.join(out, "proto", "__init__.py"), "a").close()
-    if out not in sys.path:
-        sys.path.insert(0, out)
-    return (importlib.import_module("proto.treeserve_pb2"),
-            importlib.import_module("proto.treeserve_pb2_grpc"))
-
-
-pb, pb_grpc = _load_stubs()
+"""TreeServeClient: a thin client over treeserve's gRPC API (treeserve.v1.TreeServe), one
+method per RPC, plus stream helpers (collect_stream, BranchStream) and pool checks (is_idle,
+kv_pages_in_use). Needs grpcio (Debian: python3-grpcio)."""
+from . import treeserve_pb2 as pb
+from . import treeserve_pb2_grpc as pb_grpc
 
 
 class TreeServeClient:

@@ -1,0 +1,38 @@
+"""treeserve: Python client for treeserve's gRPC API (treeserve.v1.TreeServe).
+
+    from treeserve import TreeServeClient
+    c = TreeServeClient("127.0.0.1:50051")
+    print(c.server_info())
+
+The gRPC stubs are the modules treeserve.treeserve_pb2 and treeserve.treeserve_pb2_grpc
+(also `treeserve.pb`, `treeserve.pb_grpc`). An installed package carries them, generated
+when it was built. Imported from a source checkout without installing (clients/python on
+sys.path), the package generates them from the checkout's proto/treeserve.proto into
+$TREESERVE_PY_STUBS (default /tmp/treeserve-py-stubs-UID) on first use.
+"""
+import os as _os
+
+__version__ = "0.1.0"
+
+
+def _find_stubs():
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    if _os.path.isfile(_os.path.join(here, "treeserve_pb2.py")):
+        return  # built into the package
+    from . import _protogen
+    try:
+        proto = _protogen.find_proto(_os.path.dirname(here))
+    except FileNotFoundError as e:
+        raise ImportError("treeserve: the gRPC stubs (treeserve_pb2) are not in the package "
+                          "and cannot be generated: %s. Install the package with pip from a "
+                          "treeserve source tree (pip install clients/python)." % e)
+    __path__.append(_protogen.cached_stubs(proto))
+
+
+_find_stubs()
+
+from .client import (BranchStream, TreeServeClient, collect_stream,  # noqa: E402
+                     finish_reason_name, is_idle, kv_pages_in_use, pb, pb_grpc)
+
+__all__ = ["TreeServeClient", "BranchStream", "collect_stream", "finish_reason_name",
+           "is_idle", "kv_pages_in_use", "pb", "pb_grpc", "__version__"]
