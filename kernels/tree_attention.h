@@ -1,9 +1,12 @@
 // Tree attention on the GPU: runs an AttentionPlan (kernels/attention_plan.h) over the paged KV
 // pool (kernels/kv_layout.h), the same plan the CPU executor (kernels/attention_cpu.h) runs.
+// This header is what callers use; which kernel runs a plan, the kAuto rules and the grid
+// capacities are in kernels/detail/tree_attention_launch.h.
 //
 //  - TreeAttentionWorkspace owns fixed device buffers sized from TreeAttentionLimits, so once a
 //    plan is uploaded (one cudaMemcpyAsync) the launch allocates nothing and can be captured in
-//    a CUDA graph (with a TreeAttentionGrid, the captured grid also serves later plans).
+//    a CUDA graph (with a TreeAttentionGrid, the captured grid also serves later plans;
+//    tree_attention_graph_grid gives the grid to capture).
 //  - launch_tree_attention runs stage 1 (one block per (work item, kv head): the item's query
 //    tile, GQA heads packed as rows, against its KV chunk with tensor-core MMA, writing a
 //    partial (O, LSE) per item query and q head) and stage 2 (per query and q head, the
@@ -11,9 +14,10 @@
 //  - launch_tree_attention_state runs the same stage 1 and writes each query's merged state
 //    (float32 O and LSE) instead of output rows, for merging with states computed elsewhere
 //    (other GPUs' shares of the KV: kernels/sequence_parallel_attention.h).
-//  - build_baseline_plan builds the prefix-unaware schedule of a sequence server (per-query
-//    paged flash-decoding over the query's whole root-to-leaf path, split-KV) as an ordinary
-//    AttentionPlan, so the same kernels (and the CPU executor) run it.
+//  - tree_attention_plan_config gives the plan builder the kernel's tile shape and splitting
+//    target; build_baseline_plan builds the prefix-unaware schedule of a sequence server
+//    (per-query paged flash-decoding over the query's whole root-to-leaf path, split-KV) as an
+//    ordinary AttentionPlan, so the same kernels (and the CPU executor) run it.
 //
 // Plain C++: no CUDA headers. Streams are passed as cudaStream_t (forward declared below).
 #pragma once
@@ -30,12 +34,6 @@ typedef struct CUstream_st* cudaStream_t;  // same declaration as CUDA's driver_
 namespace treeserve {
 
 enum class TreeAttentionDtype : int32_t { kFloat16 = 0, kBFloat16 = 1 };
-
-// Rows of the kernel's query tile: plan.queries_per_tile * plan.gqa_group_size must fit.
-inline constexpr int32_t kTreeAttentionTileRows = 64;
-// Kv heads stage 1 runs a decode-shaped item for in one block where the plan pairs them
-// (AttentionPlanConfig::pair_heads); tiles of kv_tile_tokens / 4 tokens of each head.
-inline constexpr int32_t kTreeAttentionPairHeads = 4;
 
 // Capacities of a workspace. Plans are checked against them at upload
 // (RESOURCE_EXHAUSTED otherwise); apply_to() copies them into a plan config so the builder
@@ -63,141 +61,32 @@ struct TreeAttentionLimits {
   // stage 1 runs every plan.
   bool decode_kernel = true;
   // Not a capacity: whether launches of a plan that pairs run its paired (decode-shaped) items
-  // in the tail kernel, beside stage 1's blocks, instead of in stage 1 after its other items
-  // (tree_attention.cu): never, where tree_attention_tail_pays() says so (the default), or
-  // always (tests). Eager launches decide with tree_attention_runs_tail(); a grid
-  // (TreeAttentionGrid::tail) is told.
+  // in the tail kernel, beside stage 1's blocks, instead of in stage 1 after its other items:
+  // never, where the plan's counts say it pays (kAuto, the default), or always (tests). The
+  // rule and the eager launch's choice are in kernels/detail/tree_attention_launch.h
+  // (tree_attention_tail_pays, tree_attention_runs_tail); a grid (TreeAttentionGrid::tail) is
+  // told.
   enum class Tail : int32_t { kOff = 0, kAuto = 1, kAlways = 2 };
   Tail tail_kernel = Tail::kAuto;
-  // Not a capacity: whether launches at head_dim 128 run the plan's leading pairs of
-  // wide items over the same tokens (tree_attention_wide_pairs) in the wide kernel (one block
-  // an SM: two consumer warpgroups, one item of the pair each, sharing every K/V tile of a
-  // 5-stage ring that a producer warp fills; the plan's paired items run in three more warps
-  // of the same blocks as the tail kernel runs them, and stage 1 runs the remaining items
-  // after it): never, where tree_attention_auto_kernels() picks it (kAuto: no wide items left
-  // for stage 1 after its pairs, and tree_attention_wide_pays, or for a plan of pairs alone
-  // tree_attention_wide_alone_pays; whatever tail_kernel says), or wherever the plan has such
-  // pairs (kAlways). Needs an sm_90a build (TreeAttentionWorkspace::wide_kernel_built()). Eager
-  // launches decide with tree_attention_runs_wide(); a grid (TreeAttentionGrid::wide) is told.
+  // Not a capacity: whether launches at head_dim 128 run the plan's leading pairs of wide items
+  // over the same tokens in the wide kernel (one block an SM: two consumer warpgroups, one item
+  // of the pair each, sharing every K/V tile of a 5-stage ring that a producer warp fills; the
+  // plan's paired items run in three more warps of the same blocks as the tail kernel runs
+  // them, and stage 1 runs the remaining items after it): never, where the plan's counts say
+  // it pays (kAuto, whatever tail_kernel says), or wherever the plan has such pairs (kAlways).
+  // Needs an sm_90a build (TreeAttentionWorkspace::wide_kernel_built()). The rules and the
+  // eager launch's choice are in kernels/detail/tree_attention_launch.h
+  // (tree_attention_auto_kernels, tree_attention_runs_wide); a grid (TreeAttentionGrid::wide)
+  // is told.
   enum class Wide : int32_t { kOff = 0, kAuto = 1, kAlways = 2 };
   Wide wide_kernel = Wide::kAuto;
 
   void apply_to(AttentionPlanConfig* config) const;
 };
 
-// Stage 1 blocks that fit an SM at once (registers and shared memory).
-inline constexpr int32_t kTreeAttentionStage1BlocksPerSm = 2;
-
-// The tail kernel's shared memory a block at launch, given its own (own_bytes), a stage 1
-// block's (stage1_bytes) and the device's per SM and reserved per block: padded so that three
-// of its blocks fit beside kTreeAttentionStage1BlocksPerSm stage 1 blocks on an SM rather
-// than four (aiming between the two counts' limits, whatever the allocation granularity), in
-// whole 128-byte units. H100, tenth session, P=16000 + 64 x 200 GQA 4 (design log): two
-// beside 69.5 us, three 67.8, four 68.5 (with four the wide blocks end last). Not padded where
-// that would more than double the block (head_dim 64), since the padding also bounds the tail
-// blocks an SM holds once stage 1's are gone, nor where three would not fit.
-inline int32_t tree_attention_tail_block_smem(int32_t own_bytes, int32_t stage1_bytes,
-                                              int32_t smem_per_sm, int32_t reserved_per_block) {
-  const int64_t left = int64_t(smem_per_sm) - int64_t(kTreeAttentionStage1BlocksPerSm) *
-                                                  (int64_t(stage1_bytes) + reserved_per_block);
-  const int64_t padded = (2 * left / 7 - reserved_per_block) / 128 * 128;  // left / 3.5 a block
-  return padded > own_bytes && padded <= 2 * int64_t(own_bytes) ? int32_t(padded) : own_bytes;
-}
-
-// TreeAttentionLimits::Wide::kAuto's block rule (tree_attention_auto_kernels adds that no items
-// are left for stage 1 after the wide kernel's pairs): the plan has wide items and paired ones, and
-// the paired items' blocks do not fit beside the wide ones in one wave of stage 1's block
-// slots, so that stage 1 would run them as a second, DRAM-bound wave (few-shot P=16000 +
-// 64 x 200 at GQA 4 on an H100: 256 wide blocks, 256 paired, 264 slots), or the wide blocks
-// alone take more than a wave (the wide kernel's blocks loop over its units: H100, GQA 4,
-// eighteenth session, twelve few-shot trees of 320-2048 wide blocks 7-28% faster with it, e.g.
-// P=16000 + 128 x 200 107 us against 146). Where the paired blocks fit beside the wide ones
-// (few-shot P=4000 + b x 200), stage 1 already runs both kinds side by side.
-inline bool tree_attention_wide_pays(int64_t wide_blocks, int64_t paired_blocks, int32_t num_sms) {
-  const int64_t slots = int64_t(kTreeAttentionStage1BlocksPerSm) * num_sms;
-  return paired_blocks > 0 && wide_blocks > 0 && wide_blocks + paired_blocks > slots;
-}
-
-// TreeAttentionLimits::Tail::kAuto: the tail kernel runs a plan's paired items (where the wide
-// kernel does not take the plan) where the wide items' blocks fill one wave of stage 1's slots
-// at most but at least 3/4 of it, and the paired items' blocks do not fit beside them, so that
-// few paired blocks would start before the wide ones end. Where more slots are free, stage 1's
-// paired blocks beside the wide ones measured as fast or faster than the tail kernel's
-// one-warp blocks (H100, GQA 4, eighteenth session, record h100-2026-11-27-session18.txt: wide
-// blocks 96-192 of 264, stage 1 alone 1.0-3.9 us faster on six few-shot trees and as fast on
-// one; 200 and 256, the tail kernel 1.6 us faster on one and as fast on three).
-inline bool tree_attention_tail_pays(int64_t wide_blocks, int64_t paired_blocks, int32_t num_sms) {
-  const int64_t slots = int64_t(kTreeAttentionStage1BlocksPerSm) * num_sms;
-  return tree_attention_wide_pays(wide_blocks, paired_blocks, num_sms) && wide_blocks <= slots &&
-         4 * wide_blocks >= 3 * slots;
-}
-
-// The wide kernel for a plan of wide pairs alone (every item in one, no paired items: a
-// sequence-parallel rank's share of a long prompt) at kAuto: where stage 1's blocks for them
-// (wide_blocks: items x kv heads) would fill at least 3/4 of its slots and its chunks
-// (chunk_tokens: the plan's longest item) are at least kTreeAttentionWideAloneChunk tokens.
-// H100, GQA 4 (nineteenth session, record h100-2026-11-28-session19.txt:
-// bench_sequence_parallel's rank 0 with --wide-always): 16 pairs of 2048-token chunks (P=32k +
-// 64 x 200, 256 wide blocks) 59.2 -> 53.7 us, 64 pairs (P=128k + 64 x 200, 1024 blocks) 220 ->
-// 193. Shorter chunks unmeasured there.
-constexpr int32_t kTreeAttentionWideAloneChunk = 1024;
-inline bool tree_attention_wide_alone_pays(int64_t wide_blocks, int32_t chunk_tokens,
-                                           int32_t num_sms) {
-  return 4 * wide_blocks >= 3 * int64_t(kTreeAttentionStage1BlocksPerSm) * num_sms &&
-         chunk_tokens >= kTreeAttentionWideAloneChunk;
-}
-
-// The kAuto picks from a plan's counts: its items, where its paired items begin (-1: none; the
-// workspace's paired_items_begin), its wide pairs (tree_attention_wide_pairs), its longest item's
-// tokens (max_item_tokens) and the kv heads and SMs of the launch. A plan without paired items
-// takes the wide kernel only where its pairs are all its items and tree_attention_wide_alone_pays.
-// Otherwise only a plan that pairs from an item past the first can take either kernel: the wide
-// kernel where tree_attention_wide_pays and its pairs cover every item before the paired ones, the
-// tail kernel where tree_attention_tail_pays (where the wide kernel does not run).
-// tree_attention_runs_wide / _runs_tail add what the counts do not say (the token table, the
-// decode kernel, head_dim 128 and an sm_90a build); `bench_tree_attention --plan-only` prints
-// these picks for an H100.
-struct TreeAttentionAutoKernels {
-  bool wide = false;
-  bool tail = false;
-};
-inline TreeAttentionAutoKernels tree_attention_auto_kernels(int32_t items, int32_t paired_begin,
-                                                            int32_t wide_pairs,
-                                                            int32_t max_item_tokens,
-                                                            int32_t num_kv_heads, int32_t num_sms) {
-  TreeAttentionAutoKernels k;
-  if (num_kv_heads < 1) return k;
-  if (paired_begin < 0 || paired_begin >= items) {
-    k.wide =
-        wide_pairs > 0 && items == 2 * wide_pairs &&
-        tree_attention_wide_alone_pays(int64_t(items) * num_kv_heads, max_item_tokens, num_sms);
-    return k;
-  }
-  if (paired_begin < 1) return k;
-  const int64_t wide = int64_t(paired_begin) * num_kv_heads;
-  const int64_t paired =
-      int64_t(items - paired_begin) * (num_kv_heads % kTreeAttentionPairHeads == 0
-                                           ? num_kv_heads / kTreeAttentionPairHeads
-                                           : num_kv_heads);
-  k.wide = wide_pairs > 0 && paired_begin == 2 * wide_pairs &&
-           tree_attention_wide_pays(wide, paired, num_sms);
-  k.tail = tree_attention_tail_pays(wide, paired, num_sms);
-  return k;
-}
-
-// One stage 1 block's record (TreeAttentionWorkspace::enable_block_trace): %globaltimer
-// nanoseconds at its start and end, the SM it ran on, its grid index, and its item's shape
-// (stage 1's blocks or the decode kernel's, whichever ran the plan).
-struct TreeAttentionBlockTrace {
-  uint64_t start_ns = 0;
-  uint64_t end_ns = 0;
-  int32_t sm = 0;
-  int32_t block = 0;
-  int32_t item = 0;
-  int32_t kv_head = 0;
-  int32_t rows = 0;    // query-tile rows (item queries x gqa)
-  int32_t tokens = 0;  // KV tokens of the item
-};
+// One stage 1 block's record of the workspace's block trace (diagnostics; defined in
+// kernels/detail/tree_attention_launch.h).
+struct TreeAttentionBlockTrace;
 
 class TreeAttentionWorkspace {
  public:
@@ -291,13 +180,6 @@ class TreeAttentionWorkspace {
   bool table_filled_ = false, table_fixed_ = false, decode_kernel_ = false;
 };
 
-// The fixed-stride token table's stride for items of at most max_item_tokens tokens: a whole
-// number of 128-token blocks (stage 1 reads the first 128 entries before it knows the item's
-// length).
-inline int32_t tree_attention_table_stride(int32_t max_item_tokens) {
-  return (max_item_tokens + 127) / 128 * 128;
-}
-
 // The grid of a launch that a CUDA graph captures and replays after later uploads: blocks for
 // `items` work items and `queries` queries, at least the counts of every plan it runs with
 // (blocks past a plan's counts exit at once; the kernels read the plan's counts from device
@@ -351,102 +233,6 @@ struct TreeAttentionGrid {
   }
 };
 
-// Whether every item of the plan is decode-shaped (at most kDecodeShapedRows query-tile rows):
-// where the upload also fills a token table and the limits allow it, the decode kernel runs
-// the plan (TreeAttentionWorkspace::runs_decode_kernel).
-inline bool tree_attention_all_decode_shaped(const AttentionPlan& plan) {
-  for (int32_t i = 0; i < plan.num_items(); ++i) {
-    if (plan.item_rows(i) > kDecodeShapedRows) return false;
-  }
-  return plan.num_items() > 0;
-}
-
-// The first item the kernel runs kTreeAttentionPairHeads kv heads a block for (-1: none): the
-// plan's paired items where it pairs at the kernel's head count and has any
-// (TreeAttentionWorkspace::paired_items_begin). -1 too for a begin outside [0, items], which
-// validate_paired_items refuses (the upload checks it first).
-inline int32_t tree_attention_paired_begin(const AttentionPlan& plan) {
-  return plan.pair_heads == kTreeAttentionPairHeads && plan.paired_items_begin >= 0 &&
-                 plan.paired_items_begin < plan.num_items()
-             ? plan.paired_items_begin
-             : -1;
-}
-
-// The wide kernel's work in a plan: the number of leading pairs of items (2 i, 2 i + 1) that
-// read the same tokens (equal segment lists, pages and slots alike) without masks, each a query
-// tile of at most kTreeAttentionTileRows rows, the first of more than kDecodeShapedRows, none
-// head-paired: the query tiles of one shared chunk, which the kV-major item order lists side by
-// side (few-shot prompts, speculative trees' prompts). Counting stops at the first pair that
-// is not one.
-inline int32_t tree_attention_wide_pairs(const AttentionPlan& plan) {
-  const int32_t end = plan.pair_heads > 1 ? plan.paired_items_begin : plan.num_items();
-  int32_t pairs = 0;
-  for (int32_t a = 0; a + 1 < end; a += 2, ++pairs) {
-    const int32_t b = a + 1;
-    const size_t ia = size_t(a), ib = size_t(b);
-    if (plan.item_mask_offset[ia] >= 0 || plan.item_mask_offset[ib] >= 0) break;
-    if (plan.item_rows(a) <= kDecodeShapedRows || plan.item_rows(a) > kTreeAttentionTileRows ||
-        plan.item_rows(b) < 1 || plan.item_rows(b) > kTreeAttentionTileRows) {
-      break;
-    }
-    if (plan.item_num_tokens[ia] < 1 || plan.item_num_tokens[ia] != plan.item_num_tokens[ib]) {
-      break;
-    }
-    const int32_t sa = plan.item_segment_begin[ia], sb = plan.item_segment_begin[ib];
-    const int32_t n = plan.item_segment_end[ia] - sa;
-    if (plan.item_segment_end[ib] - sb != n) break;
-    bool same = true;
-    for (int32_t j = 0; same && j < n; ++j) {
-      const size_t x = size_t(sa + j), y = size_t(sb + j);
-      same = sa + j == sb + j || (plan.seg_page_begin[x] == plan.seg_page_begin[y] &&
-                                  plan.seg_first_slot[x] == plan.seg_first_slot[y] &&
-                                  plan.seg_num_tokens[x] == plan.seg_num_tokens[y]);
-    }
-    if (!same) break;
-  }
-  return pairs;
-}
-
-// Whether an eager launch of the workspace's last upload with num_kv_heads kv heads at
-// head_dim runs the wide kernel (TreeAttentionLimits::wide_kernel): the upload has wide pairs,
-// the build has the kernel, head_dim is 128, the plan does not run in the decode kernel, and
-// at kAuto it has a token table and tree_attention_auto_kernels picks it (no items left for
-// stage 1 after the pairs, and tree_attention_wide_pays, or tree_attention_wide_alone_pays for
-// a plan of pairs alone).
-bool tree_attention_runs_wide(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads,
-                              int32_t head_dim);
-
-// A capacity for the wide items of a tail grid (TreeAttentionGrid::wide_items): the next
-// multiple of 8, so a stage 1 grid has at most 7 items' blocks of padding (the one-wave
-// plans the tail kernel pays for have a few dozen wide items).
-inline int32_t tree_attention_wide_bucket(int32_t n) { return n <= 8 ? 8 : (n + 7) / 8 * 8; }
-
-// Whether a launch of the workspace's last upload with num_kv_heads kv heads runs its paired
-// items in the tail kernel (the workspace's limits().tail_kernel; at kAuto its num_sms() and
-// tree_attention_tail_pays decide): what an eager launch does and what a grid for
-// it should ask for. False where the plan runs in the decode kernel, pairs no item or only
-// paired items, or has no token table.
-bool tree_attention_runs_tail(const TreeAttentionWorkspace& workspace, int32_t num_kv_heads);
-
-// A capacity for a count: the next of 64, 72, 80, .. 128, 144, .. (8 steps per power of two),
-// so a graph captured for one plan serves the next plans of about its size with at most 1/8
-// of its blocks idle.
-inline int32_t tree_attention_grid_bucket(int32_t n) {
-  if (n <= 64) return 64;
-  int32_t pow2 = 64;
-  while (pow2 < (n + 1) / 2) pow2 *= 2;  // pow2 < n <= 2 pow2
-  const int32_t step = pow2 / 8;
-  return (n + step - 1) / step * step;
-}
-
-// The items stage 1 runs after the wide kernel's pairs of the workspace's last upload: those
-// before its paired items (all, where it pairs none) past the pairs.
-inline int32_t tree_attention_wide_rest(const TreeAttentionWorkspace& workspace) {
-  const int32_t end =
-      workspace.paired_items_begin() >= 0 ? workspace.paired_items_begin() : workspace.num_items();
-  return end - 2 * workspace.wide_pairs();
-}
-
 // The grid to capture a CUDA graph of the workspace's last upload with (the engine keys its
 // decode-step graphs on it; bench_tree_attention --grid / --graph launch it): items and
 // queries bucketed, the decode kernel, head pairing, the tail kernel and the wide kernel as an
@@ -454,30 +240,8 @@ inline int32_t tree_attention_wide_rest(const TreeAttentionWorkspace& workspace)
 // over the wide items only, with the wide kernel stage 1's over the items after its pairs,
 // with head pairing in stage 1 its grid over the items before the paired ones and the paired
 // ones, each count bucketed (wide_items, paired_items).
-inline TreeAttentionGrid tree_attention_graph_grid(const TreeAttentionWorkspace& workspace,
-                                                   int32_t num_kv_heads, int32_t head_dim) {
-  TreeAttentionGrid grid;
-  grid.items = tree_attention_grid_bucket(workspace.num_items());
-  grid.queries = tree_attention_grid_bucket(workspace.num_queries());
-  grid.decode_kernel = workspace.runs_decode_kernel();
-  grid.paired = workspace.paired_items_begin() >= 0;
-  grid.wide = tree_attention_runs_wide(workspace, num_kv_heads, head_dim);
-  if (grid.wide) {
-    const int32_t rest = tree_attention_wide_rest(workspace);
-    grid.wide_rest = rest > 0 ? tree_attention_wide_bucket(rest) : 0;
-    return grid;
-  }
-  grid.tail = tree_attention_runs_tail(workspace, num_kv_heads);
-  const int32_t begin = workspace.paired_items_begin();
-  if (grid.tail) {
-    // runs_tail: the plan pairs from an item past the first and has a token table.
-    grid.wide_items = tree_attention_wide_bucket(begin);
-  } else if (grid.paired && !grid.decode_kernel && num_kv_heads % kTreeAttentionPairHeads == 0) {
-    grid.wide_items = begin > 0 ? tree_attention_wide_bucket(begin) : 0;
-    grid.paired_items = tree_attention_wide_bucket(workspace.num_items() - begin);
-  }
-  return grid;
-}
+TreeAttentionGrid tree_attention_graph_grid(const TreeAttentionWorkspace& workspace,
+                                            int32_t num_kv_heads, int32_t head_dim);
 
 // q:      [num_rows][num_q_heads][head_dim]   batch rows; only the plan's query rows are read
 // k_pool, v_pool: one layer's K / V buffer    [num_pages][num_kv_heads][page_size][head_dim]
@@ -521,13 +285,5 @@ AttentionPlanConfig tree_attention_plan_config(int32_t num_q_heads, int32_t num_
 // Uses config.gqa_group_size, kv_tile_tokens, kv_chunk_tokens, num_sms, min_split_tokens.
 Status build_baseline_plan(const AttentionView& view, const AttentionPlanConfig& config,
                            AttentionPlan* out);
-
-// Bytes of K and V a plan's items read (tokens read * kv heads * head_dim * 2 * dtype bytes),
-// and the unique bytes of the view (each visible run token once): the IO the kernel moves
-// versus the IO lower bound.
-int64_t plan_kv_bytes(const AttentionPlan& plan, int32_t num_kv_heads, int32_t head_dim,
-                      int32_t dtype_bytes);
-int64_t view_unique_kv_bytes(const AttentionView& view, int32_t num_kv_heads, int32_t head_dim,
-                             int32_t dtype_bytes);
 
 }  // namespace treeserve

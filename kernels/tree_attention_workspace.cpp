@@ -1,6 +1,7 @@
 // TreeAttentionWorkspace (tree_attention.h): fixed device buffers for one tree-attention
-// launch, and the upload of a plan into them (packed into a pinned staging buffer in the
-// layout of detail/tree_attention_layout.h, then one cudaMemcpyAsync).
+// launch, the upload of a plan into them (packed into a pinned staging buffer in the layout of
+// detail/tree_attention_layout.h, then one cudaMemcpyAsync), and tree_attention_graph_grid,
+// the grid to capture the last upload's launch with.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/detail/tree_attention_launch.h"
 #include "kernels/detail/tree_attention_layout.h"
 #include "kernels/tree_attention.h"
 
@@ -293,6 +295,31 @@ Status TreeAttentionWorkspace::upload(const AttentionPlan& plan, cudaStream_t st
   page_size_ = plan.page_size;
   max_item_tokens_ = plan.max_item_tokens;
   return Status::Ok();
+}
+
+TreeAttentionGrid tree_attention_graph_grid(const TreeAttentionWorkspace& workspace,
+                                            int32_t num_kv_heads, int32_t head_dim) {
+  TreeAttentionGrid grid;
+  grid.items = tree_attention_grid_bucket(workspace.num_items());
+  grid.queries = tree_attention_grid_bucket(workspace.num_queries());
+  grid.decode_kernel = workspace.runs_decode_kernel();
+  grid.paired = workspace.paired_items_begin() >= 0;
+  grid.wide = tree_attention_runs_wide(workspace, num_kv_heads, head_dim);
+  if (grid.wide) {
+    const int32_t rest = tree_attention_wide_rest(workspace);
+    grid.wide_rest = rest > 0 ? tree_attention_wide_bucket(rest) : 0;
+    return grid;
+  }
+  grid.tail = tree_attention_runs_tail(workspace, num_kv_heads);
+  const int32_t begin = workspace.paired_items_begin();
+  if (grid.tail) {
+    // runs_tail: the plan pairs from an item past the first and has a token table.
+    grid.wide_items = tree_attention_wide_bucket(begin);
+  } else if (grid.paired && !grid.decode_kernel && num_kv_heads % kTreeAttentionPairHeads == 0) {
+    grid.wide_items = begin > 0 ? tree_attention_wide_bucket(begin) : 0;
+    grid.paired_items = tree_attention_wide_bucket(workspace.num_items() - begin);
+  }
+  return grid;
 }
 
 }  // namespace treeserve

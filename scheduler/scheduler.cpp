@@ -5,7 +5,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cmath>
 #include <future>
 #include <set>
 
@@ -697,6 +696,16 @@ SchedulerStats Scheduler::Impl::cmd_stats() {
 
 // ---------------------------------------------------------------- Scheduler (public)
 
+namespace {
+
+// A fork or a one-shot Generate makes at least one branch.
+Status check_branch_count(int32_t n) {
+  if (n < 1) return InvalidArgument("n: must be >= 1");
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Scheduler>> Scheduler::create(Backend* backend, const Tokenizer* tokenizer,
                                                        const SchedulerOptions& options,
                                                        ServerMetrics* metrics) {
@@ -722,7 +731,7 @@ ServerMetrics* Scheduler::metrics() const { return impl_->metrics_; }
 const DetokenizerVocab* Scheduler::detokenizer_vocab() const { return impl_->detok_vocab_.get(); }
 
 StatusOr<CreateTreeResult> Scheduler::create_tree(std::vector<int32_t> prompt) {
-  if (prompt.empty()) return InvalidArgument("prompt: must not be empty");
+  TS_RETURN_IF_ERROR(check_tokens_given("prompt", prompt));
   return impl_->call<CreateTreeResult>(
       [this, p = std::move(prompt)](std::function<void(StatusOr<CreateTreeResult>)> done) mutable {
         impl_->cmd_create_tree(std::move(p), std::move(done));
@@ -732,7 +741,7 @@ StatusOr<CreateTreeResult> Scheduler::create_tree(std::vector<int32_t> prompt) {
 StatusOr<std::vector<std::string>> Scheduler::branch(const std::string& tree_id,
                                                      const std::string& branch_id, int32_t n,
                                                      int32_t at_offset) {
-  if (n < 1) return InvalidArgument("n: must be >= 1");
+  TS_RETURN_IF_ERROR(check_branch_count(n));
   return impl_->call<std::vector<std::string>>(
       [&](auto done) { done(impl_->cmd_branch(tree_id, branch_id, n, at_offset)); });
 }
@@ -740,9 +749,9 @@ StatusOr<std::vector<std::string>> Scheduler::branch(const std::string& tree_id,
 StatusOr<std::shared_ptr<GenerateStream>> Scheduler::generate(GenerateSpec spec) {
   if (spec.tree_id.empty()) {
     if (spec.prompt.empty()) return InvalidArgument("prompt: a one-shot Generate needs a prompt");
-    if (spec.n < 1) return InvalidArgument("n: must be >= 1");
-  } else if (spec.branch_ids.empty()) {
-    return InvalidArgument("branch_ids: name at least one branch of tree " + spec.tree_id);
+    TS_RETURN_IF_ERROR(check_branch_count(spec.n));
+  } else {
+    TS_RETURN_IF_ERROR(check_branch_ids_given(spec.tree_id, spec.branch_ids));
   }
   if (spec.beam_width < 0) return InvalidArgument("beam_search.beam_width: must be >= 0");
   if (spec.beam_width > 0) {
@@ -750,9 +759,7 @@ StatusOr<std::shared_ptr<GenerateStream>> Scheduler::generate(GenerateSpec spec)
       return InvalidArgument(
           "beam_search: searches from exactly one branch (or a one-shot prompt with n = 1)");
     }
-    if (!std::isfinite(spec.length_penalty)) {
-      return InvalidArgument("beam_search.length_penalty: must be finite");
-    }
+    TS_RETURN_IF_ERROR(check_length_penalty(spec.length_penalty));
   }
   auto stream = std::make_shared<GenerateStream>();
   StatusOr<bool> started = impl_->call<bool>([&](auto done) {
@@ -777,7 +784,7 @@ StatusOr<PruneSummary> Scheduler::prune(const std::string& tree_id,
 StatusOr<VerifyResult> Scheduler::verify(const std::string& tree_id, const std::string& branch_id,
                                          std::vector<int32_t> tokens, std::vector<int32_t> parents,
                                          SamplingParams sampling) {
-  if (tokens.empty()) return InvalidArgument("tokens: must not be empty");
+  TS_RETURN_IF_ERROR(check_tokens_given("tokens", tokens));
   if (parents.size() != tokens.size()) {
     return InvalidArgument("parents: needs one entry per token (" + std::to_string(tokens.size()) +
                            "), got " + std::to_string(parents.size()));

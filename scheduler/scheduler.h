@@ -48,7 +48,7 @@ struct SchedulerOptions {
   int32_t max_step_rows = 4096;
   int32_t max_live_trees = 4096;
   int32_t max_branches_per_tree = 4096;
-  bool prefix_sharing = true;  // false: no radix reuse across trees (for A/B measurements)
+  bool prefix_sharing = true;  // false: no radix reuse across trees (a prefix-unaware server)
   int32_t default_max_tokens = 16;
   // The model's context (max_position_embeddings): a branch never grows past it (its
   // generation ends FINISH_LENGTH; appends and token trees that would pass it are refused).
@@ -189,5 +189,20 @@ class Scheduler {
   explicit Scheduler(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// Checks of a request that need no tree state and that the server also makes: one function
+// each, so each message has one source (scheduler/request_checks.cpp). Scheduler's methods run
+// them before their command reaches the step loop, so every caller of this API gets them; the
+// server runs them at their place among its own checks of the wire request, so a request with
+// several faults reports the same one whichever path it came by. INVALID_ARGUMENT, naming the
+// field.
+//
+// "<field>: must not be empty": a prompt, appended text or token tree needs tokens.
+Status check_tokens_given(const std::string& field, const std::vector<int32_t>& tokens);
+// A Generate on tree_id lists at least one of its branches.
+Status check_branch_ids_given(const std::string& tree_id,
+                              const std::vector<std::string>& branch_ids);
+// A beam search's length penalty is a finite number.
+Status check_length_penalty(float length_penalty);
 
 }  // namespace treeserve

@@ -1,5 +1,5 @@
-// treeserve's effective configuration: one struct per component with its defaults here
-// (STYLE.md habit 11), read from a JSON preset (configs/) and overridden by the CLI.
+// treeserve's effective configuration: one struct per component with its defaults here, read
+// from a JSON preset (configs/) and overridden by the CLI.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,7 @@ struct EngineOptions {
   int32_t tensor_parallel = 1;
   // "tree": the flattened tree-attention plan (each shared KV run read once per step);
   // "baseline": per-query attention over each query's whole root-to-leaf path, what a
-  // prefix-unaware server does (for side-by-side measurements; see
+  // prefix-unaware server does (to compare the two side by side; see
   // configs/server/no-prefix-sharing.json).
   std::string attention = "tree";
   // CUDA backend: replay each decode shape's layer chain as a CUDA graph (per rank too).

@@ -1,10 +1,11 @@
-// TreeServe method bodies: request validation (API.md's error table) and the translation
-// between protobuf messages and scheduler calls.
+// TreeServe method bodies: request validation (docs/api.md, Errors) and the translation
+// between protobuf messages and scheduler calls. The server checks what depends on the wire
+// format and its configured limits; the checks every caller of the scheduler needs are the
+// scheduler's (scheduler.h), and the server calls the same functions where its order of
+// checks puts them.
 #include "server/treeserve_service.h"
 
 #include <spdlog/spdlog.h>
-
-#include <cmath>
 
 #include "models/tokenizer.h"
 #include "scheduler/scheduler.h"
@@ -111,7 +112,7 @@ StatusOr<std::vector<int32_t>> TreeServeService::resolve_prompt(const std::strin
     if (bos && tokenizer_->bos_id() >= 0) ids.push_back(tokenizer_->bos_id());
     ids.insert(ids.end(), enc->begin(), enc->end());
   }
-  if (ids.empty()) return InvalidArgument(field + ": must not be empty");
+  TS_RETURN_IF_ERROR(check_tokens_given(field, ids));
   if (static_cast<int64_t>(ids.size()) > config_.limits.max_prompt_tokens) {
     return InvalidArgument(field + ": " + std::to_string(ids.size()) +
                            " tokens is over the limit of " +
@@ -221,14 +222,14 @@ grpc::Status TreeServeService::Generate(grpc::ServerContext* ctx,
       return grpc_invalid("prompt: only for a one-shot Generate (no tree_id); use append");
     }
     if (request->n() != 0) return grpc_invalid("n: only for a one-shot Generate; use Branch");
-    if (request->branch_ids_size() == 0) {
-      return grpc_invalid("branch_ids: name at least one branch of tree " + request->tree_id());
+    spec.tree_id = request->tree_id();
+    spec.branch_ids.assign(request->branch_ids().begin(), request->branch_ids().end());
+    if (Status s = check_branch_ids_given(spec.tree_id, spec.branch_ids); !s.ok()) {
+      return to_grpc(s);
     }
     if (request->branch_ids_size() > config_.limits.max_n) {
       return grpc_invalid("branch_ids: at most " + std::to_string(config_.limits.max_n));
     }
-    spec.tree_id = request->tree_id();
-    spec.branch_ids.assign(request->branch_ids().begin(), request->branch_ids().end());
     if (request->has_append()) {
       StatusOr<std::vector<int32_t>> append = resolve_prompt("append", request->append(), false);
       if (!append.ok()) return to_grpc(append.status());
@@ -241,9 +242,7 @@ grpc::Status TreeServeService::Generate(grpc::ServerContext* ctx,
       return grpc_invalid("beam_search.beam_width: " + std::to_string(beam.beam_width()) +
                           " is outside [0, " + std::to_string(config_.limits.max_n) + "]");
     }
-    if (!std::isfinite(beam.length_penalty())) {
-      return grpc_invalid("beam_search.length_penalty: must be finite");
-    }
+    if (Status s = check_length_penalty(beam.length_penalty()); !s.ok()) return to_grpc(s);
     spec.beam_width = beam.beam_width();
     spec.length_penalty = beam.length_penalty();
   }
@@ -305,7 +304,7 @@ grpc::Status TreeServeService::Verify(grpc::ServerContext* ctx, const v1::Verify
   if (auto s = admit(ctx, *request); !s.ok()) return s;
   std::vector<int32_t> tokens(request->tokens().begin(), request->tokens().end());
   std::vector<int32_t> parents(request->parents().begin(), request->parents().end());
-  if (tokens.empty()) return grpc_invalid("tokens: must not be empty");
+  if (Status s = check_tokens_given("tokens", tokens); !s.ok()) return to_grpc(s);
   if (static_cast<int32_t>(tokens.size()) > config_.limits.max_verify_tokens) {
     return grpc_invalid("tokens: " + std::to_string(tokens.size()) + " is over the limit of " +
                         std::to_string(config_.limits.max_verify_tokens));
@@ -368,14 +367,8 @@ grpc::Status TreeServeService::Detokenize(grpc::ServerContext* ctx,
                                           v1::DetokenizeResponse* response) {
   CallScope scope(this);
   if (auto s = admit(ctx, *request); !s.ok()) return s;
-  const int32_t vocab = tokenizer_->vocab_size();
   std::vector<int32_t> ids(request->ids().begin(), request->ids().end());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= vocab) {
-      return grpc_invalid("ids[" + std::to_string(i) + "]: token id " + std::to_string(ids[i]) +
-                          " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-    }
-  }
+  if (Status s = check_ids("ids", ids); !s.ok()) return to_grpc(s);
   auto text = tokenizer_->decode(ids);
   if (!text.ok()) return to_grpc(text.status());
   response->set_text(*text);

@@ -1,4 +1,4 @@
-// The TreeServe gRPC service: validates every request at the boundary (API.md error table),
+// The TreeServe gRPC service: validates every request at the boundary (docs/api.md, Errors),
 // authenticates when a token is configured, and forwards to the components below.
 #pragma once
 

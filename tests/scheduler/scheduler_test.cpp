@@ -345,8 +345,8 @@ TEST(SchedulerBeamSearch, CancelPruneAndBadArguments) {
   expect_idle(s);
 }
 
-// Regression: a beam search that runs out of KV pages used to leave its beams pointing at
-// the closed job (a use-after-free under the soak test).
+// Regression: a beam search that runs out of KV pages ends cleanly, its beams no longer
+// pointing at the closed job (which would be a use-after-free under the soak test).
 TEST(SchedulerBeamSearch, PoolExhaustionEndsTheSearchCleanly) {
   Served sv = serve(8);  // 128 tokens
   Scheduler& s = *sv.scheduler;
