@@ -1,6 +1,6 @@
-// Status and StatusOr<T>: how every component reports recoverable failures
-// (STYLE.md: no exceptions across component boundaries). The codes mirror the
-// gRPC codes that server/ maps them to (API.md error table).
+// Status and StatusOr<T>: how every component reports recoverable failures (no exception
+// crosses a component boundary). The codes mirror the gRPC codes that server/ maps them to
+// (docs/api.md, "Errors").
 #pragma once
 
 #include <cassert>

@@ -1,17 +1,17 @@
 // Decode-step benchmark of the CUDA engine on one GPU: a model shape (default Llama-3-8B,
-// random fp16 weights: the shape is what matters for timing) runs DESIGN.md's decoding
-// workloads for a fixed number of steps. Per workload it prints the mean step time, tokens/s,
-// the roofline step time ((weight bytes + unique KV bytes) / measured copy bandwidth), and
-// the same steps with attention forced to the prefix-unaware baseline, in the same run.
-// With --tensor-parallel N (N GPUs, NCCL) it also runs every workload with the ranks'
-// all-reduces skipped (CudaBackendOptions::skip_collectives: wrong results, same kernels) and
-// reports the all-reduce share of the step as 1 - (step without communication / step); the
-// roofline then divides the streamed bytes over the N GPUs. Its O and down all-reduces are
+// random fp16 weights: the shape is what matters for timing) runs the decoding workloads
+// (few-shot, sampled, speculative, tree of thought) for a fixed number of steps. Per workload it
+// prints the mean step time, tokens/s, the roofline step time ((weight bytes + unique KV bytes) /
+// measured copy bandwidth), and the same steps with attention forced to the prefix-unaware
+// baseline, in the same run. With --tensor-parallel N (N GPUs, NCCL) it also runs every workload
+// with the ranks' all-reduces skipped (CudaBackendOptions::skip_collectives: wrong results, same
+// kernels) and reports the all-reduce share of the step as 1 - (step without communication / step);
+// the roofline then divides the streamed bytes over the N GPUs. Its O and down all-reduces are
 // peer-to-peer kernels fused with the norm (CudaBackendOptions::p2p_all_reduce) where the
 // GPUs reach each other's memory; --nccl-all-reduce sends them all through NCCL instead.
 // GEMMs are autotuned (CudaBackendOptions::gemm_autotune): after the table it prints each
 // tuned shape (algorithm, tile, split-K, time, weight bytes / time), and the few-shot steps
-// run once more with tuning off (cublasGemmEx) for the A/B; --no-gemm-tune: off throughout.
+// run once more with tuning off (cublasGemmEx) for comparison; --no-gemm-tune: off throughout.
 // --gemm-split-k N sets CudaBackendOptions::gemm_split_k (default 0: auto, 1: off, 2..8:
 // forced): one GPU's O and down GEMMs as split-K; the tuned-GEMM table's "K/S" column is the
 // split count a shape was tuned for (1: unsplit).
@@ -20,13 +20,13 @@
 // --pair-margin N sets CudaBackendOptions::attention_pair_margin (tree attention pairs heads
 // where the simulated span is at least 1/N shorter; default 32, the engine's).
 // --no-decode-kernel sets CudaBackendOptions::attention_decode_kernel false (tree attention's
-// stage 1 runs every plan, also the all-decode-shaped ones; A/B).
+// stage 1 runs every plan, also the all-decode-shaped ones; for comparison).
 // --fewshot-prompt N sets the few-shot trees' shared prompt (default 4000 tokens; 16000 with
 // --fewshot-branches 64 is the kernel bench's P=16000 + 64x200, whose paired items run in
 // tree attention's tail kernel).
 // --no-tail sets CudaBackendOptions::attention_tail_kernel to kOff (tree attention never runs
-// a plan's paired items in its tail kernel; A/B), --no-wide attention_wide_kernel (never its
-// wide kernel).
+// a plan's paired items in its tail kernel; for comparison), --no-wide attention_wide_kernel (never
+// its wide kernel).
 //
 //   bench_decode [--config configs/models/llama-3-8b.json] [--steps 16] [--json FILE]
 //                [--workloads fewshot,sampled,spec,tot] [--kv-gib 6] [--tensor-parallel N]
@@ -130,7 +130,7 @@ class Runner {
 
   // How decode steps draw their tokens: greedy (argmax on the device), or temperature 0.8 /
   // top-p 0.95 sampling drawn by the backend (StepBatch::sampling) or on the host from the
-  // full logits rows (what the engine did before device sampling).
+  // full logits rows (the host-side path, for comparison).
   enum class Draw { kGreedy, kBackend, kHost };
   void set_draw(Draw d) { draw_ = d; }
 
@@ -180,7 +180,7 @@ class Runner {
 
   // Mean milliseconds of `steps` decode steps (each branch +1 token, or a token tree), after
   // two warm-up steps: the engine runs a step shape eagerly the first time and captures its
-  // CUDA graph the second (3-17 ms more than a replay on an H100), so the measured steps are
+  // CUDA graph the second (milliseconds more than a replay), so the measured steps are
   // the steady state, graph replays where graphs are on. A measured step over 1.5x the median
   // (a host stall, a shape captured mid-run) is named on stderr: the mean includes it.
   double measure(Workload& w, int steps, bool profile_last = false) {

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Tensor-parallel GPU runs (issue 8), from the repo root of a GPU machine:
+# Tensor-parallel GPU runs, from the repo root of a GPU machine:
 #   bench/decode/run_tp.sh [tests|bench|e2e|all] [BUILD_DIR]     (default: all build-tp)
 # tests: the TP GPU tests (TP=2, and TP=4 when 4 devices exist, against TP=1), the
 #        sequence-parallel attention tests (2 and 4 GPUs against one) and the single-GPU
-#        backend tests (the weight loader changed for N=1 too);
+#        backend tests (N=1 shares the sharded weight loader);
 # bench: bench_decode at TP=1, 2 and 4 (as many as there are devices), then the TP=2/TP=1
-#        step ratio per workload (issue 8's bar: <= 0.65 for fewshot b=50), the few-shot
-#        steps at TP=2 with NCCL all-reduces only (--nccl-all-reduce, the A/B of the default
+#        step ratio per workload (target: <= 0.65 for fewshot b=50), the few-shot steps at
+#        TP=2 with NCCL all-reduces only (--nccl-all-reduce, the comparison for the default
 #        peer-to-peer all-reduce), bench_sequence_parallel over 2 and 4 GPUs (both
 #        combines), and one TREESERVE_PROFILE=1 run at TP=2 (per-phase GPU time, the
 #        all-reduces included);
 # e2e:   the tree-API e2e suite against `treeserve --backend cuda --tensor-parallel 2` on the
 #        tiny model (needs the treeserve binary and its gRPC libraries; not part of all).
-# Needs only the binaries and the tiny model of BUILD_DIR (carry those). Everything goes to
+# Needs only the binaries and the tiny model of BUILD_DIR. Everything goes to
 # $OUT (default ./tp-out): *.log, the benches' JSON, summary.txt.
 # $TPS picks the bench's rank counts (default "1 2 4", those above the device count
 # skipped) and $BENCH_ARGS adds bench_decode flags (e.g. "--workloads fewshot --steps 8"),
@@ -75,7 +75,7 @@ if [ "$stage" = bench ] || [ "$stage" = all ]; then
     done
   fi
   if [ "$gpus" -ge 2 ]; then
-    # A/B: the same few-shot steps with every all-reduce through NCCL.
+    # For comparison: the same few-shot steps with every all-reduce through NCCL.
     "$B/bin/bench_decode" --tensor-parallel 2 --workloads fewshot --nccl-all-reduce \
       > "$OUT/bench_tp2_nccl.log" 2>&1 || status=$?
     grep -E '^fewshot' "$OUT/bench_tp2_nccl.log" | sed 's/^/NCCL all-reduces: /' | tee -a "$OUT/summary.txt"

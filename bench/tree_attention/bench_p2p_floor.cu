@@ -7,8 +7,8 @@
 //  - empty: the launch floor (no barrier);
 //  - barrier: detail::p2p_block_barrier (release stores of the call's number into every rank's
 //    flags, then acquire polling of the own flags);
-//  - barrier + fence: the same with __threadfence_system() before the release stores, as the
-//    barrier was until 2026-11-28;
+//  - barrier + fence: the same with __threadfence_system() before the release stores (what the
+//    fence would cost; the barrier's release/acquire pairs do without it);
 //  - combine P: the sequence-parallel combine itself (detail::enqueue_p2p_combine: its
 //    barrier, then every rank's LSE and O of P (query, q head) pairs pulled and merged, the
 //    output written in fp16), P / 32 queries of 32 q heads, head_dim 128, on its own
@@ -45,8 +45,7 @@ struct Args {
   uint32_t* counters = nullptr;
 };
 
-// p2p_block_barrier with a system-scope fence before the release stores (its form until
-// 2026-11-28).
+// p2p_block_barrier with a system-scope fence before the release stores (for comparison).
 __device__ __forceinline__ void barrier_fenced(const Args& a) {
   __shared__ uint32_t call;
   const int b = blockIdx.x;

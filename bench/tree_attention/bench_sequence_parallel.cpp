@@ -20,13 +20,13 @@
 // (the rank that finished its local work last), local = step - combine.
 //
 // `--wide-always` / `--no-wide` set the wide kernel's mode (TreeAttentionLimits::wide_kernel:
-// kAlways / kOff; default kAuto) for the one-GPU launch and every rank alike (A/B);
+// kAlways / kOff; default kAuto) for the one-GPU launch and every rank alike;
 // `--split-cost blocks` weighs the split's items by stage 1's block model
-// (SequenceParallelCost::kBlocks) instead of tokens x rows (A/B). `--step-only` records no event
+// (SequenceParallelCost::kBlocks) instead of tokens x rows. `--step-only` records no event
 // between a rank's local work and its combine, so the combine's programmatic launch can
 // overlap the local merge as in a real step (the local / combine split then reads 0).
 // `--no-pair-shards` leaves the shards of a plan the builder did not pair unpaired (the split's
-// pair_heads 0; A/B).
+// pair_heads 0).
 //
 // usage: bench_sequence_parallel [--world N] [--reps N] [--filter SUBSTR] [--no-flush]
 //        [--json PATH] [--nccl-combine] [--wide-always | --no-wide] [--split-cost rows|blocks]
@@ -42,6 +42,7 @@
 
 #include "bench/tree_attention/bench_util.h"
 #include "kernels/attention_plan.h"
+#include "kernels/detail/tree_attention_launch.h"
 #include "kernels/sequence_parallel.h"
 #include "kernels/sequence_parallel_attention.h"
 #include "kernels/testing/gpu_attention_harness.h"
@@ -63,11 +64,11 @@ struct Options {
   bool flush_l2 = true;
   std::string filter;
   std::string json_path;
-  bool nccl_combine = false;  // force the NCCL combine (A/B of the peer-to-peer one)
+  bool nccl_combine = false;  // force the NCCL combine (to compare with the peer-to-peer one)
   TreeAttentionLimits::Wide wide = TreeAttentionLimits::Wide::kAuto;
   SequenceParallelCost split_cost = SequenceParallelCost::kTokensRows;
   bool step_only = false;   // no local-done event (local / combine not split)
-  bool pair_shards = true;  // the split pairs an unpaired plan's shards (off: A/B)
+  bool pair_shards = true;  // the split pairs an unpaired plan's shards
 };
 
 // The workspace limits for plans, with the wide kernel's mode from the options.

@@ -1,5 +1,6 @@
-// bench_tree_attention: the tree-attention kernels on DESIGN.md's kernel-shape and decoding
-// workloads, one layer, fp16, Llama-3-8B heads (32 q / 8 kv, head_dim 128) and GQA 1 (32/32).
+// bench_tree_attention: the tree-attention kernels on the kernel-shape and decoding workloads
+// (kernels/testing/random_tree.h), one layer, fp16, Llama-3-8B heads (32 q / 8 kv, head_dim
+// 128) and GQA 1 (32/32).
 // Per case: median kernel time (stage 1 + merge, L2 flushed before each repetition), the IO
 // lower bound (unique KV bytes / device-to-device copy bandwidth measured in this run), the
 // achieved unique-KV bandwidth, the prefix-unaware baseline (per-query split-KV flash
@@ -25,14 +26,14 @@
 //                             [--order kv|mixed|plan|longest|interleaved]   (launch order of the
 //                             items)
 //                             [--table fixed|packed|none]  (token table layout the workspace
-//                                                          allows; A/B; --no-token-table = none)
+//                                                          allows; --no-token-table = none)
 //                             [--grid]   (bucketed grids reading the header on the device, as
 //                                         the engine's CUDA graphs launch)
 //                             [--graph]  (--grid, each launch captured once into a CUDA graph
 //                                         and the graph replayed, as the engine's decode step
 //                                         runs it; timed on the graph's stream)
-//                             [--no-decode-kernel]  (stage 1 runs every plan: A/B of
-//                                                   TreeAttentionLimits::decode_kernel)
+//                             [--no-decode-kernel]  (stage 1 runs every plan: the comparison
+//                                                   for TreeAttentionLimits::decode_kernel)
 //                             [--depth-slots]  (runs start at slot depth % page size, as the
 //                                              server's KV cache lays them out; default: a
 //                                              random first slot per run)
@@ -79,6 +80,7 @@
 
 #include "bench/tree_attention/bench_util.h"
 #include "kernels/attention_plan.h"
+#include "kernels/detail/tree_attention_launch.h"
 #include "kernels/testing/gpu_attention_harness.h"
 #include "kernels/testing/random_tree.h"
 #include "kernels/tree_attention.h"
@@ -105,7 +107,7 @@ struct Options {
   bool balance_tiles = true;  // AttentionPlanConfig::balance_query_tiles (--no-balance-tiles)
   double items_per_sm = 0;
   AttentionPlanConfig::ItemOrder item_order = AttentionPlanConfig::ItemOrder::kKvMajor;
-  // Token table layout the workspace allows (A/B): "fixed" (fixed stride, the default), "packed"
+  // Token table layout the workspace allows: "fixed" (fixed stride, the default), "packed"
   // (sized so only the packed layout fits) or "none" (stage 1 resolves its tokens itself).
   std::string table = "fixed";
   bool decode_kernel = true;  // TreeAttentionLimits::decode_kernel

@@ -38,8 +38,8 @@ inline double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// Device-to-device copy bandwidth of the current device, bytes read + written per second (as
-// the issues quote it): median of `reps` 1 GiB copies after two warm-ups.
+// Device-to-device copy bandwidth of the current device, bytes read + written per second:
+// median of `reps` 1 GiB copies after two warm-ups.
 inline double copy_bandwidth(int reps = 10) {
   const size_t bytes = size_t(1) << 30;
   void *a, *b;

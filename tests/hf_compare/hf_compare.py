@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """treeserve's CUDA engine vs Hugging Face transformers on a randomly initialised model of a
-real shape (default Llama-3-8B, configs/models/llama-3-8b.json): issue 6's "Done when".
+real shape (default Llama-3-8B, configs/models/llama-3-8b.json): the engine's accuracy check at
+full scale.
 
 On a GPU machine with torch + transformers (no internet needed):
   1. builds LlamaForCausalLM from the shape with a fixed seed, directly on the GPU in fp16
