@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-GPU check and benchmark pass (issues 5 and 6), from the repo root of a GPU machine:
+# One-GPU check and benchmark pass, from the repo root of a GPU machine:
 #   bench/gpu_check.sh [tests|sanitize|e2e|bench|ncu|all] [BUILD_DIR]  (default: all build)
 # tests: every GPU test binary (label gpu: kernels, backend vs CPU, graphs vs eager, sampling);
 # sanitize: compute-sanitizer memcheck on the backend tests (graphs, forked trees, row
@@ -16,8 +16,8 @@
 # Needs BUILD_DIR's binaries (bin/, tests/gpu/, tests/e2e/, bench/tree_attention/), its tiny
 # model (tiny-llama/) and lib/libtreeserve_spm.so; put the non-CUDA shared libraries the
 # binaries need on LD_LIBRARY_PATH. Everything goes to $OUT (default ./gpu-out): *.log,
-# *.json, summary.txt; with PACK=1 all of them packed into $OUT/gpu-check.tgz instead (the
-# device tool brings back only a few files).
+# *.json, summary.txt; with PACK=1 all of them packed into $OUT/gpu-check.tgz instead (one
+# file to copy back from a remote machine).
 set -uo pipefail
 stage=${1:-all}
 B=${2:-build}

@@ -2,9 +2,9 @@
 # ptxas's report on and fails where ptxas serialises the wgmma products (its "Potential
 # Performance Loss: wgmma.mma_async instructions are serialized ..." advisories, or an
 # injected warpgroup.arrive). Such a kernel compiles and passes the GPU tests but waits for
-# every product before issuing the next: a variant that did so (register pressure) ran the
-# wide tree plans 10-14% slower on an H100 (2026-11-26). ptxas prints these as "info", so no
-# warning flag turns them into a build error.
+# every product before issuing the next (register pressure can cause it), which makes the wide
+# tree plans markedly slower. ptxas prints these as "info", so no warning flag turns them into
+# a build error.
 # Inputs: NVCC, ROOT (the source tree), SRC, OUT (the cubin to write).
 execute_process(
   COMMAND ${NVCC} -std=c++17 -O3 -DNDEBUG -DTREESERVE_HAVE_CUDA=1 -I${ROOT} -arch=sm_90a -cubin

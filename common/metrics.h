@@ -73,7 +73,7 @@ class MetricsRegistry {
   std::vector<std::unique_ptr<Entry>> entries_;
 };
 
-// The metrics API.md names, registered once.
+// The server's metrics (the names its API documents), registered once.
 struct ServerMetrics {
   explicit ServerMetrics(MetricsRegistry* registry);
   Gauge* num_requests_running;

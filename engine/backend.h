@@ -1,7 +1,7 @@
 // Backend: the model runtime the scheduler drives, one forward per step. A backend owns the
 // weights on its device and the paged KV pool's memory (laid out per kernels/kv_layout.h;
 // kvcache/ hands out the page ids, the backend stores the bytes). Implementations: the CPU
-// reference below (float32, this folder) and, later, CUDA.
+// reference below (float32, this folder) and the CUDA backend (cuda_backend.h).
 #pragma once
 
 #include <cstdint>

@@ -23,7 +23,7 @@ struct CudaBackendOptions {
   bool bfloat16 = false;  // false: fp16
   int32_t device = 0;
   // Force the prefix-unaware baseline schedule for attention (per-query flash-decoding over
-  // each query's whole path): for A/B benchmarks only.
+  // each query's whole path): for benchmark comparisons only.
   bool baseline_attention = false;
   // Tensor parallelism over devices device .. device + tensor_parallel - 1 (NCCL; Megatron
   // sharding, engine/tensor_parallel.h). num_pages is per rank: each holds its KV heads'
@@ -41,8 +41,8 @@ struct CudaBackendOptions {
   // Replay each step shape's layer chain (embedding to LM head) as a CUDA graph: captured the
   // second time a shape (rows, logit rows, attention grid bucket) comes in a row, replayed
   // while it lasts (tensor parallel too: each rank's stream, NCCL collectives included); off
-  // under TREESERVE_PROFILE. Verified on an H100 (replays bit-identical to eager steps; the
-  // CUDA e2e suites pass either way).
+  // under TREESERVE_PROFILE. Replays are bit-identical to eager steps (the CUDA e2e suites
+  // pass either way).
   bool cuda_graphs = true;
   // GEMMs through cublasLt with the algorithm of each shape chosen by timing cublasLt's
   // candidates the first time the shape runs (engine/detail/cuda_gemm.h; the choice is shared
@@ -52,8 +52,8 @@ struct CudaBackendOptions {
   // (LtGemm::run_split_k: K cut into parts, one strided-batched GEMM writing float32 parts that
   // the residual-add + RMSNorm kernel sums in a fixed order). 0 (auto): per row bucket and
   // GEMM, 2 parts where the tuner's median for them is at least 3% below the unsplit GEMM's
-  // (measured: ~1% tuner gains moved the step either way), decided the
-  // first time the bucket runs and kept (1 without gemm_autotune); 1: never; 2..8: always that
+  // (smaller tuner gains do not carry over to the step), decided the first time the bucket
+  // runs and kept (1 without gemm_autotune); 1: never; 2..8: always that
   // many parts where they divide K into 16-byte slices. Tensor parallel: ignored.
   int32_t gemm_split_k = 0;
   // Tree attention's chunk growth (AttentionPlanConfig::max_chunk_tokens): the longest chunk
@@ -65,7 +65,7 @@ struct CudaBackendOptions {
   int32_t attention_pair_margin = 32;
   // Tree attention runs plans of only decode-shaped items (plain sequences, small trees, the
   // prefix-unaware baseline) in its decode kernel (TreeAttentionLimits::decode_kernel); false:
-  // stage 1 runs every plan (A/B).
+  // stage 1 runs every plan (for comparisons).
   bool attention_decode_kernel = true;
   // Tree attention's tail kernel (TreeAttentionLimits::tail_kernel): a plan's paired items run
   // beside stage 1's wide ones where tree_attention_tail_pays (kAuto), never, or always.

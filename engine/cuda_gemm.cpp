@@ -324,9 +324,9 @@ Status LtGemm::make_plan(const PlanKey& key, const void* x, const void* w, void*
 
 // Tunes the bucket at its top row count, on scratch x and y rows of that size (the caller's
 // hold only key.m rows): a bucket's choice runs every m of it, and a choice timed at a
-// smaller m can be a tile that covers that m but not the bucket's top (H100, bucket 32 tuned
-// at m = 20 picked 24-row tiles, and m = 30 then read every weight matrix twice: b=30 decode
-// 8.10 ms tuned vs 7.70 untuned). Without memory for the scratch rows, the call's own m.
+// smaller m can be a tile that covers that m but not the bucket's top (bucket 32 timed at
+// m = 20 can pick 24-row tiles, and m = 30 then reads every weight matrix twice). Without
+// memory for the scratch rows, the call's own m.
 Status LtGemm::tune_bucket(const Plan& plan, const PlanKey& key, int64_t bucket, const void* x,
                            void* y, cudaStream_t stream, std::span<const void* const> weights,
                            TunedGemm* chosen) {

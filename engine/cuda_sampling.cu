@@ -35,10 +35,9 @@ constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 // Blocks a row is split over where the GPU has thread-block clusters (sm_90): 8 is the
 // portable cluster size. 50 rows are 400 blocks of 512 threads (3 an SM by registers: about
-// one wave on an H100). Measured on H100 (2026-11-26; a sampled few-shot b=50 step of the
-// random-weight bench model, whose rows are flat): 50 rows in 376-396 us against 471 us with
-// one 1024-thread block a row. ncu: ~58 instructions per element and pass at 0.4 issued a
-// cycle per scheduler, so what is left is fewer or cheaper passes, not more threads.
+// one wave on 132 SMs), faster than one 1024-thread block a row on flat rows. The kernel is
+// bound by its instructions per element and pass, not by its thread count: what speeds it up
+// is fewer or cheaper passes, not more threads.
 constexpr int kCluster = 8;
 constexpr float kMinTemperature = 1e-5f;       // engine/sampling.cpp's greedy bound
 constexpr float kFixedOne = 1099511627776.0f;  // 2^40: weights (<= 1) in fixed point
@@ -317,9 +316,9 @@ __device__ void select_best_first(const float* row, int vocab, unsigned long lon
         }
       } else if (a != 0) {
         // Lower digits scatter over the buckets: a reduction per distinct bucket would run
-        // one after another (ncu: 36% of the kernel), plain atomics rarely collide (summing
-        // the lanes of a bucket first where a warp's fall in at most 4 buckets measured 1.6x
-        // slower on flat rows). Integer sums, so the order does not change the result.
+        // one after another, while plain atomics rarely collide (summing the lanes of a
+        // bucket first, even where a warp's lanes fall in at most 4 buckets, is slower on flat
+        // rows). Integer sums, so the order does not change the result.
         atomicAdd(&s.hist[bucket], a);
       }
     }

@@ -52,7 +52,7 @@ class TensorParallelBackend final : public Backend {
 
   Status init() {
     // NVLink multicast (NVLS) stays off unless the operator set it: on shared hosts it can
-    // take the GPUs out of service (see the device notes).
+    // take the GPUs out of service.
     setenv("NCCL_NVLS_ENABLE", "0", 0);
     std::vector<int> devices(static_cast<size_t>(world_));
     for (int32_t r = 0; r < world_; ++r) devices[size_t(r)] = options_.device + r;

@@ -1,5 +1,5 @@
 // Validation of a StepBatch against the pool layout: the engine writes K/V at the batch's
-// slots, so a bad slot would corrupt another branch's cache (DESIGN.md: "nothing is lost").
+// slots, so a bad slot would corrupt another branch's cache.
 #include "engine/step_batch.h"
 
 #include <algorithm>

@@ -34,8 +34,9 @@ inline constexpr int32_t kDecodeShapedRows = 16;
 
 // Stage 1's block model, as the plan builder's span simulation (and the sequence-parallel
 // split's block cost) count a block: a fixed part of this many quarter K/V tiles plus 4 a tile.
-// The fixed part, 2.75 tiles, is the H100 block trace's fit (~4.4 us a block before and after
-// its tiles, ~1.6 us a 64-token tile, for wide and decode-shaped blocks alike).
+// The fixed part, 2.75 tiles, is a fit to a traced block's time before and after its tiles
+// against its time a 64-token tile, for wide and decode-shaped blocks alike (see
+// docs/tree-attention.md).
 inline constexpr int64_t kBlockFixedQuarterTiles = 11;
 
 struct AttentionPlanConfig {
@@ -59,12 +60,12 @@ struct AttentionPlanConfig {
   // and fill the slots' waves differently; the simulation keeps the chunk where longer items
   // would lengthen the critical path. 0: no growth (the struct's default);
   // tree_attention_plan_config sets 4 x its 512-token chunk. TreeAttentionLimits::apply_to
-  // caps it at the workspace's max_item_tokens. H100, GQA 4 (README, 2026-11-26): few-shot
-  // P=4000 + 50 x 200 45 -> 36 us (1024), P=16000 + 64 x 200 109 -> 81 (2048).
+  // caps it at the workspace's max_item_tokens. Long shared prompts under many branches run
+  // fastest with longer chunks (docs/tree-attention.md).
   int32_t max_chunk_tokens = 0;
 
-  // Head pairing (a kernel's option, tree_attention.h: kTreeAttentionPairHeads): where > 1,
-  // the GPU kernel may run each decode-shaped item (a query tile of at most 16 rows) for
+  // Head pairing (a kernel's option: kTreeAttentionPairHeads, detail/tree_attention_launch.h):
+  // where > 1, the GPU kernel may run each decode-shaped item (a query tile of at most 16 rows) for
   // pair_heads kv heads in one block, each head's tiles pair_heads times shorter, which shares
   // the block's fixed part (record, table, Q, first tile's latency, epilogue) among them. Chunk
   // growth then also simulates the chunk it picks with pairing (a paired item costs the fixed
@@ -72,31 +73,23 @@ struct AttentionPlanConfig {
   // slot) and pairs where that span is at least 1 / pair_margin shorter, then tries 2 smaller
   // chunks paired; plans outside chunk growth stay unpaired. Only with the kKvMajor item order
   // (the paired items go last). 0 or 1: never (the struct's default); tree_attention_plan_config
-  // sets it at GQA >= 4. H100, GQA 4: few-shot P=4000 + 50 x 200 36.7 -> 32.4 us (chunks of
-  // 1024 -> 832), then b=20 / 30 and P=16000 + 64 x 200 (pair_margin).
+  // sets it at GQA >= 4, where the decode-shaped items' fixed part is a large share of their
+  // time.
   int32_t pair_heads = 0;
   // Pairing (whole, or with the decode-shaped units cut shorter) is kept where its simulated
   // span is at least 1 / pair_margin shorter than unpaired's (the simulation is good to about
-  // 5%). H100, GQA 4 (2026-11-26): few-shot P=4000 + 20 / 30 x 200 pair at 16 and 32
-  // (branches in pieces of 128 and 72; 24.1 -> 22.1 / 26.7 -> 25.2 us); at 32 P=16000 + 64 x
-  // 200 pairs too (80.2 / 80.8 -> 78.8 / 78.7 us, same call) and speculative t=128 pairs 5
-  // items (unchanged), while bench_decode's verify and few-shot steps were unchanged (their
-  // plans are the same at 16 and 32; bench/decode/h100-2026-11-26-pair-margin-ab.txt). Must
-  // be >= 2.
+  // 5%). 32 lets the long-prompt few-shot trees pair, whose spans shorten by a few percent,
+  // while the plans of engine decode and verify steps stay the same. Must be >= 2.
   int32_t pair_margin = 32;
   // Where > 0 and the plan pairs heads, the decode-shaped units are cut into chunks of this
   // many tokens (rounded up to whole KV tiles, split evenly) instead of the simulation's pick.
-  // 0: the builder's choice (the default). For A/B (bench_tree_attention --decode-chunk). H100,
-  // few-shot P=16000 + 64 x 200 GQA 4, same call (fifteenth session): the builder's 128 (pieces
-  // of 128 and 72) 60.2-60.5 us, 64 (64, 64, 64, 8) 61.0-61.3, 256 (whole) 64.1-64.4.
+  // 0: the builder's choice (the default). For comparisons only (bench_tree_attention
+  // --decode-chunk).
   int32_t decode_chunk_tokens = 0;
   // Paired plans list their paired items longest first (pair_decode_items' longest_first;
   // false: in kv-major order like the rest), so the kernels that hand them out in order (the
-  // wide kernel's tail units, stage 1's paired blocks) end on the short ones. H100, same
-  // binary, three rounds (bench_tree_attention --paired-kv-order for false; fifteenth session):
-  // few-shot P=16000 + 64 x 200 GQA 4 (branches in pieces of 128 and 72, run by the wide
-  // kernel's tail units) 60.2-60.5 -> 58.9-59.1 us; few-shot b=20 / 30 / 50 unchanged (their
-  // paired items are all of one length or run by stage 1 in one wave).
+  // wide kernel's tail units, stage 1's paired blocks) end on the short ones and the last
+  // units do not leave SMs idle (bench_tree_attention --paired-kv-order runs false).
   bool paired_longest_first = true;
 
   // Subtrees with at most pack_max_tokens KV tokens and one query tile of queries are read
@@ -112,10 +105,8 @@ struct AttentionPlanConfig {
   // A chunk's queries spread evenly over its query tiles (50 queries at 16 a tile: 13, 13,
   // 12, 12) instead of full tiles and a remainder (16, 16, 16, 2). Same tile count, but no
   // narrow remainder item: at GQA 4 a remainder of 2 queries is 8 rows, which the kernel runs
-  // on its slow one-slab path over the whole chunk (few-shot P=4000 + 50 x 200: those blocks
-  // took up to 29.7 us beside the wide ones' 26-30). tree_attention_plan_config sets it. H100,
-  // GQA 4 (2026-11-26, bench_tree_attention with and without --no-balance-tiles, same binary):
-  // few-shot b=20 25.2 -> 24.3 us, every other case within the run-to-run spread.
+  // on its slow one-slab path over the whole chunk, as long as a wide block.
+  // tree_attention_plan_config sets it (bench_tree_attention --no-balance-tiles turns it off).
   bool balance_query_tiles = false;
   bool greedy_grouping = true;     // false: every run is its own group (no folding)
   bool pack_subtrees = true;       // false: no masked packing of small subtrees
@@ -124,7 +115,8 @@ struct AttentionPlanConfig {
   // item's time. kKvMajor (default): by the KV position an item starts at (node, then token),
   // stable, so the query tiles that read the same chunk of a shared run are launched side by
   // side: their blocks run together and all but the first read of each KV tile hit L2 (as
-  // built, a group's chunks come first, so a tile's re-reads came a wave later, from DRAM).
+  // built, a group's chunks come first, so a tile's re-reads would come a wave later, from
+  // DRAM).
   // kPlan: as built (groups in tree order, chunks in order). kLongestFirst: by
   // cost, longest first (stable), so the long items do not start last and leave SMs idle at
   // the tail. kInterleaved: by cost, alternating from both ends (longest, shortest, second
@@ -134,9 +126,8 @@ struct AttentionPlanConfig {
   // kKvMajor order, merged in proportion to their counts, so the tensor-bound wide blocks
   // and the latency-bound narrow ones share the SMs throughout instead of running in two
   // phases (a shared run's query tiles stay within a few dozen blocks of each other).
-  // Measured on H100 (2026-11-25, bench_tree_attention --order mixed): few-shot P=16000 +
-  // 64x200 GQA 4 110 -> 104 us, GQA 1 207 -> 200, but P=4000 + 30x200 GQA 4 27.5 -> 33.8 and
-  // the tree-of-thought cases 2-5% slower, so kKvMajor stays the default.
+  // kKvMajor is the default: kKvMixed helps the longest prompts but slows the short-prompt and
+  // tree-of-thought trees (bench_tree_attention --order mixed; docs/tree-attention.md).
   enum class ItemOrder : uint8_t { kPlan, kLongestFirst, kInterleaved, kKvMajor, kKvMixed };
   ItemOrder item_order = ItemOrder::kKvMajor;
   int32_t narrow_rows = 16;  // kKvMixed: items of at most this many rows are narrow
@@ -264,8 +255,8 @@ void pair_decode_items(AttentionPlan* plan, int32_t pair_heads, bool longest_fir
 // mask, else the fewest leading set bits over its queries' mask rows; 0 where those rows lie
 // outside mask_words (a plan validate_attention_plan refuses). The GPU kernel skips the
 // per-score mask test on the whole KV tiles inside it (TreeAttentionWorkspace::upload puts it
-// in the item's record). H100 (2026-11-26): speculative t=256 over 4000 at GQA 4 76.7 -> 61.9
-// us, its long prompt chunks packed with query-tree tokens being masked items.
+// in the item's record), which matters for masked items whose long prompt chunks are packed
+// with a few query-tree tokens (speculative token trees).
 int32_t item_visible_tokens(const AttentionPlan& plan, int32_t item);
 
 // List scheduling of n items of cost c, each to a least-loaded slot, on slot loads kept in

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/detail/tree_attention_launch.h"
 #include "kernels/tree_attention.h"
 
 namespace treeserve {
@@ -45,11 +46,11 @@ AttentionPlanConfig tree_attention_plan_config(int32_t num_q_heads, int32_t num_
   c.min_split_tokens = 128;
   c.max_chunk_tokens = 4 * c.kv_chunk_tokens;  // chunk growth (AttentionPlanConfig)
   c.balance_query_tiles = true;
-  // Head pairing where the kv heads come in whole groups of the kernel's pairing, at GQA >= 4
-  // (measured there; README). At GQA 1 a simpler rule (pair where the decode-shaped blocks
-  // outnumber the slots the wide ones leave) made few-shot b=20 and two tree-of-thought cases
-  // 5-7% slower on an H100, and so did the simulation's choice (bench_tree_attention
-  // --pair-all: few-shot b=50 +4.8%, two tree-of-thought cases +7.7%).
+  // Head pairing where the kv heads come in whole groups of the kernel's pairing, at GQA >= 4,
+  // where it pays. At GQA 1 neither a simple rule (pair where the decode-shaped blocks
+  // outnumber the slots the wide ones leave) nor the simulation's choice (bench_tree_attention
+  // --pair-all) pays: few-shot and tree-of-thought trees run slower paired
+  // (docs/tree-attention.md).
   if (num_kv_heads % kTreeAttentionPairHeads == 0 && c.gqa_group_size >= 4) {
     c.pair_heads = kTreeAttentionPairHeads;
   }

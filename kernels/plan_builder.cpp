@@ -32,8 +32,8 @@ namespace treeserve {
 namespace {
 
 // ceil_div and pad skip the division where the operand fits one tile (pad also where the tile
-// is a power of two): a plan build calls them per unit and per cost-model step, and their
-// 64-bit divisions were a fifth of its time.
+// is a power of two): a plan build calls them per unit and per cost-model step, where 64-bit
+// divisions would be a large share of its time.
 int64_t ceil_div(int64_t a, int64_t b) { return a > 0 && a <= b ? 1 : (a + b - 1) / b; }
 
 // FastTree eq. 3: padding of the last tile of n elements; 0 for an empty dimension.
@@ -324,10 +324,10 @@ int64_t PlanBuilder::longest_decode_shaped_run() const {
 // With pair > 1 (head
 // pairing, AttentionPlanConfig::pair_heads) a decode-shaped item (a unit whose one query tile
 // has at most 16 rows) costs the fixed part plus ceil(tokens * pair / kv_tile_tokens) tiles
-// (its block runs pair heads, tiles pair times shorter: the H100 block trace of few-shot
-// P=4000 + 50 x 200 has such a block of 200 tokens, 13 steps of 16 tokens, take as long as a
-// wide one of 13 full tiles, 24.7 us) on 1 / pair of an item slot: the paired items,
-// longest first, go to the slots in groups of pair, each group costing its longest.
+// (its block runs pair heads, tiles pair times shorter: a paired block of a 200-token branch,
+// 13 steps of 16 tokens, takes about as long as a wide block of 13 full tiles) on 1 / pair of
+// an item slot: the paired items, longest first, go to the slots in groups of pair, each group
+// costing its longest.
 // decode_chunk > 0: decode-shaped units are cut into chunks of that many tokens instead.
 // one_wave: INT64_MAX unless every item (paired group) has a slot of its own, when the span is
 // the longest item's cost (no placement needed).
@@ -407,17 +407,13 @@ PlanBuilder::ChunkChoice PlanBuilder::choose_chunk_tokens() const {
   const int64_t target = int64_t(c_.num_sms) * std::max(1, c_.min_items_per_sm);
   if (count_items(max_tiles * tile) >= target) {
     // Growth (AttentionPlanConfig::max_chunk_tokens): the chunk among 1x, 2x, 3x and 4x whose
-    // simulated span is shortest (ties: the smaller). H100, chunks of 512 / 1024 / 2048 at
-    // GQA 4 (us): few-shot P=4000 + 50 x 200 45.3 / 36.4 / 50.3, P=16000 + 64 x 200 108.8 /
-    // 91.5 / 81.5, P=4000 + 30 x 200 27.1 / 32.3 / 47; the simulation picks 1024, 2048 and
-    // 512 there (README). 1.5x is not a candidate: the simulation favoured it for a tree of
-    // thought at GQA 1 that measured 7% slower with it. With head pairing the chosen chunk is
-    // also simulated paired (one more simulation, where the plan has decode-shaped units), and
-    // pairing is kept where its span is at least 1 / pair_margin shorter, the simulation being
-    // good to about 5% (H100, GQA 4: few-shot P=4000 + 50 x 200 at 1024 is 81 -> 75 quarter
-    // tiles and measured 36.3 -> 34.0 us; an earlier build's speculative t=128, 90 -> 86,
-    // measured 4% slower paired; at today's margin of 32 it pairs 5 items, unchanged), and so
-    // are the other candidate chunks (below).
+    // simulated span is shortest (ties: the smaller); on the benchmark trees it picks the
+    // chunk that runs fastest (docs/tree-attention.md). 1.5x is not a candidate: the
+    // simulation favours it for trees of thought at GQA 1 that run slower with it. With head
+    // pairing the chosen chunk is also simulated paired (one more simulation, where the plan
+    // has decode-shaped units), and pairing is kept where its span is at least 1 / pair_margin
+    // shorter, the simulation being good to about 5%, and so are the other candidate chunks
+    // (below).
     const int32_t base = max_tiles * tile;
     if (c_.max_chunk_tokens <= base) return {base, 1, base};  // no growth
     build_unit_runs();
@@ -447,16 +443,10 @@ PlanBuilder::ChunkChoice PlanBuilder::choose_chunk_tokens() const {
     // more than the largest chunk cuts it into. Those others, and the first two where pairing
     // at the unpaired pick is not shorter by the margin, count only where the simulation
     // places every item in one wave (at most one an item slot). Each is kept only where
-    // strictly shorter, the longest chunks tried first.
-    // H100, GQA 4: few-shot P=4000 + 50 x 200 paired at 1024 (4 chunks) 34.2 us, at 832 (5
-    // chunks: 160 wide and 100 paired blocks fill one wave) 32.4 us, simulated 75 and 63
-    // quarter tiles; + 20 / 30 x 200 24.1 -> 22.1 / 26.7 -> 25.2 us with the branches paired in
-    // pieces of 128 and 72 (bench/tree_attention/h100-2026-11-26-decode-chunk-ab.txt). The
-    // other chunks (seventeenth session, record h100-2026-11-27-session17.txt, same call):
-    // + 40 / 48 / 56 / 64 x 200 33.8 / 37.0 / 42.2 / 46.6 -> 28.3 / 30.7 / 35.0 / 37.8 us,
-    // P=8000 + 32 x 200 39.4 -> 33.3; tried without the one-wave condition they also picked
-    // plans of two waves or more that measured slower (+ 96 x 200 57.2 -> 62.9, P=8000 + 64 /
-    // 100 x 200 47.5 / 86.3 -> 48.8 / 115.7).
+    // strictly shorter, the longest chunks tried first. Example: few-shot P=4000 + 50 x 200 at
+    // GQA 4 pairs at 832 (5 chunks: 160 wide and 100 paired blocks fill one wave) rather than
+    // at 1024 (4 chunks). The one-wave condition keeps the other chunks from picking plans of
+    // two waves or more, which the simulation underrates (docs/tree-attention.md).
     int64_t longest = 0;
     const std::vector<int64_t>& runs = s_.span_unit_runs;
     for (size_t r = 0; r < runs.size(); r += 3) longest = std::max(longest, runs[r]);
@@ -531,8 +521,8 @@ PlanBuilder::ChunkChoice PlanBuilder::choose_chunk_tokens() const {
   // earlier ones end, so a count just over it (e.g. 36 for 33: 9 chunks x 4 query tiles)
   // costs a second round of chunk-long items for a few blocks. Among lo and the larger
   // chunks up to 2 lo, take the fewest waves x (KV tiles + a block's fixed cost in tiles),
-  // the larger chunk on ties (H200: P=4000 + 50 one-token branches at GQA 4, 36 items of 448
-  // tokens 39.5 us, 32 items of 512 27.5 us).
+  // the larger chunk on ties (P=4000 + 50 one-token branches at GQA 4, waves of 33: 32 items
+  // of 512 tokens in one wave, not 36 items of 448 in two).
   constexpr int64_t kItemOverheadTiles = 2;
   const int64_t wave = std::max(1, c_.num_sms);
   int32_t best = lo;
@@ -973,7 +963,7 @@ void pair_decode_items(AttentionPlan* plan, int32_t pair_heads, bool longest_fir
     // Stable by the index tie-break (the indices are ascending here): std::sort, which does not
     // allocate, where std::stable_sort would on every build. Branches decoded in step have
     // equal lengths, so the items are often in order already: checked first (O(n)), which
-    // saves the sort's ~60k instructions a build at 256 equal branches (callgrind).
+    // saves the sort on those builds.
     auto longer = [&](int32_t a, int32_t b) {
       const int32_t ta = p.item_num_tokens[size_t(a)], tb = p.item_num_tokens[size_t(b)];
       return ta != tb ? ta > tb : a < b;

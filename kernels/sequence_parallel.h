@@ -33,7 +33,7 @@ namespace treeserve {
 //  - The short runs' groups (decode branches, token trees: a node starting one group) are then
 //    dealt out costliest first, each to the rank with the least cost so far. A few-shot tree's
 //    branches, which all start after the prompt, are spread over the ranks (in KV order alone
-//    they all landed on the last rank: 2 H200s, P=32k + 64 x 200, ranks at 53 and 80 us).
+//    they would all land on the last rank and leave the others idle at the end).
 //    A rank's cost exceeds total / world by at most the costliest group.
 //  - Each shard is a valid plan on its own (validate_attention_plan): its own segments, mask
 //    words and partial slots, renumbered; its items in the plan's launch order, so a plan that
@@ -49,7 +49,7 @@ namespace treeserve {
 // How the split weighs an item.
 enum class SequenceParallelCost : uint8_t {
   kTokensRows,  // sequence_parallel_item_cost (the default)
-  kBlocks,      // sequence_parallel_block_cost (A/B: bench_sequence_parallel --split-cost blocks)
+  kBlocks,      // sequence_parallel_block_cost (bench_sequence_parallel --split-cost blocks)
 };
 
 // split_plan_for_sequence_parallel's pair_heads: where > 1 and the plan does not pair heads
@@ -57,30 +57,26 @@ enum class SequenceParallelCost : uint8_t {
 // (pair_decode_items, longest first). Pass the config's AttentionPlanConfig::pair_heads
 // (tree_attention_plan_config sets it where the kernel pairs). The plan is built for all the GPUs'
 // SMs, whose simulation may leave the branches unpaired because they would spread over every GPU's
-// slots; a rank has its own GPU's. 2 H200s, 2026-11-28: P=32k + 64 x 200 78.1 -> 64.0 us (1.59x
-// -> 1.93x one GPU; each rank's prompt pairs and 32 paired branches then run in the wide kernel),
-// P=128k + 8 x 200 the same (85.4), the plans that pair unchanged.
+// slots; a rank has its own GPU's (a long prompt under many branches: each rank's prompt pairs
+// and paired branches then run in the wide kernel). Plans that pair already are unchanged.
 Status split_plan_for_sequence_parallel(
     const AttentionPlan& plan, int32_t world, std::vector<AttentionPlan>* shards,
     SequenceParallelCost cost = SequenceParallelCost::kTokensRows, int32_t pair_heads = 0);
 
 // The split's estimate of an item's time: KV tokens x (query rows + a tile of rows), the plan
 // builder's launch-order cost (AttentionPlanConfig::item_order): time grows with tokens x rows,
-// and a decode item of a few rows still pays about a tile's worth of per-token work (measured:
-// stage 1 is bound by each block's per-tile chain more than by DRAM).
+// and a decode item of a few rows still pays about a tile's worth of per-token work (stage 1
+// is bound by each block's per-tile chain more than by DRAM).
 int64_t sequence_parallel_item_cost(const AttentionPlan& plan, int32_t item);
 
 // Stage 1's block model, as the plan builder's span simulation costs an item (in quarter K/V
 // tiles of kSequenceParallelKvTile tokens, times the plan's pair_heads): a block's fixed part
 // (kBlockFixedQuarterTiles) plus 4 a tile of the item's tokens, whatever its rows; a paired item
 // (from paired_items_begin, where pair_heads > 1) shares its block with pair_heads - 1 others, its
-// tiles pair_heads times shorter. On 2 H100s (2026-11-28, record
-// bench/tree_attention/h100-2026-11-28-session19.txt) the default cost left P=32k + 64 x 200's
-// ranks at 53 and 86 us: it weighs a 200-token branch item 1/19 of a 2048-token prompt tile's
-// item, the block model 1/5. As the split's cost (2 H200s, 2026-11-28, record
-// h200x2-2026-11-28-session20.txt) it overshoots there: the cut moves from 32 / 96 items to
-// 40 / 88, rank 0 gets more than one wave of 2048-token blocks and the step takes 107.9 us
-// against 94.9; P=128k + 8 x 200 gains (91.0 against 93.3). So not the default: neither cost
+// tiles pair_heads times shorter. The default cost weighs a 200-token branch item 1/19 of a
+// 2048-token prompt tile's item, the block model 1/5, which is closer to the blocks' times;
+// but as the split's cost it overshoots on a long prompt under many branches (the rank with
+// the prompt gets more than one wave of 2048-token blocks). So not the default: neither cost
 // sees waves.
 constexpr int32_t kSequenceParallelKvTile = 64;
 int64_t sequence_parallel_block_cost(const AttentionPlan& plan, int32_t item);

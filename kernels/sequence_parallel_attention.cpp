@@ -118,8 +118,7 @@ Status SequenceParallelAttention::init(const std::vector<int32_t>& devices,
     }
   }
   // NVLink multicast (NVLS) stays off unless the operator set it: on shared hosts it can take
-  // the GPUs out of service (see the device notes); these all-reduces are far too small to
-  // gain from it.
+  // the GPUs out of service, and these all-reduces are far too small to gain from it.
   setenv("NCCL_NVLS_ENABLE", "0", 0);
   const int world = int(devices.size());
   std::vector<ncclComm_t> comms(devices.size(), nullptr);

@@ -73,7 +73,7 @@ class SequenceParallelAttention {
 
   // The combine in use: peer to peer (one kernel per rank reading the peers' states over
   // NVLink; chosen by init when every device has peer access to every other) or NCCL.
-  // use_nccl_combine(true) forces NCCL (benchmark A/B; call it between steps only).
+  // use_nccl_combine(true) forces NCCL (benchmark comparisons; call it between steps only).
   bool peer_to_peer() const { return p2p_ && !force_nccl_; }
   void use_nccl_combine(bool force) { force_nccl_ = force; }
 

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "kernels/detail/pdl_launch.cuh"
+#include "kernels/detail/tree_attention_launch.h"
 #include "kernels/detail/tree_attention_layout.h"
 #include "kernels/detail/tree_attention_stage1.cuh"
 #include "kernels/tree_attention.h"
@@ -206,15 +207,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   // loop's first barrier orders these writes before the load of tile 2.
   for (int t = rest_begin + tid; t < it.num_tokens; t += kThreads) tok[t] = table_row(entries[t]);
   // The tail kernel's launch (Stage1Params::early_trigger). Here rather than right after the
-  // wait: there it took stage 1 from 202 to 227 registers (ptxas), as any trigger placed there.
+  // wait: a trigger placed there raises stage 1's register count (ptxas), and the tail kernel's
+  // warps fit beside two stage 1 blocks only at its present count (see the tail kernel below).
   pdl_trigger_if(p.early_trigger);
 
   constexpr int kMaxSplit = kKvTile / 16 < kWarps ? kKvTile / 16 : kWarps;
   // Items of one slab (decode branches: gqa rows) split its tiles' tokens over the 4 warps;
-  // the rest run whole 64-row tiles (wgmma on sm_90a). Measured on H100: 17-32-row items are
-  // at least as fast as whole tiles as split 2 ways (fasttree N=1,2,4,8 GQA 4 15.6 -> 13.3 us),
-  // and decode items split 4 ways match whole wgmma tiles (both bound by latency, not the
-  // tensor cores).
+  // the rest run whole 64-row tiles (wgmma on sm_90a): 17-32-row items run at least as fast in
+  // whole tiles as split 2 ways, and decode items split 4 ways match whole wgmma tiles (both
+  // bound by latency, not the tensor cores).
   if (paired) {
     attend<D, T, kWarps / kPairHeads, kTileRows, kPairHeads>(p, it, mask_words, s_q, s_k, s_v,
                                                              load_tile_paired);
@@ -235,11 +236,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
 // scores a quarter of every 64-token tile, the four states merged at the end), in a kernel of
 // its own: a 16-row query tile and no shared token table (each thread reads the entries of the
 // rows it copies from the global table, two tiles ahead, into registers), so it takes ~69 KB
-// of shared memory and at most 168 registers, and 3 blocks fit an SM where stage 1 fits 2.
-// Measured on H100 (2026-11-26): the prefix-unaware baseline's plans 10-21% faster (few-shot
-// b=50 GQA 4 168.8 -> 144.3 us). Run beside stage 1 on a second stream for the decode-shaped
-// items of mixed plans it was slower on every tree (few-shot b=50 36.1 -> 39.2 us), so mixed
-// plans stay in stage 1.
+// of shared memory and at most 168 registers, and 3 blocks fit an SM where stage 1 fits 2, so
+// it runs all-decode plans (the prefix-unaware baseline's) faster than stage 1. Mixed plans
+// stay in stage 1: their decode-shaped items run slower in this kernel beside stage 1 on a
+// second stream than in stage 1 itself.
 constexpr int kDecodeMinBlocksPerSm = 3;
 constexpr int kDecodeQRows = kDecodeShapedRows;
 template <int D>
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
 // one warp a block per (item, kv head), in a kernel small enough to run beside two stage 1
 // blocks on an SM. An SM's registers are four sub-partitions' of 16,384 and a warp takes its
 // registers from one: two 202-register stage 1 blocks (8 warps, 2 per sub-partition) leave
-// 3,072 in each, one warp of at most 96 registers (__maxnreg__; a 128-register version found
+// 3,072 in each, one warp of at most 96 registers (__maxnreg__; 128 registers would leave it
 // no room beside them). Their 2 x ~92 KB of shared memory leave ~44 KB of the SM's 228 (both
 // kernels ask for the largest carveout): room for four of these 11 KB blocks (10 KB and the 1 KB
 // every block reserves), one a sub-partition, which the launch pads so that three fit
@@ -366,9 +366,9 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
 // (V^T by ldmatrix.trans): O^T is D x 8, 32 fp32 registers at head_dim 128. One 16-token K
 // tile and one V tile, refilled by cp.async as soon as each is read (K_{t+1} while step t's
 // softmax and O^T product run, V_{t+1} while step t + 1's S^T does), so a warp keeps about one
-// step's K/V in flight in 10 KB. The ninth session's form (a two-stage ring of K and V, a P
-// scratch, a padded Q: 19 KB) fit two beside stage 1; 3 or 5 stages fit fewer and were
-// slower, and so was a CUDA-core version (reductions by shuffles, 128 registers).
+// step's K/V in flight in 10 KB. One stage of each is what lets four warps fit beside stage 1:
+// a two-stage ring with a P scratch and a padded Q (19 KB) fits two, deeper rings fewer, and
+// MMAs keep the warp within its 96 registers where CUDA-core reductions by shuffles need 128.
 constexpr int kTailRows = 8;
 constexpr int kTailTok = 16;
 template <int D>
@@ -414,8 +414,8 @@ __device__ __forceinline__ void tail_unit(const Stage1Params& p, const PlanHeade
 
   for (int row0 = 0; row0 < num_rows; row0 += kTailRows) {
     // Pool rows of tokens [32 k, 32 k + 32): lane i holds token 32 k + i's (rows_cur), and the
-    // next 32 tokens' table entries are in flight (ent_next). (All of a window's rows read at
-    // once into shared memory measured slower: H100, ninth session.)
+    // next 32 tokens' table entries are in flight (ent_next). (Registers, not shared memory:
+    // staging a window's rows in shared memory is slower; docs/tree-attention.md.)
     int32_t rows_cur = lane < num_tokens ? pool_row(__ldg(entries + lane)) : 0;
     int32_t ent_next = 32 + lane < num_tokens ? __ldg(entries + 32 + lane) : 0;
     // Copies step t's K (k) or V rows into their tile (zeros past the item), one commit group.
@@ -586,8 +586,8 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
 
 // The wide kernel (TreeAttentionLimits::wide_kernel; eager launches at head_dim 128): the
 // plan's leading pairs of wide items over the same tokens (tree_attention_wide_pairs) in
-// FlashAttention-3's shape, prototyped in bench_wide_ws_prototype (design log, eleventh
-// session). One block of three warpgroups an SM, each looping over units (pair, kv head):
+// FlashAttention-3's shape (warp-specialized: a producer warp and two consumer warpgroups).
+// One block of three warpgroups an SM, each looping over units (pair, kv head):
 //  - warpgroups 1 and 2 (consumers) each run one item of the pair: its query tile (GQA heads
 //    as rows) by stage 1's pipelined wgmma step (S_{t+1} and P_t V_t in flight together, the
 //    softmax of t + 1 under P_t V_t), both reading every K/V tile of one ring of kWideStages
@@ -603,11 +603,10 @@ __global__ void __maxnreg__(96) tree_attention_tail(Stage1Params p, int32_t tail
 //    that the grid's last block resets), so the branches' work ends about together.
 // Registers (setmaxnreg): warpgroup 0 keeps 152 a thread, the consumers take 176, of the
 // launch's 168, and give them back to 152 before their tail units (ptxas: nothing spills at
-// 152 / 176 or 136 / 184; 28 bytes at 120, once a tail unit, none in its step loop). H100,
-// P=16000 + 64 x 200 GQA 4, same calls (fifteenth session): 152 / 176 58.8-59.1 us, 120 / 176
-// 59.9-60.3, 120 / 192 61.2-61.5, 168 / 168 59.6-59.8, 136 / 184 59.3-59.7. The split must keep
-// 152 + 2 x 176 <= 3 x 168, the pool the launch holds: a larger request makes setmaxnreg.inc wait
-// forever (a hang, not an error; fourteenth session), which kWideLaunchRegs' static_assert guards.
+// 152 / 176; warpgroup 0 spills at 120). Of the splits that do not spill, 152 / 176 is the
+// fastest (docs/tree-attention.md). The split must keep 152 + 2 x 176 <= 3 x 168, the pool the
+// launch holds: a larger request makes setmaxnreg.inc wait forever (a hang, not an error),
+// which kWideLaunchRegs' static_assert guards.
 // Shared memory: two Q tiles, the ring, three tail warps' 10 KB, the header (227 KB in all).
 constexpr int kWideStages = 5;
 constexpr int kWideThreads = 384;
@@ -737,11 +736,8 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       named_sync(1, kRingUsers);
     }
     // Every warp reaches the tail units through the one call site below, so one inlined copy
-    // of tail_unit. Warpgroup 0's two copies (the producer's and the tail warps') spilled at
-    // 136 registers a thread and were slower (H100, P=16000 + 64 x 200 GQA 4: 61.3 -> 60.0-60.2
-    // us with one, same call; fourteenth session); the consumers' own copy folded in too took
-    // the kernel's code from 142,848 to 108,672 bytes at the same speed (60.1-60.2 us against
-    // 60.1-60.2, three rounds; fifteenth session).
+    // of tail_unit: a copy per role (the producer's, the tail warps', the consumers') makes
+    // warpgroup 0 spill and the kernel's code about a third larger, for no speed.
     tail_slot = warp == 0 ? ring_slot(8) : s_tail + (warp - 1) * tail_smem_bytes<D>();
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWideConsumerRegs));
@@ -1389,9 +1385,9 @@ bool tree_attention_runs_wide(const TreeAttentionWorkspace& workspace, int32_t n
   }
   if (mode == TreeAttentionLimits::Wide::kAlways) return true;
   // kAuto: not where stage 1 would run items after it (a chunk's odd query tile), a launch of
-  // its own after the wide kernel's (H100, GQA 4: few-shot P=4000 + 80 x 100 67.5 us with it,
-  // 39.5 unpaired; seventeenth session, record h100-2026-11-27-session17.txt): the counts'
-  // rule asks for pairs covering the items before the paired ones, or all of them.
+  // its own after the wide kernel's, which makes such plans slower than running unpaired in
+  // stage 1 alone: the counts' rule asks for pairs covering the items before the paired ones,
+  // or all of them.
   return workspace.uses_token_table() && auto_kernels(workspace, num_kv_heads).wide;
 }
 

@@ -1,7 +1,7 @@
 // Tokenizer: a sentencepiece tokenizer.model (Llama-2 / Mistral style) behind a
 // small Status-returning API. All sentencepiece code lives in libtreeserve_spm.so,
 // loaded at run time with dlopen(RTLD_DEEPBIND) so its bundled protobuf runtime is
-// isolated from gRPC's (DESIGN.md). The shim is searched in: $TREESERVE_SPM_SHIM
+// isolated from gRPC's. The shim is searched in: $TREESERVE_SPM_SHIM
 // (a file or a directory), the directory of the running executable and its ../lib,
 // then the build tree it was compiled in.
 #pragma once

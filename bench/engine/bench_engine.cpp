@@ -63,7 +63,7 @@ std::vector<int32_t> tokens(int32_t n, uint64_t seed, int64_t vocab) {
   return out;
 }
 
-// One backend + KvCache, driven the way the scheduler will.
+// One backend + KvCache, driven the way the scheduler drives them.
 struct Engine {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<KvCache> kv;

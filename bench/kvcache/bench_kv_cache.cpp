@@ -1,5 +1,5 @@
 // bench_kv_cache: CPU time of KvCache's hot paths, page size 16, on one core.
-// Targets (issue 3): prefix match + insert of 4k-token prompts >= 20 M tokens/s; append one
+// Targets: prefix match + insert of 4k-token prompts >= 20 M tokens/s; append one
 // token to each of 1,000 branches <= 100 us; attention view for 256 leaves over a 4k-token
 // shared prefix <= 50 us. Each benchmark names its target in a counter so a run prints the
 // figure next to the bound it must meet; fork 64 ways has no target and is reported as is.

@@ -1,6 +1,7 @@
-// bench_plan: CPU time to build an attention plan for the DESIGN.md shapes (target: <= 50 us
-// for 256 leaves over a 4k prefix on one core), and the CPU plan executor on a small case
-// next to the naive reference (the baseline in the same binary). Counters report the plan's
+// bench_plan: CPU time to build an attention plan for the benchmark workload shapes
+// (kernels/testing/random_tree.h; target: <= 50 us for 256 leaves over a 4k prefix on one
+// core), and the CPU plan executor on a small case next to the naive reference (the baseline
+// in the same binary). Counters report the plan's
 // size: work items, partials, mask words, groups after greedy assignment, the longest item
 // (tokens) and the paired items. The *Server cases build with the server's config.
 #include <benchmark/benchmark.h>

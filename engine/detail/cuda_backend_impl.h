@@ -238,10 +238,8 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   // GEMM has rows enough to fill the GPU unsplit). The top of a gemm_rows_bucket.
   static constexpr int64_t kSplitMaxRows = 256;
   // Auto splits only where the tuner's median for 2 parts is at least 3% below the unsplit
-  // GEMM's: decode steps with and without split-K, interleaved on an H100 (2026-11-25), moved
-  // by up to 0.1 ms either way where the tuner saw ~1% (few-shot b=50: O 17.3 vs 17.4 us, step
-  // 7.93 vs 7.85 ms), and gained where it saw more (speculative t=32, down 46.2 vs 48.4 us:
-  // 7.11 vs 7.36 ms).
+  // GEMM's: a gain of about 1% in the tuner is within the step's noise and can move the step
+  // either way, while larger gains carry over to it.
   static constexpr float kSplitMargin = 0.97f;
 
   // The layer chain from a graph: replayed when this shape has one; captured when the shape

@@ -61,10 +61,9 @@ struct TunedGemm {
 // 64 up to 1024, to a power of two beyond. A server sees every row count from 1 to
 // max_step_rows; tuning each would cost tens of milliseconds a shape each time, while the
 // best tile changes slowly with m. Every m of a bucket runs the algorithm tuned at the
-// bucket's top, so a bucket must be narrow next to the tiles (H100, 2026-11-25): with buckets
-// of 128 rows from 129 on, 129 rows ran the tiles chosen for 256 (128 rows wide: every weight
-// matrix read twice; speculative t=128 decode step 11.2 ms instead of 9.0), and with buckets
-// of 64 rows 257 rows ran 320's (LM head 507 us against 463 tuned at 257).
+// bucket's top, so a bucket must be narrow next to the tiles: with buckets of 128 rows from
+// 129 on, 129 rows would run the tiles chosen for 256 (128 rows wide: every weight matrix read
+// twice), and with buckets of 64 rows past 256, 257 rows would run 320's tiles.
 int64_t gemm_rows_bucket(int64_t m);
 
 class LtGemm {
@@ -77,7 +76,7 @@ class LtGemm {
   // On `device` (current when called): a cublasLt handle; `workspace` (workspace_bytes,
   // shared with the cuBLAS handle `fallback`, which must use the same stream as run()'s
   // calls) and `fallback` stay the caller's. autotune false: every run() is cublasGemmEx
-  // with CUBLAS_GEMM_DEFAULT (what the backend did before this class).
+  // with CUBLAS_GEMM_DEFAULT (cuBLAS's default choice).
   Status init(int32_t device, cublasHandle_t fallback, void* workspace, size_t workspace_bytes,
               bool autotune);
 

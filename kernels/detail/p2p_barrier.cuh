@@ -9,9 +9,8 @@
 // flags[b][r] with a system-scope release store (what this rank wrote before, the buffer the
 // peers will read, is visible to a peer that acquires the number) and waits until its own
 // flags[b][s] carry the number for every s, with acquire loads. Release and acquire are all
-// this message passing needs; the __threadfence_system() (fence.sc.sys) the barrier had before
-// its release stores cost 1.3-1.7 us a call on 2 H200s (bench_p2p_floor, two machines: 10.8 ->
-// 9.5 and 11.5 -> 9.8 us).
+// this message passing needs; a __threadfence_system() (fence.sc.sys) before the release
+// stores would add more than a microsecond a call (bench_p2p_floor).
 // Since blocks meet by index and call number, every rank must launch the same number of blocks
 // on every call, and call as many times. A peer that never arrives (its rank failed) traps the
 // kernel after ~10 s instead of hanging.

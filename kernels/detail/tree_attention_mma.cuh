@@ -20,10 +20,8 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 // 16-byte async copy; src_bytes = 0 fills the destination with zeros (tile tails, pad rows).
 // .L2::128B: a miss fetches the whole 128-byte line into L2, so the copies of a K/V row's other
-// 16-byte chunks (the row is 256 bytes at head_dim 128) find it there. H100, same binary
-// against the plain copy, alternating (bench/tree_attention/h100-2026-11-26-session7-ab.txt):
-// 1-5% faster on almost every bench case (few-shot P=4000 + 50 x 200 GQA 4 32.1 -> 31.1 us),
-// the baseline's decode kernel 0-3%; .L2::256B was slower at GQA 4 (P=16000 +4%).
+// 16-byte chunks (the row is 256 bytes at head_dim 128) find it there; faster than the plain
+// copy on the tree plans and the baseline's alike. .L2::256B is slower at GQA 4.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
@@ -129,8 +127,7 @@ __device__ __forceinline__ void pack_p(const float (&s)[kN][4], int kk, uint32_t
 // byte offset 1024: between 8-row groups of 128-byte rows; the swizzle mode). Shared addresses
 // are below 2^18, so a byte offset inside a tile (a multiple of 16) adds its >> 4 to the low
 // word without carrying into the leading-dimension field: each k-step's descriptor is one add
-// (building each from its address took five instructions more a wgmma: H100, thirteenth
-// session, P=16000 + 64 x 200 GQA 4 62.1-62.5 -> 60.8-61.3 us).
+// (building each from its address takes five instructions more a wgmma).
 __device__ __forceinline__ uint32_t sw128_desc_lo(uint32_t addr, uint32_t lbo) {
   return ((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16);
 }
@@ -153,7 +150,7 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 // Shared-memory mbarriers (sm_90): a ring's "full" and "empty" barriers between a producer
-// warp and consumer warpgroups (the wide kernel; bench_wide_ws_prototype).
+// warp and consumer warpgroups (the wide kernel).
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
 }
@@ -296,8 +293,8 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&
 // P_0 already in pa0: step(t, cur, nxt) for t < n - 1 (P_t in cur, P_{t+1} packed into nxt),
 // the buffers alternating two steps at a time (a copy would let ptxas coalesce them and
 // serialise the products), then last(P_{n-1}).
-// Stage 1, the wide kernel's consumers and bench_wide_ws_prototype run their steps by it (PA:
-// the P buffers' type, uint32_t[4][4] for 64-token tiles, [8][4] for the prototype's 128).
+// Stage 1 and the wide kernel's consumers run their steps by it (PA: the P buffers' type,
+// uint32_t[4][4] for 64-token tiles, [8][4] for 128-token ones).
 template <typename PA, typename Step, typename Last>
 __device__ __forceinline__ void run_tile_steps(int n, PA& pa0, PA& pa1, Step&& step, Last&& last) {
   int t = 0;

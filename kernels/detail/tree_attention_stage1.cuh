@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "kernels/detail/tree_attention_launch.h"
 #include "kernels/detail/tree_attention_layout.h"
 #include "kernels/detail/tree_attention_mma.cuh"
 #include "kernels/tree_attention.h"
@@ -20,18 +21,16 @@ namespace treeserve::detail::ta {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileRows = kTreeAttentionTileRows;  // 16 rows per warp
-// 64-token tiles, double-buffered: 2 blocks (8 warps) per SM at ~90 KB of shared memory and
-// 218 registers (head_dim 128, no spills; ptxas, 2026-11-26). Measured on H100 (mma.sync,
-// before wgmma) the same as 32-token tiles 4 deep for the tree plans, and faster for
-// decode-shaped items (4-way token split needs 64-token tiles); 32-token tiles 3 deep at 3
-// blocks per SM (168 registers) were 5-20% slower. wgmma's scores tile (m64n64) and swz()
+// 64-token tiles, double-buffered: 2 blocks (8 warps) per SM at ~90 KB of shared memory
+// (head_dim 128, no spills). For the tree plans they run as fast as 32-token tiles 4 deep, and
+// faster for decode-shaped items (the 4-way token split needs 64-token tiles); 32-token tiles
+// 3 deep at 3 blocks per SM (168 registers) are slower. wgmma's scores tile (m64n64) and swz()
 // assume 64.
 constexpr int kKvTile = 64;  // tokens per K/V tile
-// Two stages at 2 blocks per SM beat 3, 4 and 6 stages at 1 block per SM on every bench case
-// (H100, with wgmma: e.g. few-shot b=50 GQA 4 46 vs 59 us): a block is mostly ramp (plan,
-// table, first tiles) and two blocks interleave theirs. Three stages at 2 blocks per SM (Q held
-// in registers, its buffer the third stage) measured no better: -1% on few-shot b=50 and
-// P=16000, +3-5% on small trees (H100, 2026-11-25).
+// Two stages at 2 blocks per SM rather than 3, 4 or 6 stages at 1 block per SM: a block is
+// mostly ramp (plan, table, first tiles) and two blocks interleave theirs. A third stage at 2
+// blocks per SM (Q held in registers, its buffer the third stage) gains nothing on long
+// prompts and slows small trees.
 constexpr int kStages = 2;  // K/V tiles resident (kStages - 1 in flight)
 constexpr int kMinBlocksPerSm = kTreeAttentionStage1BlocksPerSm;
 // Kv heads a block runs a paired (decode-shaped) item for (AttentionPlan::pair_heads).
@@ -309,10 +308,9 @@ __device__ __forceinline__ void record_block_trace(const Stage1Params& p, uint64
 
 // Lazy rescaling (FlashAttention-4's), in softmax_tile and the tail units: a row's running
 // max moves only where a score passes it by more than this (base 2), so once the first tiles
-// set it O is seldom rescaled (at random scores, as the bench's, most steps rescaled before);
-// probabilities stay below 2^8, which fp16 / bf16 P and the fp32 sums hold exactly as well.
-// H100, P=16000 + 64 x 200 GQA 4 with the wgmma descriptors' one add each (thirteenth session,
-// bench/tree_attention/h100-2026-11-27-session13.txt): 62.1-62.7 -> 60.7-62.1 us.
+// set it O is seldom rescaled (at random scores, as the bench's, eager rescaling would rescale
+// most steps); probabilities stay below 2^8, which fp16 / bf16 P and the fp32 sums hold
+// exactly as well.
 constexpr float kRescaleSlack = 8.f;
 
 // One row's lazy-rescaling step: cand is the row's max over a tile's scores (scaled, base 2).
@@ -417,9 +415,9 @@ __device__ __forceinline__ void rescale_o(float (&o_acc)[D / 8][4], const float 
 // earlier, are waited for. The caller has committed the group {Q, K_0, V_0}. Scores: D / 16
 // k-steps of 16 head dims (32 bytes inside a 128-byte swizzled row; steps 4-7 in the second
 // column half); P V: k-steps of 16 tokens (2048 bytes of V rows), V MN-major (head dims
-// contiguous), its two 64-column halves kSwzHalfBytes apart. Measured on H100 against the
-// unpipelined loop (S, softmax, P V per tile), same run: 1-3% faster on the cases with wide
-// items (speculative t=256 GQA 4 89.3 -> 87.3 us), none slower.
+// contiguous), its two 64-column halves kSwzHalfBytes apart. The pipelined loop is faster than
+// an unpipelined one (S, softmax, P V per tile) on plans with wide items, and no slower on the
+// others.
 // The partial of the item's row r (kv head `head`) from this thread's accumulator row i of
 // o_acc (columns 8 j + 2 (lane % 4) + {0, 1}), normalised by the row's summed softmax
 // denominator sum; LSE (base 2) by the row's quad leader. A row that saw nothing gets O = 0,
@@ -662,7 +660,7 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
     // block merges the kSplit states of every row and writes the partials coalesced.
     // Floats per parked row. A half-warp's float2 stores cover rows lane/4 (4 of them) x
     // column pairs lane%4: with D + 8 the rows start 4 eight-byte slots apart, so the 16
-    // stores hit 16 different slot pairs (ncu measured 3.3-way conflicts with D + 4).
+    // stores hit 16 different slot pairs (with D + 4 they conflict about 3 ways).
     constexpr int kStride = D + 8;
     static_assert(kWarps * 16 * (kStride + 2) * 4 <= 2 * kStages * kKvTile * D * 2,
                   "the parked states fit in the idle K and V buffers");

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/attention_cpu.h"
+#include "kernels/detail/tree_attention_launch.h"
 
 namespace treeserve::testing {
 namespace {

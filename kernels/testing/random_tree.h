@@ -1,7 +1,7 @@
 // Builders of AttentionViews for tests and benchmarks: a generic builder from a tree given in
 // any parent-first order (it produces the contract's preorder, query order, query ranges and
 // a shuffled page assignment), random trees mixing decode, causal prefill chunks and
-// speculative token trees, and the DESIGN.md workload shapes (FastTree N/C trees, few-shot
+// speculative token trees, and the benchmark workload shapes (FastTree N/C trees, few-shot
 // prompting, Medusa-like speculative token trees over a long prefix).
 #pragma once
 

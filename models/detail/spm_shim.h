@@ -1,7 +1,7 @@
 // The C ABI of libtreeserve_spm.so, the only code that touches sentencepiece.
 // tokenizer.cpp dlopen()s the shim with RTLD_DEEPBIND so that sentencepiece's
-// bundled protobuf runtime never meets gRPC's protobuf (DESIGN.md, "Isolation of
-// awkward headers"). Plain C types only; buffers the shim returns are malloc'ed by
+// bundled protobuf runtime never meets gRPC's protobuf (two protobuf runtimes in one
+// symbol namespace clash). Plain C types only; buffers the shim returns are malloc'ed by
 // the shim and released with treeserve_spm_free_buffer.
 #pragma once
 

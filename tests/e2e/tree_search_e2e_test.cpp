@@ -326,9 +326,9 @@ TEST_F(TreeSearchApi, CancelAndDeadlinePruneWhatTheSearchMade) {
   // Cancelled mid-search: the client scores level 1, keeping a thought that did not end (so
   // level 2 must generate), and cancels at once. The server is then reading those scores or
   // generating level 2, and depth 3 makes it wait for level 2's scores, which never come, so
-  // the search cannot complete before it sees the cancel. (The cancel used to come 150 ms after
-  // the start: on an H100 the whole search, whose 1500-token thoughts of the 512-token tiny
-  // model mostly end early with EOS, had finished by then and rightly kept its leaves.)
+  // the search cannot complete before it sees the cancel. (A cancel after a fixed delay would
+  // not do: on a fast GPU the whole search, whose 1500-token thoughts of the 512-token tiny
+  // model mostly end early with EOS, can finish first and rightly keep its leaves.)
   SearchRun cancelled = client_->search(
       start(t, 4, 1, 3, 64, v1::SCORE_CLIENT),
       [](const v1::TreeSearchLevel& level) -> std::optional<v1::TreeSearchRequest> {

@@ -148,7 +148,7 @@ TEST_F(CpuBackendTest, TreeOfEightBranchesMatchesEachSequenceAlone) {
   for (int i = 0; i < kBranches; ++i) EXPECT_EQ(driver.tokens(branches[i]), seqs[i]);
 }
 
-// engine.attention = baseline (the prefix-unaware schedule for A/B measurements) computes the
+// engine.attention = baseline (the prefix-unaware schedule, for comparisons) computes the
 // same logits for a forked tree: each branch reads its whole path instead of sharing runs.
 TEST_F(CpuBackendTest, BaselineAttentionScheduleMatchesTheReference) {
   constexpr int32_t kPage = 4, kPages = 64, kBranches = 4;

@@ -1,6 +1,6 @@
 // The CPU backend against Hugging Face transformers: tests/golden/tiny_llama_golden.json,
 // written by tests/golden/make_golden.py (its docstring describes the fields). Max abs logit
-// error <= 1e-3 and identical greedy continuations (issue 4), and the tree case: 8 suffixes
+// error <= 1e-3 and identical greedy continuations, and the tree case: 8 suffixes
 // forked from one shared prompt, all in one batch, give each sequence's own logits.
 // The environment variable TREESERVE_GOLDEN_JSON overrides the file (e.g. a freshly made one).
 #include <gtest/gtest.h>

@@ -4,7 +4,7 @@
 Loads the tiny model (built by the CMake target tiny_model into <build>/tiny-llama) with
 transformers' LlamaForCausalLM in float32, eager attention, TF32 off, and writes
 tests/golden/tiny_llama_golden.json: the reference the CPU and CUDA engines must match
-(max abs logit error <= 1e-3, identical greedy tokens; issue 4).
+(max abs logit error <= 1e-3, identical greedy tokens).
 
 Token ids come from tests/golden/golden_inputs.json, produced on the build machine by the
 repo's own tokenizer (sentencepiece via `--write-inputs`, below), so this script needs no

@@ -2,7 +2,7 @@
 // CPU plan executor on the same plan and the same dtype-rounded inputs, over random trees
 // (depth 1-10, width 1-256, runs of 1-8000 tokens, head_dim 64/128, GQA 1/4/8/16, page sizes
 // 1/16/64, causal prefill chunks and speculative token trees, so masked items), the
-// DESIGN.md workload shapes with Llama-3-8B heads, the prefix-unaware baseline plan against
+// benchmark workload shapes with Llama-3-8B heads, the prefix-unaware baseline plan against
 // the naive reference, CUDA-graph replay of a fixed-grid launch, head pairing and the tail
 // kernel, and the launcher's checks.
 // Without a CUDA device every test is skipped with a message (never a silent pass).
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/attention_plan.h"
+#include "kernels/detail/tree_attention_launch.h"
 #include "kernels/testing/gpu_attention_harness.h"
 #include "kernels/testing/random_tree.h"
 

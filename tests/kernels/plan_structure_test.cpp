@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/attention_plan.h"
+#include "kernels/detail/tree_attention_launch.h"
 #include "kernels/testing/random_tree.h"
 #include "kernels/tree_attention.h"
 #include "tests/kernels/plan_test_util.h"
@@ -272,11 +273,10 @@ TEST(PlanStructure, KvMajorOrderPutsTheQueryTilesOfAChunkSideBySide) {
 // Chunk growth (AttentionPlanConfig::max_chunk_tokens) on the kernel's config at GQA 4 (33
 // item slots a kv head): the chunk among 512, 1024, 1536 and 2048 whose items, list-scheduled
 // longest first at a block's fixed cost plus their KV tiles, end soonest. The cases are the
-// ones measured on an H100 (README, 2026-11-26): a 16000-token prompt under 64 branches of 200
-// (4 query tiles) runs fastest with 2048 (81 us against 109 at 512), a 4000-token prompt under
-// 50 branches with 1024 (36 against 45: 16 prompt items and 50 branches in one wave, where 32
-// prompt items leave 49 branches a wave of their own), and under 30 branches with 512 (27
-// against 32 at 1024).
+// benchmark's few-shot trees, each picking the chunk it runs fastest with
+// (docs/tree-attention.md): a 16000-token prompt under 64 branches of 200 (4 query tiles) 2048,
+// a 4000-token prompt under 50 branches 1024 (16 prompt items and 50 branches in one wave,
+// where 32 prompt items leave 49 branches a wave of their own), and under 30 branches 512.
 TEST(PlanStructure, ChunksGrowWhereTheSimulatedSpanShrinks) {
   AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
   config.pair_heads = 0;  // chunk growth alone (HeadPairingWhereTheSimulatedSpanShrinks)
@@ -305,7 +305,7 @@ TEST(PlanStructure, ChunksGrowWhereTheSimulatedSpanShrinks) {
   capped.max_chunk_tokens = 1024;
   EXPECT_EQ(chunk_of(long_prompt, capped), 1024);
   // GQA 1 (8 slots a kv head). FastTree's N=1,4,16 tree: growth would make its 1024-token
-  // root one item, longer than all the rest (H100: 32 us against 27), so it stays at 512.
+  // root one item, longer than all the rest (and slower), so it stays at 512.
   AttentionPlanConfig gqa1 = tree_attention_plan_config(32, 32, 128, 132);
   ASSERT_EQ(gqa1.num_sms, 8);
   EXPECT_EQ(chunk_of(testing::fasttree_case({1, 4, 16}, {1024, 256, 64}, 16, 2), gqa1), 512);
@@ -316,8 +316,8 @@ TEST(PlanStructure, ChunksGrowWhereTheSimulatedSpanShrinks) {
   // waves, shorter than five of 512.
   EXPECT_EQ(chunk_of(testing::few_shot_case(4000, 256, 1, 16, 9), config), 2048);
   EXPECT_EQ(chunk_of(testing::few_shot_case(4000, 257, 1, 16, 9), config), 1536);
-  // The engine's verify step for a 128-token tree (129 queries, H100: 8.79 -> 8.55 ms a step
-  // with 1536 over 512, two rounds each).
+  // The engine's verify step for a 128-token tree (129 queries): 1536, a shorter step than
+  // with 512.
   EXPECT_EQ(
       chunk_of(testing::speculative_case(4000, testing::medusa_like_paths(128), 16, 10), config),
       1536);
@@ -357,9 +357,9 @@ TEST(PlanStructure, EqualItemsPlacedInRoundsMatchOneByOne) {
 }
 
 // Head pairing (AttentionPlanConfig::pair_heads): tree_attention_plan_config pairs at GQA >= 4
-// with kv heads in groups of 4; the builder pairs where the simulated span is at least 1/16
-// shorter (few-shot b=50 at Llama-3-8B heads, H100: 36.3 -> 34.0 us), with the paired
-// (decode-shaped) items last and the same items as unpaired; pair_decode_items pairs any plan.
+// with kv heads in groups of 4; the builder pairs where the simulated span is shorter by the
+// margin (few-shot b=50 at Llama-3-8B heads pairs), with the paired (decode-shaped) items last
+// and the same items as unpaired; pair_decode_items pairs any plan.
 TEST(PlanStructure, HeadPairingWhereTheSimulatedSpanShrinks) {
   const AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
   ASSERT_EQ(config.pair_heads, kTreeAttentionPairHeads);
@@ -388,8 +388,8 @@ TEST(PlanStructure, HeadPairingWhereTheSimulatedSpanShrinks) {
   EXPECT_EQ(unpaired.pair_heads, 0);
   ASSERT_EQ(paired.pair_heads, kTreeAttentionPairHeads);
   EXPECT_EQ(unpaired.split_chunk_tokens, 1024);
-  // Paired, 5 chunks of 832: 160 wide and 100 paired blocks fill one wave (H100: 34.2 us at
-  // 1024, 32.4 at 832).
+  // Paired, 5 chunks of 832: 160 wide and 100 paired blocks fill one wave (shorter than 4
+  // chunks of 1024).
   EXPECT_EQ(paired.split_chunk_tokens, 832);
   ASSERT_EQ(paired.paired_items_begin, paired.num_items() - 50) << "the 50 branches, last";
   for (int32_t i = 0; i < paired.num_items(); ++i) {
@@ -404,9 +404,9 @@ TEST(PlanStructure, HeadPairingWhereTheSimulatedSpanShrinks) {
   EXPECT_TRUE(validate_attention_plan(paired, b50.num_pages).ok());
   testing::expect_plan_covers_view(paired, b50.view, config);
   // Few-shot b=20 and b=30: the wide items (chunks of 512) fill the slots, and each branch
-  // paired whole (13 tiles) would leave a long tail; cut in two (128 + 72 tokens) they pair
-  // (H100: b=20 24.1 -> 22.1 us, b=30 26.7 -> 25.2). The branches' items are the paired ones,
-  // none longer than 128 tokens; the prompt's keep the 512-token chunk.
+  // paired whole (13 tiles) would leave a long tail; cut in two (128 + 72 tokens) they pair.
+  // The branches' items are the paired ones, none longer than 128 tokens; the prompt's keep
+  // the 512-token chunk.
   for (const int32_t branches : {20, 30}) {
     const TreeCase c = testing::few_shot_case(4000, branches, 200, 16, 9);
     AttentionPlan p;
@@ -427,8 +427,8 @@ TEST(PlanStructure, HeadPairingWhereTheSimulatedSpanShrinks) {
     testing::expect_plan_covers_view(p, c.view, config);
   }
   // P=16000 + 64 x 200 simulates 5.7% shorter with its branches paired in pieces of 128 and
-  // 72: it pairs so at the default 1/32 margin (H100: 80.5 -> 78.1 us), not at 1/16. A margin
-  // under 2 is refused by name.
+  // 72: it pairs so at the default 1/32 margin, not at 1/16. A margin under 2 is refused by
+  // name.
   {
     const TreeCase c = testing::few_shot_case(16000, 64, 200, 16, 7);
     AttentionPlan p;
@@ -494,11 +494,10 @@ TEST(PlanStructure, HeadPairingWhereTheSimulatedSpanShrinks) {
   }
   // Chunks other than the unpaired pick and the two shorter cuts are simulated paired too, and
   // kept only where every item (a paired group counting one) has an item slot of its own, one
-  // wave. H100, GQA 4, same call (seventeenth session): few-shot + 40 / 48 / 56 / 64 x 200
-  // 33.8 / 37.0 / 42.2 / 46.6 -> 28.3 / 30.7 / 35.0 / 37.8 us, P=8000 + 32 x 200 39.4 -> 33.3,
-  // speculative t=64 27.7 -> 25.4 (one paired item). Without the one-wave condition + 96 x 200
-  // (2048 unpaired) and P=8000 + 64 / 100 x 200 (1024, pieces of 128) took plans of several
-  // waves that measured slower; they keep their plans.
+  // wave: few-shot + 40 / 48 / 56 / 64 x 200, P=8000 + 32 x 200 and speculative t=64 (one
+  // paired item) take such plans. Without the one-wave condition + 96 x 200 (2048 unpaired)
+  // and P=8000 + 64 / 100 x 200 (1024, pieces of 128) would take plans of several waves, which
+  // run slower; they keep their plans.
   auto slot_items = [](const AttentionPlan& p) {
     const int32_t paired = p.pair_heads > 1 ? p.num_items() - p.paired_items_begin : 0;
     return p.num_items() - paired +
@@ -1022,7 +1021,7 @@ TEST(TreeAttentionGridBucket, WideItemsPadAtMostSevenWithinTheGrid) {
   }
 }
 
-// The tail kernel's launch padding on an H100 (228 KB an SM, 1 KB reserved a block; stage 1
+// The tail kernel's launch padding on sm_90 (228 KB an SM, 1 KB reserved a block; stage 1
 // at head_dim 128 with a 2048-token table takes 92,704 bytes): three of its blocks fit beside
 // two stage 1 blocks and four do not, at any allocation granularity up to 256 bytes; no padding
 // where it would more than double the block, or where three would not fit.
@@ -1051,10 +1050,9 @@ TEST(TreeAttentionTail, LaunchPaddingFitsThreeBesideStageOne) {
 // beside the wide ones); at speculative t=128 (its wide blocks more than a wave) only the wide
 // kernel's block rule holds (it does not run there: masked items are left after its pairs,
 // tree_attention_wide_rest); the tail kernel only where
-// the wide blocks fill 3/4 of one wave (P=8000 + 40 x 100: 192 of 264, stage 1 faster;
-// P=4000 + 80 x 200: 200, the tail kernel faster), the wide kernel also where they take more
-// than a wave (P=16000 + 128 x 200: 512). H100 measurements in the design log (ninth and
-// eighteenth sessions).
+// the wide blocks fill 3/4 of one wave (P=8000 + 40 x 100: 192 of 264, where stage 1 alone is
+// faster; P=4000 + 80 x 200: 200, where the tail kernel is), the wide kernel also where they
+// take more than a wave (P=16000 + 128 x 200: 512). Timings in docs/tree-attention.md.
 TEST(TreeAttentionTail, PaysWhereThePairedBlocksWouldFormASecondWave) {
   // (wide blocks, paired blocks) at 132 SMs' 264 slots: whether each rule pays.
   struct Blocks {

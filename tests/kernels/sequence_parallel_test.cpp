@@ -17,6 +17,7 @@
 
 #include "kernels/attention_cpu.h"
 #include "kernels/attention_plan.h"
+#include "kernels/detail/tree_attention_launch.h"
 #include "kernels/testing/random_tree.h"
 #include "kernels/tree_attention.h"
 #include "tests/kernels/plan_test_util.h"
@@ -349,8 +350,8 @@ TEST(SequenceParallel, PairedPlansKeepTheirPairingInEveryShard) {
 // A few-shot tree over 2 GPUs (the plan for 264 SMs, as bench_sequence_parallel builds it): the
 // prompt's chunks are cut into contiguous ranges, the 64 branches (short runs, which all start
 // after the prompt in KV order) dealt to the least-loaded rank: 32 on each of 2 ranks (over 3
-// and 4, the ranks with more of the prompt's chunks may get none). Before, the last rank took
-// them all (2 H200s: ranks at 53 and 80 us).
+// and 4, the ranks with more of the prompt's chunks may get none). In KV order alone the last
+// rank would take them all.
 TEST(SequenceParallel, ShortRunsAreDealtToTheLeastLoadedRank) {
   const TreeCase c = testing::few_shot_case(32768, 64, 200, 16, 4);
   AttentionPlan plan;

@@ -184,8 +184,8 @@ TEST(KvCache, TruncateIntoTheSharedPathCopiesThePartialPage) {
   EXPECT_KV_HEALTHY(*cache);
 }
 
-// Regression: a rewind into the shared path used to reserve its fresh page before releasing
-// the tail, so shortening a branch failed on a full pool.
+// Regression: shortening a branch on a full pool. A rewind into the shared path releases the
+// tail before it reserves its fresh page, so it needs no free page.
 TEST(KvCache, TruncateOnAFullPoolReusesItsOwnTailPage) {
   auto cache = make_cache(3);
   const BranchId a = cache->create_branch(seq(8))->id;

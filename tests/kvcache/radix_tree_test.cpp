@@ -263,9 +263,9 @@ TEST_F(RadixTreeTest, DestructorReturnsEveryPageEvenForDeepChains) {
   EXPECT_TRUE(pool_.check_invariants().ok());
 }
 
-// Regression: nodes were destroyed by recursive unique_ptr teardown, one stack frame per
-// level; a chain of 100k nodes (a branch committed one token at a time) overflowed the stack
-// in the sanitizer build.
+// Regression: teardown of a deep tree. A chain of 100k nodes (a branch committed one token at
+// a time) must not overflow the stack, as recursive unique_ptr teardown (one stack frame per
+// level) would in the sanitizer build.
 TEST(RadixTreeDeep, TearsDownAHundredThousandLevels) {
   constexpr int32_t kDepth = 100000;
   PagePool pool(kDepth, 1);

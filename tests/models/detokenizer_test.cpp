@@ -162,8 +162,8 @@ TEST_F(DetokenizerTest, FirstPieceLosesItsDummySpaceLaterOnesKeepIt) {
 }
 
 TEST_F(DetokenizerTest, ControlIdsMidStreamKeepTheNextSpace) {
-  // Regression: a window starting at </s> used to decode "▁the" as "the" (sentencepiece
-  // strips the dummy space of the first non-control piece it sees), losing the space.
+  // Regression: a window starting at </s> must still decode "▁the" as " the" (sentencepiece
+  // strips the dummy space of the first non-control piece it sees, which would lose it).
   auto x = tok().encode("x");
   auto the = tok().encode(" the");  // "▁" "▁the" or "▁▁the": ends with a ▁-piece
   ASSERT_TRUE(x.ok() && the.ok());

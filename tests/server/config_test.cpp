@@ -106,7 +106,7 @@ TEST(Config, AttentionScheduleAndTheNoSharingPreset) {
   EXPECT_FALSE(c.engine.p2p_all_reduce);
   EXPECT_NE(config_to_json(c).find("\"p2p_all_reduce\":false"), std::string::npos);
   EXPECT_FALSE(merge_config_json(R"({"engine": {"p2p_all_reduce": "no"}})", "g.json", &c).ok());
-  // Prefix sharing off, for A/B measurements: no radix reuse and prefix-unaware attention.
+  // Prefix sharing off, for comparisons: no radix reuse and prefix-unaware attention.
   TreeserveConfig off;
   ASSERT_TRUE(
       load_config_file(std::string(TREESERVE_SOURCE_DIR) + "/configs/server/no-prefix-sharing.json",
