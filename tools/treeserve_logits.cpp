@@ -5,8 +5,14 @@
 // (tests/hf_compare/hf_compare.py) and the golden-data check of tests/tools/.
 //
 //   treeserve_logits --model DIR --ids 1,2,3 | --ids-file FILE [--backend cpu|cuda]
-//                    [--dtype auto|fp16|bf16] [--greedy N] [--vocab-limit N]
-//                    [--random-weights SEED] [--threads N] --out FILE
+//                    [--dtype auto|fp16|bf16] [--greedy N] [--vocab-limit N] [--chunk N]
+//                    [--branches FILE] [--random-weights SEED] [--threads N] --out FILE
+//
+// --chunk N prefills the prompt in steps of N tokens, as the scheduler does with
+// max_step_tokens (0: the whole prompt in one step). --branches FILE (a JSON list of token-id
+// lists) forks the prefilled prompt once per list, appends each list to its branch and runs
+// all of them in one step, as a decoding tree does: "branch_logits" holds each branch's
+// logits after its last token, for a comparison with each sequence run alone.
 //
 // Greedy steps take the full logits and pick the token as the scheduler's sampler does at
 // temperature 0 (argmax, ties to the lowest id, over the first vocab-limit ids); on the CUDA
@@ -49,6 +55,8 @@ struct Args {
   int64_t random_weights = -1;
   int32_t threads = 0;
   int32_t page_size = 16;
+  int32_t chunk = 0;
+  std::string branches_file;
   std::string out;
 };
 
@@ -90,6 +98,34 @@ StatusOr<std::vector<int32_t>> read_ids(const Args& a) {
   return parse_ids(ss.str(), a.ids_file);
 }
 
+// --branches FILE: a JSON list of non-empty token-id lists.
+StatusOr<std::vector<std::vector<int32_t>>> read_branches(const std::string& path) {
+  std::vector<std::vector<int32_t>> branches;
+  if (path.empty()) return branches;
+  std::ifstream in(path);
+  if (!in) return NotFound("--branches " + path + " cannot be opened");
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (!j.is_array() || j.empty()) {
+    return InvalidArgument("--branches " + path + ": expected a non-empty JSON list of id lists");
+  }
+  for (size_t b = 0; b < j.size(); ++b) {
+    if (!j[b].is_array() || j[b].empty()) {
+      return InvalidArgument("--branches " + path + ": entry " + std::to_string(b) +
+                             " is not a non-empty list of token ids");
+    }
+    std::vector<int32_t> ids;
+    for (const auto& v : j[b]) {
+      if (!v.is_number_integer()) {
+        return InvalidArgument("--branches " + path + ": entry " + std::to_string(b) +
+                               " holds a value that is not a token id");
+      }
+      ids.push_back(v.get<int32_t>());
+    }
+    branches.push_back(std::move(ids));
+  }
+  return branches;
+}
+
 StatusOr<std::unique_ptr<Backend>> make_backend(const Args& a, const ModelConfig& config,
                                                 int64_t num_pages) {
   std::unique_ptr<LlamaWeights> weights;
@@ -128,14 +164,60 @@ class Runner {
       : backend_(backend), kv_(kv), vocab_limit_(vocab_limit) {}
 
   // *device_argmax (when not null, CUDA) gets the backend's own argmax of the same step, run a
-  // second time with full_logits = false (-1 when the backend returns none).
-  Status prefill(const std::vector<int32_t>& prompt, Logits* out, int32_t* device_argmax) {
-    StatusOr<NewBranch> b = kv_->create_branch(prompt);
+  // second time with full_logits = false (-1 when the backend returns none). chunk > 0 runs
+  // the prompt in steps of at most `chunk` tokens, logits after the last one only.
+  Status prefill(const std::vector<int32_t>& prompt, int32_t chunk, Logits* out,
+                 int32_t* device_argmax) {
+    const int32_t n = int32_t(prompt.size());
+    const int32_t step = chunk > 0 ? std::min(chunk, n) : n;
+    StatusOr<NewBranch> b = kv_->create_branch(std::span<const int32_t>(prompt.data(), step));
     if (!b.ok()) return b.status();
     branch_ = b->id;
-    length_ = int32_t(prompt.size());
-    std::vector<int32_t> rows(prompt.begin() + b->cached_tokens, prompt.end());
-    return run(rows, b->slots, out, device_argmax);
+    length_ = step;
+    std::vector<int32_t> rows(prompt.begin() + b->cached_tokens, prompt.begin() + step);
+    if (step == n) return run(rows, b->slots, out, device_argmax);
+    TS_RETURN_IF_ERROR(run(rows, b->slots, nullptr, nullptr));
+    for (int32_t begin = step; begin < n; begin += step) {
+      const int32_t end = std::min(n, begin + step);
+      std::vector<int32_t> piece(prompt.begin() + begin, prompt.begin() + end);
+      std::vector<KvSlot> slots;
+      TS_RETURN_IF_ERROR(kv_->append(branch_, piece, &slots));
+      length_ = end;
+      const bool last = end == n;
+      TS_RETURN_IF_ERROR(run(piece, slots, last ? out : nullptr, last ? device_argmax : nullptr));
+    }
+    return Status::Ok();
+  }
+
+  // Forks the prefilled sequence once per suffix, appends each suffix to its branch and runs
+  // every branch's tokens in one step; out's row b holds branch b's logits after its last
+  // token. The prefilled branch is left as it was.
+  Status branches(const std::vector<std::vector<int32_t>>& suffixes, Logits* out) {
+    StatusOr<ForkResult> fork = kv_->fork(branch_, int32_t(suffixes.size()));
+    if (!fork.ok()) return fork.status();
+    const int32_t page_size = kv_->page_size();
+    batch_.clear();
+    for (const PageCopy& c : fork->copies) {
+      batch_.page_copies.push_back({c.src_page, c.dst_page, c.num_slots});
+    }
+    std::vector<ViewQuery> queries;
+    for (size_t b = 0; b < suffixes.size(); ++b) {
+      std::vector<KvSlot> slots;
+      TS_RETURN_IF_ERROR(kv_->append(fork->branches[b], suffixes[b], &slots));
+      const int32_t n = int32_t(suffixes[b].size());
+      for (int32_t i = 0; i < n; ++i) {
+        batch_.token_ids.push_back(suffixes[b][size_t(i)]);
+        batch_.positions.push_back(length_ + i);
+        batch_.kv_slots.push_back(int64_t(slots[size_t(i)].page) * page_size +
+                                  slots[size_t(i)].slot);
+      }
+      batch_.logit_rows.push_back(batch_.num_rows() - 1);
+      queries.push_back({fork->branches[b], n});
+    }
+    batch_.vocab_limit = vocab_limit_;
+    TS_RETURN_IF_ERROR(kv_->build_attention_view(queries, &batch_.view));
+    batch_.full_logits = true;
+    return backend_->forward(batch_, out);
   }
 
   // Appends `token` and runs it.
@@ -147,6 +229,7 @@ class Runner {
   }
 
  private:
+  // out == nullptr: a prefill chunk before the last, no logits wanted.
   Status run(const std::vector<int32_t>& tokens, const std::vector<KvSlot>& slots, Logits* out,
              int32_t* device_argmax) {
     const int32_t page_size = kv_->page_size();
@@ -157,13 +240,14 @@ class Runner {
       batch_.positions.push_back(length_ - n + i);
       batch_.kv_slots.push_back(int64_t(slots[size_t(i)].page) * page_size + slots[size_t(i)].slot);
     }
-    batch_.logit_rows.push_back(n - 1);
+    if (out != nullptr) batch_.logit_rows.push_back(n - 1);
     batch_.vocab_limit = vocab_limit_;
     const ViewQuery query{branch_, n};
     TS_RETURN_IF_ERROR(
         kv_->build_attention_view(std::span<const ViewQuery>(&query, 1), &batch_.view));
     batch_.full_logits = true;
-    TS_RETURN_IF_ERROR(backend_->forward(batch_, out));
+    Logits unused;
+    TS_RETURN_IF_ERROR(backend_->forward(batch_, out != nullptr ? out : &unused));
     if (device_argmax != nullptr) {
       // The same rows again (the same K/V rewritten at the same slots), argmax only.
       batch_.full_logits = false;
@@ -204,6 +288,7 @@ Status run(const Args& a) {
     return InvalidArgument("--dtype must be auto, fp16 or bf16, got '" + a.dtype + "'");
   }
   if (a.greedy < 0) return InvalidArgument("--greedy must be >= 0");
+  if (a.chunk < 0) return InvalidArgument("--chunk must be >= 0");
   if (a.out.empty()) return InvalidArgument("--out FILE is required");
   StatusOr<ModelConfig> config = load_model_config(a.model);
   if (!config.ok()) return config.status();
@@ -222,13 +307,26 @@ Status run(const Args& a) {
                              " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
     }
   }
-  const int64_t tokens = int64_t(prompt->size()) + a.greedy;
+  StatusOr<std::vector<std::vector<int32_t>>> branches = read_branches(a.branches_file);
+  if (!branches.ok()) return branches.status();
+  int64_t longest_branch = 0, branch_pages = 0;
+  for (const auto& b : *branches) {
+    for (int32_t id : b) {
+      if (id < 0 || id >= vocab) {
+        return InvalidArgument("--branches: token id " + std::to_string(id) +
+                               " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+      }
+    }
+    longest_branch = std::max<int64_t>(longest_branch, int64_t(b.size()));
+    branch_pages += (int64_t(b.size()) + a.page_size - 1) / a.page_size + 1;
+  }
+  const int64_t tokens = int64_t(prompt->size()) + std::max<int64_t>(a.greedy, longest_branch);
   if (config->max_position_embeddings > 0 && tokens > config->max_position_embeddings) {
     return InvalidArgument("prompt + --greedy = " + std::to_string(tokens) +
                            " tokens is past the model's max_position_embeddings (" +
                            std::to_string(config->max_position_embeddings) + ")");
   }
-  const int64_t num_pages = (tokens + a.page_size - 1) / a.page_size + 2;
+  const int64_t num_pages = (tokens + a.page_size - 1) / a.page_size + 2 + branch_pages;
 
   const auto t0 = std::chrono::steady_clock::now();
   StatusOr<std::unique_ptr<Backend>> backend = make_backend(a, *config, num_pages);
@@ -244,7 +342,7 @@ Status run(const Args& a) {
   Logits logits;
   const bool check_device = a.backend == "cuda";
   int32_t dev = -1;
-  TS_RETURN_IF_ERROR(runner.prefill(*prompt, &logits, check_device ? &dev : nullptr));
+  TS_RETURN_IF_ERROR(runner.prefill(*prompt, a.chunk, &logits, check_device ? &dev : nullptr));
   nlohmann::json out;
   out["model_dir"] = a.model;
   out["backend"] = a.backend;
@@ -256,7 +354,20 @@ Status run(const Args& a) {
   out["vocab_size"] = vocab;
   out["vocab_limit"] = limit;
   out["prompt_ids"] = *prompt;
+  out["chunk"] = a.chunk;
   out["first_logits"] = std::vector<float>(logits.row(0), logits.row(0) + vocab);
+  if (!branches->empty()) {
+    // Before the greedy steps, so the branches fork the prompt itself.
+    Logits branch_logits;
+    TS_RETURN_IF_ERROR(runner.branches(*branches, &branch_logits));
+    nlohmann::json rows = nlohmann::json::array();
+    for (size_t b = 0; b < branches->size(); ++b) {
+      const float* row = branch_logits.row(int32_t(b));
+      rows.push_back(std::vector<float>(row, row + vocab));
+    }
+    out["branches"] = *branches;
+    out["branch_logits"] = std::move(rows);
+  }
 
   // Greedy: the scheduler's temperature-0 sampler on the full row.
   SamplingParams greedy_params;
@@ -307,6 +418,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", a.threads, "CPU backend threads (0 = all cores)");
   app.add_option("--page-size", a.page_size, "KV page size in tokens (default 16)");
+  app.add_option("--chunk", a.chunk, "prefill in steps of N tokens (0 = one step)");
+  app.add_option("--branches", a.branches_file,
+                 "JSON list of id lists: fork the prompt once per list, run them in one step");
   app.add_option("--out", a.out, "JSON output file")->required();
   try {
     app.parse(argc, argv);

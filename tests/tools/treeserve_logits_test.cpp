@@ -141,6 +141,56 @@ TEST_F(TreeserveLogits, RandomWeightsAreReproducibleAndNotTheCheckpoint) {
   EXPECT_GT(max_abs_diff(a.result["first_logits"], real.result["first_logits"]), 0.1f);
 }
 
+// A prompt of `n` ids drawn from the tiny model's vocabulary (BOS first), fixed.
+std::vector<int32_t> long_prompt(int32_t n) {
+  std::vector<int32_t> ids{1};
+  uint32_t x = 12345;
+  while (int32_t(ids.size()) < n) {
+    x = x * 1664525u + 1013904223u;
+    ids.push_back(int32_t(3 + (x >> 8) % 500));
+  }
+  return ids;
+}
+
+TEST_F(TreeserveLogits, ChunkedPrefillMatchesOneStep) {
+  const std::string ids = join(long_prompt(70));
+  ToolRun whole = run_tool({"--model", TREESERVE_TINY_MODEL_DIR, "--ids", ids, "--greedy", "6"});
+  ToolRun chunked = run_tool(
+      {"--model", TREESERVE_TINY_MODEL_DIR, "--ids", ids, "--greedy", "6", "--chunk", "16"});
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  ASSERT_EQ(chunked.exit_code, 0) << chunked.output;
+  EXPECT_EQ(chunked.result["chunk"].get<int32_t>(), 16);
+  EXPECT_LE(max_abs_diff(chunked.result["first_logits"], whole.result["first_logits"]), 1e-4f);
+  EXPECT_EQ(chunked.result["greedy"]["tokens"], whole.result["greedy"]["tokens"]);
+}
+
+// Each forked branch's logits equal its whole sequence run alone (the tree's shared prompt is
+// read through the fork, the partial page copied, the branches' rows in one step).
+TEST_F(TreeserveLogits, ForkedBranchesMatchEachSequenceAlone) {
+  const std::vector<int32_t> prompt = long_prompt(37);
+  const std::vector<std::vector<int32_t>> suffixes = {{40, 41, 42}, {7}, {300, 301, 302, 303, 9}};
+  const std::string file = ::testing::TempDir() + "/branches_" + std::to_string(getpid()) + ".json";
+  std::ofstream(file) << json(suffixes).dump();
+  ToolRun tree = run_tool({"--model", TREESERVE_TINY_MODEL_DIR, "--ids", join(prompt), "--greedy",
+                           "2", "--branches", file});
+  ASSERT_EQ(tree.exit_code, 0) << tree.output;
+  ASSERT_EQ(tree.result["branch_logits"].size(), suffixes.size());
+  for (size_t b = 0; b < suffixes.size(); ++b) {
+    SCOPED_TRACE("branch " + std::to_string(b));
+    std::vector<int32_t> whole = prompt;
+    whole.insert(whole.end(), suffixes[b].begin(), suffixes[b].end());
+    ToolRun alone =
+        run_tool({"--model", TREESERVE_TINY_MODEL_DIR, "--ids", join(whole), "--greedy", "1"});
+    ASSERT_EQ(alone.exit_code, 0) << alone.output;
+    EXPECT_LE(max_abs_diff(tree.result["branch_logits"][b], alone.result["first_logits"]), 1e-4f);
+  }
+  // The prompt's own continuation is unchanged by the forks.
+  ToolRun plain =
+      run_tool({"--model", TREESERVE_TINY_MODEL_DIR, "--ids", join(prompt), "--greedy", "2"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_EQ(tree.result["greedy"]["tokens"], plain.result["greedy"]["tokens"]);
+}
+
 TEST_F(TreeserveLogits, BadInputExitsNonZeroWithMessage) {
   struct Case {
     std::vector<std::string> args;
@@ -156,6 +206,8 @@ TEST_F(TreeserveLogits, BadInputExitsNonZeroWithMessage) {
       {{"--model", m, "--ids", "1", "--backend", "tpu"}, "--backend must be cpu or cuda"},
       {{"--model", m, "--ids", "1", "--vocab-limit", "513"}, "--vocab-limit"},
       {{"--model", m, "--ids", "1", "--greedy", "4000"}, "max_position_embeddings"},
+      {{"--model", m, "--ids", "1", "--chunk", "-1"}, "--chunk must be >= 0"},
+      {{"--model", m, "--ids", "1", "--branches", "/nonexistent/b.json"}, "cannot be opened"},
   };
   for (const Case& c : cases) {
     ToolRun r = run_tool(c.args);
