@@ -1,5 +1,6 @@
 // KvCache: branch lifecycle (create, append, fork, truncate, prune), read-back, accounting.
-// The token trees live in kv_cache_draft.cpp, the attention view in kv_cache_view.cpp.
+// Cache namespaces live in kv_cache_namespace.cpp, the token trees in kv_cache_draft.cpp, the
+// attention view in kv_cache_view.cpp.
 #include "kvcache/kv_cache.h"
 
 #include <algorithm>
@@ -34,7 +35,10 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const KvCacheConfig& config) 
 }
 
 KvCache::KvCache(const KvCacheConfig& config)
-    : pool_(config.num_pages, config.page_size), tree_(&pool_) {}
+    : pool_(config.num_pages, config.page_size), tree_(&pool_) {
+  namespaces_.push_back({kDefaultCacheNamespace, tree_.root(), 0, 0});
+  namespace_slots_.emplace(kDefaultCacheNamespace, 0);
+}
 
 KvCache::~KvCache() = default;
 
@@ -59,7 +63,7 @@ StatusOr<const KvCache::Branch*> KvCache::find(BranchId id) const {
   return &b;
 }
 
-BranchId KvCache::new_branch(RadixNode* base) {
+BranchId KvCache::new_branch(RadixNode* base, int32_t ns_slot) {
   uint32_t index;
   if (!free_branch_slots_.empty()) {
     index = static_cast<uint32_t>(free_branch_slots_.back());
@@ -72,6 +76,8 @@ BranchId KvCache::new_branch(RadixNode* base) {
   ++b.generation;
   b.live = true;
   b.base = base;
+  b.ns_slot = ns_slot;
+  ++namespaces_[ns_slot].live_branches;
   ++live_branches_;
   return static_cast<BranchId>((static_cast<uint64_t>(b.generation) << 32) | index);
 }
@@ -87,10 +93,34 @@ void KvCache::retire(BranchId id) {
   std::vector<int32_t>().swap(b.draft_tokens);
   std::vector<int32_t>().swap(b.draft_parents);
   free_branch_slots_.push_back(static_cast<int32_t>(index));
+  --namespaces_[b.ns_slot].live_branches;
   --live_branches_;
 }
 
-Status KvCache::reserve(int32_t pages, const char* op) {
+int32_t KvCache::take_page(int32_t ns_slot) {
+  const int32_t page = pool_.allocate(ns_slot);
+  assert(page >= 0 && "a tail page that was not reserved");
+  pool_.add_locked(ns_slot, 1);  // fresh, so no node lists it
+  return page;
+}
+
+int32_t KvCache::tail_locked(const Branch& b) {
+  return static_cast<int32_t>(b.tail_pages.size()) - b.shares_first_page;
+}
+
+int32_t KvCache::release_tail(Branch& b) {
+  pool_.add_locked(b.ns_slot, -tail_locked(b));
+  int32_t freed = 0;
+  for (int32_t page : b.tail_pages) freed += pool_.release(page);
+  b.tail_pages.clear();
+  b.shares_first_page = false;
+  return freed;
+}
+
+Status KvCache::reserve(int32_t pages, const char* op, int32_t ns_slot) {
+  if (ns_slot >= 0 && pages > 0 && namespaces_[ns_slot].page_limit > 0) {
+    TS_RETURN_IF_ERROR(fit_namespace_limit(pages, op, ns_slot));
+  }
   if (pages <= pool_.num_free()) return Status::Ok();
   // Each eviction pass scans the whole radix tree; a full cache (the steady state of a busy
   // server) would pay that scan on every page allocated. Evicting 1/64 of the pool per pass
@@ -114,8 +144,7 @@ KvSlot KvCache::slot_of(const Branch& b, int32_t position) const {
 void KvCache::start_tail(Branch& b, std::vector<PageCopy>* copies) {
   const int32_t used = b.base_len() % pool_.page_size();
   if (used == 0) return;
-  const int32_t page = pool_.allocate();
-  assert(page >= 0 && "start_tail without a reserved page");
+  const int32_t page = take_page(b.ns_slot);
   b.tail_pages.push_back(page);
   copies->push_back({b.base->pages.back(), page, used});
 }
@@ -124,6 +153,7 @@ int32_t KvCache::commit_tail(Branch& b, int32_t position) {
   const int32_t ps = pool_.page_size();
   const int32_t base_len = b.base_len();
   const int32_t count = position - base_len;
+  pool_.add_locked(b.ns_slot, -tail_locked(b));
   RadixNode* node =
       tree_.insert(b.base, {b.tail_tokens.data(), static_cast<size_t>(count)}, b.tail_pages);
   tree_.lock(node);
@@ -135,14 +165,24 @@ int32_t KvCache::commit_tail(Branch& b, int32_t position) {
   b.tail_pages.erase(b.tail_pages.begin(), b.tail_pages.begin() + drop);
   b.tail_tokens.erase(b.tail_tokens.begin(), b.tail_tokens.begin() + count);
   b.base = node;
+  // The partly filled page the tail keeps is usually the new node's last page too. Not
+  // always: insert may have reused another writer's node, and then an earlier node of this
+  // branch's commits may still list it.
+  b.shares_first_page =
+      !b.tail_pages.empty() && tree_.page_on_path(node, b.base_len(), b.tail_pages.front());
+  pool_.add_locked(b.ns_slot, tail_locked(b));
   return freed;
 }
 
 int32_t KvCache::shrink_tail(Branch& b, int32_t end) {
+  // Keeps at least the first page whenever a node shares it (base_len is then mid-page).
   const int32_t keep = tail_pages_for(b, end);
+  const int32_t size = static_cast<int32_t>(b.tail_pages.size());
+  if (size <= keep) return 0;
   int32_t freed = 0;
-  for (size_t i = keep; i < b.tail_pages.size(); ++i) freed += pool_.release(b.tail_pages[i]);
-  if (static_cast<int32_t>(b.tail_pages.size()) > keep) b.tail_pages.resize(keep);
+  for (int32_t i = keep; i < size; ++i) freed += pool_.release(b.tail_pages[i]);
+  b.tail_pages.resize(keep);
+  pool_.add_locked(b.ns_slot, keep - size);
   return freed;
 }
 
@@ -157,30 +197,34 @@ Status KvCache::commit(BranchId id) {
   return Status::Ok();
 }
 
-StatusOr<NewBranch> KvCache::create_branch(std::span<const int32_t> tokens) {
+StatusOr<NewBranch> KvCache::create_branch(std::span<const int32_t> tokens, CacheNamespace ns) {
   if (tokens.empty()) return InvalidArgument("tokens must not be empty");
   const int32_t ps = pool_.page_size();
   const int32_t size = static_cast<int32_t>(tokens.size());
-  const PrefixMatch match = tree_.match_prefix(tokens, size - 1);
+  int32_t slot = find_namespace(ns);
+  const bool new_namespace = slot < 0;
+  if (new_namespace) slot = add_namespace(ns);
+  const PrefixMatch match = tree_.match_prefix(tokens, size - 1, namespaces_[slot].root);
   // Lock the match before reserving so eviction cannot take it; undo on failure.
   tree_.lock(match.node);
-  Status reserved = reserve(ceil_div(size, ps) - match.length / ps, "create_branch");
+  Status reserved = reserve(ceil_div(size, ps) - match.length / ps, "create_branch", slot);
   if (!reserved.ok()) {
     tree_.unlock(match.node, /*touch=*/false);
+    if (new_namespace) forget_namespace(slot);
     return reserved;
   }
   RadixNode* base = tree_.node_at(match);
-  if (base != match.node) --match.node->lock_ref;  // split: only the upper half stays locked
+  if (base != match.node) tree_.unlock_node(match.node);  // split: the upper half stays locked
   tree_.touch(base);
 
   NewBranch out;
   out.cached_tokens = match.length;
-  out.id = new_branch(base);
+  out.id = new_branch(base, slot);
   Branch& b = *find(out.id).value();
   start_tail(b, &out.copies);
   b.tail_tokens.assign(tokens.begin() + match.length, tokens.end());
   while (static_cast<int32_t>(b.tail_pages.size()) < tail_pages_for(b, size)) {
-    b.tail_pages.push_back(pool_.allocate());
+    b.tail_pages.push_back(take_page(slot));
   }
   out.slots.reserve(size - match.length);
   for (int32_t p = match.length; p < size; ++p) out.slots.push_back(slot_of(b, p));
@@ -199,8 +243,8 @@ Status KvCache::append(BranchId id, std::span<const int32_t> tokens, std::vector
   const int32_t new_length = length + static_cast<int32_t>(tokens.size());
   const int32_t need = tail_pages_for(b, new_length) - static_cast<int32_t>(b.tail_pages.size());
   if (need > 0) {
-    TS_RETURN_IF_ERROR(reserve(need, "append"));
-    for (int32_t i = 0; i < need; ++i) b.tail_pages.push_back(pool_.allocate());
+    TS_RETURN_IF_ERROR(reserve(need, "append", b.ns_slot));
+    for (int32_t i = 0; i < need; ++i) b.tail_pages.push_back(take_page(b.ns_slot));
   }
   b.tail_tokens.insert(b.tail_tokens.end(), tokens.begin(), tokens.end());
   for (int32_t p = length; p < new_length; ++p) slots->push_back(slot_of(b, p));
@@ -221,7 +265,8 @@ StatusOr<ForkResult> KvCache::fork(BranchId id, int32_t n, int32_t at_length) {
     return FailedPrecondition("branch " + std::to_string(id) + " has a pending token tree");
   }
   const int32_t at = at_length == 0 ? length : at_length;
-  TS_RETURN_IF_ERROR(reserve(at % pool_.page_size() != 0 ? n : 0, "fork"));
+  const int32_t slot = b.ns_slot;
+  TS_RETURN_IF_ERROR(reserve(at % pool_.page_size() != 0 ? n : 0, "fork", slot));
   RadixNode* node;
   if (at > b.base_len()) {
     commit_tail(b, at);
@@ -232,7 +277,7 @@ StatusOr<ForkResult> KvCache::fork(BranchId id, int32_t n, int32_t at_length) {
   ForkResult out;
   out.branches.reserve(n);
   for (int32_t i = 0; i < n; ++i) {
-    const BranchId child = new_branch(node);  // may move branches_: `b` is not used below
+    const BranchId child = new_branch(node, slot);  // may move branches_: `b` is not used below
     tree_.lock(node);
     start_tail(*find(child).value(), &out.copies);
     out.branches.push_back(child);
@@ -264,13 +309,12 @@ StatusOr<TruncateResult> KvCache::truncate(BranchId id, int32_t new_length) {
   if (new_length % pool_.page_size() != 0) {
     int32_t freeable = 0;
     for (int32_t page : b.tail_pages) freeable += pool_.ref_count(page) == 1;
-    if (freeable == 0) TS_RETURN_IF_ERROR(reserve(1, "truncate"));
+    if (freeable == 0) TS_RETURN_IF_ERROR(reserve(1, "truncate", b.ns_slot));
   }
   RadixNode* node = tree_.node_on_path(b.base, new_length);
   tree_.lock(node);
   tree_.unlock(b.base);
-  for (int32_t page : b.tail_pages) out.freed_pages += pool_.release(page);
-  b.tail_pages.clear();
+  out.freed_pages += release_tail(b);
   b.tail_tokens.clear();
   b.base = node;
   start_tail(b, &out.copies);
@@ -291,7 +335,7 @@ StatusOr<PruneResult> KvCache::prune(BranchId id, bool retain_kv) {
   } else {
     out.released_tokens = tail;
   }
-  for (int32_t page : b.tail_pages) out.freed_pages += pool_.release(page);
+  out.freed_pages += release_tail(b);
   tree_.unlock(b.base);
   retire(id);
   return out;
@@ -309,7 +353,7 @@ Status KvCache::branch_tokens(BranchId id, std::vector<int32_t>* out) const {
   const Branch& b = **found;
   out->resize(b.length());
   std::copy(b.tail_tokens.begin(), b.tail_tokens.end(), out->begin() + b.base_len());
-  for (const RadixNode* n = b.base; n != tree_.root(); n = n->parent) {
+  for (const RadixNode* n = b.base; n->parent != nullptr; n = n->parent) {
     std::copy(n->tokens.begin(), n->tokens.end(), out->begin() + n->start);
   }
   return Status::Ok();
@@ -327,7 +371,7 @@ Status KvCache::branch_page_table(BranchId id, std::vector<int32_t>* out) const 
   }
   // Deepest node first: where a split shares a page index, the deeper node's page also holds
   // valid copies of the earlier slots (the page rule), so it serves the whole page.
-  for (const RadixNode* n = b.base; n != tree_.root(); n = n->parent) {
+  for (const RadixNode* n = b.base; n->parent != nullptr; n = n->parent) {
     for (int32_t k = n->start / ps; k <= (n->end() - 1) / ps; ++k) {
       if ((*out)[k] < 0) (*out)[k] = n->pages[k - n->start / ps];
     }
@@ -335,8 +379,11 @@ Status KvCache::branch_page_table(BranchId id, std::vector<int32_t>* out) const 
   return Status::Ok();
 }
 
-int32_t KvCache::match_prefix_length(std::span<const int32_t> tokens) const {
-  return tree_.match_prefix(tokens, static_cast<int32_t>(tokens.size()) - 1).length;
+int32_t KvCache::match_prefix_length(std::span<const int32_t> tokens, CacheNamespace ns) const {
+  const int32_t slot = find_namespace(ns);
+  if (slot < 0) return 0;
+  return tree_.match_prefix(tokens, static_cast<int32_t>(tokens.size()) - 1, namespaces_[slot].root)
+      .length;
 }
 
 KvCacheStats KvCache::stats() const {
@@ -404,7 +451,7 @@ Status KvCache::check_invariants() const {
                       " references, holders list " + std::to_string(expected_refs[p]));
     }
   }
-  return Status::Ok();
+  return check_namespaces();
 }
 
 }  // namespace treeserve

@@ -1,5 +1,5 @@
-// KvCache: the facade the scheduler uses. Branches over the global radix tree, the paged pool
-// index, and the AttentionView each step's queries read.
+// KvCache: the facade the scheduler uses. Branches over the radix tree, the paged pool index,
+// and the AttentionView each step's queries read.
 //
 // A branch is a locked path in the radix tree (its `base`, ending at position base_len) plus a
 // private, growable tail of tokens [base_len, length) in pages only it writes.
@@ -25,15 +25,28 @@
 // exactly its ancestors. accept(branch, path) keeps one root-to-node path as ordinary tail
 // tokens and returns the slot moves that compact it; every other draft slot is released.
 //
+// Cache namespaces (vLLM's cache_salt): the radix tree has one root per namespace, and a
+// branch lives in the namespace create_branch gave it; its forks, commits and prunes stay
+// there. A prefix cached in one namespace is never matched, reused or reported
+// (cached_tokens, match_prefix_length) in another, so nothing, pages included, is shared
+// across namespaces and every used page belongs to exactly one. Namespace 0 is the default
+// that calls without one use. Eviction is one LRU over all namespaces' unlocked leaves.
+// namespace_stats reads a namespace's pages in O(1): locked (held by its live branches'
+// paths and tails, each page once) and evictable (cached, no live branch holds it).
+//
 // Failure behaviour: a call that needs pages first evicts unlocked cached prefixes (LRU, in
 // batches of up to 1/64 of the pool); if still short it returns RESOURCE_EXHAUSTED and
-// changes nothing. Unknown ids are NOT_FOUND, ids of pruned branches FAILED_PRECONDITION,
-// bad arguments INVALID_ARGUMENT naming the field.
+// changes nothing. A namespace with a page limit holds at most that many pages: a call that
+// would take its locked pages past the limit returns RESOURCE_EXHAUSTED naming the usage and
+// the limit, changing nothing; otherwise the namespace's own cache is evicted (LRU) as far
+// as the limit requires before the pool is asked. Unknown ids are NOT_FOUND, ids of pruned
+// branches FAILED_PRECONDITION, bad arguments INVALID_ARGUMENT naming the field.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -45,6 +58,10 @@
 namespace treeserve {
 
 using BranchId = int64_t;
+
+// A partition of the prefix cache (a tenant, or a client's cache salt). 0 is the default.
+using CacheNamespace = uint32_t;
+inline constexpr CacheNamespace kDefaultCacheNamespace = 0;
 
 struct KvSlot {
   int32_t page = 0;
@@ -115,14 +132,23 @@ struct KvCacheStats {
   int32_t live_branches = 0;
 };
 
+// One namespace's share of the pool (KvCache::namespace_stats, O(1)).
+struct NamespaceStats {
+  int32_t pages_locked = 0;     // held by its live branches (paths and tails), each page once
+  int32_t pages_evictable = 0;  // its cached pages that no live branch holds
+  int32_t live_branches = 0;
+  int32_t page_limit = 0;  // 0 = none
+};
+
 class KvCache {
  public:
   static StatusOr<std::unique_ptr<KvCache>> create(const KvCacheConfig& config);
   ~KvCache();
 
-  // New branch for a prompt: reuses (and locks) the longest cached prefix, at most
-  // tokens.size() - 1 tokens so the engine always computes the last one's logits.
-  StatusOr<NewBranch> create_branch(std::span<const int32_t> tokens);
+  // New branch for a prompt in namespace `ns`: reuses (and locks) the longest prefix cached in
+  // `ns`, at most tokens.size() - 1 tokens so the engine always computes the last one's logits.
+  StatusOr<NewBranch> create_branch(std::span<const int32_t> tokens,
+                                    CacheNamespace ns = kDefaultCacheNamespace);
   // Appends tokens; their slots are appended to *slots.
   Status append(BranchId branch, std::span<const int32_t> tokens, std::vector<KvSlot>* slots);
   // n new branches equal to the first `at_length` tokens of `branch` (0 = all of it).
@@ -150,12 +176,34 @@ class KvCache {
   Status branch_tokens(BranchId branch, std::vector<int32_t>* out) const;
   // Physical page of every page index of the branch (see the page rule above).
   Status branch_page_table(BranchId branch, std::vector<int32_t>* out) const;
-  // Length of the cached prefix create_branch(tokens) would reuse. Changes nothing.
-  int32_t match_prefix_length(std::span<const int32_t> tokens) const;
+  // Length of the cached prefix create_branch(tokens, ns) would reuse. Changes nothing.
+  int32_t match_prefix_length(std::span<const int32_t> tokens,
+                              CacheNamespace ns = kDefaultCacheNamespace) const;
+  StatusOr<CacheNamespace> branch_namespace(BranchId branch) const;
 
   // Evicts unlocked cached prefixes (LRU) until `pages` more are free; all or nothing.
   bool evict(int32_t pages) { return tree_.evict(pages); }
   int32_t evict_all() { return tree_.evict_all(); }
+
+  // Namespaces.
+  // O(1); zeros for a namespace never used (or forgotten).
+  NamespaceStats namespace_stats(CacheNamespace ns) const;
+  // At most `pages` pages for `ns` (0 = no limit). Evicts the namespace's cache down to the
+  // limit where it can; locked pages above a lowered limit stay, and the namespace's next
+  // allocation is refused until they go. INVALID_ARGUMENT for pages < 0.
+  Status set_namespace_page_limit(CacheNamespace ns, int32_t pages);
+  // Makes `pages` pages allocatable to `ns` now, the check every allocating call makes:
+  // evicts the namespace's own cache down to its limit, then (LRU, all namespaces) what the
+  // pool lacks. RESOURCE_EXHAUSTED, changing nothing, when the namespace's locked pages would
+  // pass its limit or the pool cannot supply them.
+  Status reserve_pages(CacheNamespace ns, int32_t pages);
+  // Evicts every unlocked cached prefix of `ns` (e.g. when its tenant is removed); returns
+  // the pages freed. A namespace then holding nothing, with no page limit, is forgotten.
+  int32_t evict_namespace(CacheNamespace ns);
+  // Namespaces with state (the default one included).
+  int32_t namespace_count() const {
+    return static_cast<int32_t>(namespaces_.size() - free_namespace_slots_.size());
+  }
 
   // Fills *out (its vectors are reused: no allocation in steady state). Rows are assigned in
   // the order of `queries`, each branch's tokens oldest first, then its drafts in order.
@@ -165,14 +213,24 @@ class KvCache {
   // Read-only view of the pool's reference counts, for diagnostics and tests.
   const PagePool& pool() const { return pool_; }
   KvCacheStats stats() const;
-  // Pool and tree invariants, and that every page's reference count equals the number of
-  // radix nodes and branch tails listing it.
+  // Pool and tree invariants, that every page's reference count equals the number of radix
+  // nodes and branch tails listing it, and the namespaces: each branch and page in its
+  // namespace's tree, and the per-namespace counts against a scan.
   Status check_invariants() const;
 
  private:
+  // A namespace's state; its slot is the pool's owner index of its pages.
+  struct Namespace {
+    CacheNamespace id = 0;
+    RadixNode* root = nullptr;  // nullptr: a free slot
+    int32_t live_branches = 0;
+    int32_t page_limit = 0;
+  };
   struct Branch {
     uint32_t generation = 0;  // id = generation << 32 | index
     bool live = false;
+    int32_t ns_slot = 0;                // namespaces_ index
+    bool shares_first_page = false;     // tail_pages[0] is listed by a node on the path too
     RadixNode* base = nullptr;          // locked; the root when nothing is shared
     std::vector<int32_t> tail_tokens;   // positions [base_len, length)
     std::vector<int32_t> tail_pages;    // page indices base_len / ps .., drafts included
@@ -199,9 +257,23 @@ class KvCache {
   explicit KvCache(const KvCacheConfig& config);
   StatusOr<Branch*> find(BranchId id);
   StatusOr<const Branch*> find(BranchId id) const;
-  BranchId new_branch(RadixNode* base);
+  BranchId new_branch(RadixNode* base, int32_t ns_slot);
   void retire(BranchId id);
-  Status reserve(int32_t pages, const char* op);
+  // Slot of `ns`, or -1 when it has no state.
+  int32_t find_namespace(CacheNamespace ns) const;
+  int32_t add_namespace(CacheNamespace ns);
+  void forget_namespace(int32_t slot);
+  // Makes `pages` pages allocatable for namespace slot `ns_slot` (-1: no namespace limit).
+  Status reserve(int32_t pages, const char* op, int32_t ns_slot);
+  Status fit_namespace_limit(int32_t pages, const char* op, int32_t ns_slot);
+  Status check_namespaces() const;
+  // A fresh tail page of namespace slot `ns_slot` (reserved beforehand), counted as locked.
+  int32_t take_page(int32_t ns_slot);
+  // Locked pages the tail adds to its namespace: its pages, less the first one when a radix
+  // node on its path lists it too.
+  static int32_t tail_locked(const Branch& b);
+  // Releases every tail page; returns the pages freed.
+  int32_t release_tail(Branch& b);
   // Pages the tail needs to cover positions up to `end` (exclusive).
   int32_t tail_pages_for(const Branch& b, int32_t end) const;
   KvSlot slot_of(const Branch& b, int32_t position) const;
@@ -217,6 +289,9 @@ class KvCache {
 
   PagePool pool_;
   RadixTree tree_;
+  std::vector<Namespace> namespaces_;  // by slot; slot 0: the default namespace
+  std::unordered_map<CacheNamespace, int32_t> namespace_slots_;  // every namespace with state
+  std::vector<int32_t> free_namespace_slots_;
   std::vector<Branch> branches_;
   std::vector<int32_t> free_branch_slots_;
   int32_t live_branches_ = 0;

@@ -30,8 +30,8 @@ Status KvCache::append_token_tree(BranchId id, std::span<const int32_t> tokens,
   const int32_t end = length + static_cast<int32_t>(tokens.size());
   const int32_t need = tail_pages_for(b, end) - static_cast<int32_t>(b.tail_pages.size());
   if (need > 0) {
-    TS_RETURN_IF_ERROR(reserve(need, "append_token_tree"));
-    for (int32_t i = 0; i < need; ++i) b.tail_pages.push_back(pool_.allocate());
+    TS_RETURN_IF_ERROR(reserve(need, "append_token_tree", b.ns_slot));
+    for (int32_t i = 0; i < need; ++i) b.tail_pages.push_back(take_page(b.ns_slot));
   }
   b.draft_tokens.assign(tokens.begin(), tokens.end());
   b.draft_parents.assign(parents.begin(), parents.end());

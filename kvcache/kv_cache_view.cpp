@@ -4,6 +4,8 @@
 // draft tokens. They are collected per query branch (walking up to the first radix node
 // already collected), linked into child lists, numbered in DFS preorder, and the query tokens
 // are bucket-sorted by their leaf's preorder index so each run's queries are contiguous.
+// The view is a forest: the top-level runs under every cache namespace's root the queries
+// come from are its roots, so one step mixes namespaces and no run is shared between them.
 // All scratch lives in members and the output's vectors are reused.
 #include <algorithm>
 #include <string>
@@ -28,17 +30,17 @@ int32_t KvCache::add_view_run(ViewRun run, int32_t parent) {
 
 int32_t KvCache::add_view_path(RadixNode* node) {
   view_path_.clear();
-  for (RadixNode* n = node; n != tree_.root() && n->view_stamp != view_stamp_; n = n->parent) {
+  for (RadixNode* n = node; n->parent != nullptr && n->view_stamp != view_stamp_; n = n->parent) {
     view_path_.push_back(n);
   }
   for (auto it = view_path_.rbegin(); it != view_path_.rend(); ++it) {
     RadixNode* n = *it;
     ViewRun run;
     run.node = n;
-    n->view_index = add_view_run(run, n->parent == tree_.root() ? -1 : n->parent->view_index);
+    n->view_index = add_view_run(run, n->parent->parent == nullptr ? -1 : n->parent->view_index);
     n->view_stamp = view_stamp_;
   }
-  return node == tree_.root() ? -1 : node->view_index;
+  return node->parent == nullptr ? -1 : node->view_index;
 }
 
 Status KvCache::build_attention_view(std::span<const ViewQuery> queries, AttentionView* out) {

@@ -39,41 +39,48 @@ StatusOr<int32_t> PagePool::pages_for_budget(const KvLayout& model, int64_t budg
 }
 
 PagePool::PagePool(int32_t num_pages, int32_t page_size)
-    : page_size_(page_size), refs_(num_pages, 0) {
+    : page_size_(page_size), pages_(num_pages), owners_(1) {
   free_list_.reserve(num_pages);
   // Highest id at the bottom so allocation hands out 0, 1, 2, ... on a fresh pool.
   for (int32_t p = num_pages - 1; p >= 0; --p) free_list_.push_back(p);
 }
 
-int32_t PagePool::allocate() {
+int32_t PagePool::allocate(int32_t owner) {
+  assert(owner >= 0);
   if (free_list_.empty()) return -1;
   const int32_t page = free_list_.back();
   free_list_.pop_back();
-  refs_[page] = 1;
+  pages_[page].refs = 1;
   ++used_;
+  if (owner >= static_cast<int32_t>(owners_.size())) [[unlikely]] {
+    owners_.resize(owner + 1);
+  }
+  pages_[page].owner = owner;
+  ++owners_[owner].used;
   return page;
 }
 
-Status PagePool::allocate(int32_t n, std::vector<int32_t>* out) {
+Status PagePool::allocate(int32_t n, std::vector<int32_t>* out, int32_t owner) {
   if (n < 0) return InvalidArgument("n must be >= 0");
   if (n > num_free()) {
     return ResourceExhausted("need " + std::to_string(n) + " pages, " + std::to_string(num_free()) +
                              " free");
   }
-  for (int32_t i = 0; i < n; ++i) out->push_back(allocate());
+  for (int32_t i = 0; i < n; ++i) out->push_back(allocate(owner));
   return Status::Ok();
 }
 
 void PagePool::retain(int32_t page) {
-  assert(refs_[page] > 0 && "retain of a free page");
-  ++refs_[page];
+  assert(pages_[page].refs > 0 && "retain of a free page");
+  ++pages_[page].refs;
 }
 
 bool PagePool::release(int32_t page) {
-  assert(refs_[page] > 0 && "release of a free page");
-  if (--refs_[page] > 0) return false;
+  assert(pages_[page].refs > 0 && "release of a free page");
+  if (--pages_[page].refs > 0) return false;
   free_list_.push_back(page);
   --used_;
+  --owners_[pages_[page].owner].used;
   return true;
 }
 
@@ -82,24 +89,41 @@ Status PagePool::check_invariants() const {
     return Internal("free " + std::to_string(num_free()) + " + used " + std::to_string(used_) +
                     " != total " + std::to_string(num_pages()));
   }
-  std::vector<uint8_t> in_free(refs_.size(), 0);
+  std::vector<uint8_t> in_free(pages_.size(), 0);
   for (int32_t page : free_list_) {
     if (page < 0 || page >= num_pages()) return Internal("free list holds bad page id");
     if (in_free[page]) return Internal("page " + std::to_string(page) + " freed twice");
-    if (refs_[page] != 0) {
+    if (pages_[page].refs != 0) {
       return Internal("page " + std::to_string(page) + " is free and referenced");
     }
     in_free[page] = 1;
   }
   int32_t used = 0;
-  for (size_t p = 0; p < refs_.size(); ++p) {
-    if (refs_[p] < 0) return Internal("negative ref count on page " + std::to_string(p));
-    if (refs_[p] > 0) ++used;
-    if (refs_[p] == 0 && !in_free[p]) {
+  std::vector<int32_t> owner_used(owners_.size(), 0);
+  for (size_t p = 0; p < pages_.size(); ++p) {
+    if (pages_[p].refs < 0) return Internal("negative ref count on page " + std::to_string(p));
+    if (pages_[p].refs == 0 && !in_free[p]) {
       return Internal("page " + std::to_string(p) + " leaked (no refs, not free)");
     }
+    if (pages_[p].refs == 0) continue;
+    if (pages_[p].owner < 0 || pages_[p].owner >= static_cast<int32_t>(owners_.size())) {
+      return Internal("page " + std::to_string(p) + " has a bad owner");
+    }
+    ++used;
+    ++owner_used[pages_[p].owner];
   }
   if (used != used_) return Internal("used counter out of sync");
+  int32_t locked = 0;
+  for (size_t o = 0; o < owners_.size(); ++o) {
+    if (owner_used[o] != owners_[o].used) {
+      return Internal("used count of owner " + std::to_string(o) + " out of sync");
+    }
+    if (owners_[o].locked < 0 || owners_[o].locked > owners_[o].used) {
+      return Internal("locked count of owner " + std::to_string(o) + " out of range");
+    }
+    locked += owners_[o].locked;
+  }
+  if (locked != locked_) return Internal("locked counter out of sync");
   return Status::Ok();
 }
 

@@ -4,10 +4,15 @@
 //
 // The shadow keeps every live branch's token sequence and a fake pool memory: one 64-bit
 // value per (page, slot), written at the slots the cache hands out and updated for PageCopy
-// and SlotMove exactly as the engine does. The value written for position p is a hash of
-// tokens [0, p] (real K/V depends on the whole prefix), so reading a live branch back through
-// its page table proves the sharing right: a page shared with the wrong prefix, a slot
+// and SlotMove exactly as the engine does. The value written for position p is a hash of the
+// branch's cache namespace and tokens [0, p] (real K/V depends on the whole prefix; the salt
+// stands for a tenant's private prompt), so reading a live branch back through its page table
+// proves the sharing right: a page shared with the wrong prefix or across namespaces, a slot
 // overwritten by another writer, a missed copy or a freed-and-reused page all show up.
+//
+// Branches live in a few cache namespaces; after every operation the per-namespace counts
+// (namespace_stats) must add up to the global stats, match the shadow's live branches, cover
+// every page the namespace's branches read, and never share a page with another namespace.
 //
 // Every check returns an empty string or a message naming what broke; callers (gtest,
 // libFuzzer) decide how to fail.
@@ -23,77 +28,9 @@
 
 #include "kernels/attention_plan.h"
 #include "kvcache/kv_cache.h"
+#include "tests/kvcache/kv_cache_model_util.h"
 
 namespace treeserve::testing {
-
-// Unoptimized builds (Debug, the ASan + UBSan build) run the interpreter ~50x slower than
-// Release; the property test and the replay driver run this many times more programs when
-// optimized, so the suite stays fast everywhere and Release covers more.
-#ifdef __OPTIMIZE__
-inline constexpr int kProgramScale = 4;
-#else
-inline constexpr int kProgramScale = 1;
-#endif
-
-// Reads bytes as small integers; an exhausted source yields zeros.
-class ByteSource {
- public:
-  explicit ByteSource(std::span<const uint8_t> bytes) : bytes_(bytes) {}
-  bool empty() const { return pos_ >= bytes_.size(); }
-  uint8_t byte() { return empty() ? 0 : bytes_[pos_++]; }
-  // In [0, n), n <= 65536.
-  uint32_t below(uint32_t n) {
-    if (n <= 1) return 0;
-    uint32_t v = byte();
-    if (n > 256) v = v << 8 | byte();
-    return v % n;
-  }
-  int32_t in(int32_t lo, int32_t hi) { return lo + static_cast<int32_t>(below(hi - lo + 1)); }
-
- private:
-  std::span<const uint8_t> bytes_;
-  size_t pos_ = 0;
-};
-
-enum KvOp : int {
-  kOpCreate,
-  kOpAppend,
-  kOpFork,
-  kOpTruncate,
-  kOpPrune,
-  kOpEvict,
-  kOpMatch,
-  kOpTokenTree,
-  kOpAccept,
-  kOpView,
-  kOpBadCall,
-  kNumKvOps
-};
-
-struct KvOpCounts {
-  int64_t ok[kNumKvOps] = {};
-  int64_t exhausted = 0;      // calls refused with RESOURCE_EXHAUSTED
-  int64_t rejected = 0;       // calls refused as expected (bad ids / arguments / state)
-  int64_t copies = 0;         // PageCopy entries applied
-  int64_t moves = 0;          // SlotMove entries applied
-  int64_t cached_tokens = 0;  // prompt tokens reused by create_branch
-};
-
-inline uint64_t kv_hash(uint64_t prev, int32_t token) {
-  uint64_t x = prev ^ (static_cast<uint64_t>(static_cast<uint32_t>(token)) + 0x9e3779b97f4a7c15ull +
-                       (prev << 6) + (prev >> 2));
-  x ^= x >> 31;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 29;
-  return x | 1;  // 0 marks a slot never written
-}
-
-inline bool same_stats(const KvCacheStats& a, const KvCacheStats& b) {
-  return a.pages_total == b.pages_total && a.pages_free == b.pages_free &&
-         a.pages_used == b.pages_used && a.pages_locked == b.pages_locked &&
-         a.pages_evictable == b.pages_evictable && a.radix_cached_tokens == b.radix_cached_tokens &&
-         a.radix_nodes == b.radix_nodes && a.live_branches == b.live_branches;
-}
 
 class KvCacheModel {
  public:
@@ -115,6 +52,7 @@ class KvCacheModel {
   explicit KvCacheModel(const KvCacheConfig& config)
       : cache_(KvCache::create(config).value()),
         ps_(config.page_size),
+        num_pages_(config.num_pages),
         mem_(static_cast<size_t>(config.num_pages) * config.page_size, 0) {}
 
   KvCache& cache() { return *cache_; }
@@ -125,17 +63,21 @@ class KvCacheModel {
   std::string step(ByteSource& in) {
     ++step_;
     const int op_byte = in.byte();
-    int op = op_byte % 32;
-    // Weights out of 32: appends most, then create/prune, the rest a few each.
-    static constexpr int kTable[32] = {
-        kOpCreate,    kOpCreate,    kOpCreate,    kOpCreate,  kOpAppend, kOpAppend, kOpAppend,
-        kOpAppend,    kOpAppend,    kOpAppend,    kOpFork,    kOpFork,   kOpFork,   kOpTruncate,
-        kOpTruncate,  kOpPrune,     kOpPrune,     kOpPrune,   kOpPrune,  kOpEvict,  kOpMatch,
-        kOpTokenTree, kOpTokenTree, kOpTokenTree, kOpAccept,  kOpAccept, kOpAccept, kOpView,
-        kOpView,      kOpBadCall,   kOpBadCall,   kOpTruncate};
-    op = kTable[op];
-    if (live_.empty() && op != kOpEvict && op != kOpMatch && op != kOpBadCall) op = kOpCreate;
+    // Weights out of 34: appends most, then create/prune, the rest a few each.
+    static constexpr int kTable[34] = {
+        kOpCreate,  kOpCreate,   kOpCreate,   kOpCreate,        kOpAppend,    kOpAppend,
+        kOpAppend,  kOpAppend,   kOpAppend,   kOpAppend,        kOpFork,      kOpFork,
+        kOpFork,    kOpTruncate, kOpTruncate, kOpPrune,         kOpPrune,     kOpPrune,
+        kOpPrune,   kOpEvict,    kOpMatch,    kOpTokenTree,     kOpTokenTree, kOpTokenTree,
+        kOpAccept,  kOpAccept,   kOpAccept,   kOpView,          kOpView,      kOpBadCall,
+        kOpBadCall, kOpTruncate, kOpLimit,    kOpEvictNamespace};
+    int op = kTable[op_byte % 34];
+    if (live_.empty() && op != kOpEvict && op != kOpMatch && op != kOpBadCall && op != kOpLimit &&
+        op != kOpEvictNamespace) {
+      op = kOpCreate;
+    }
     if (live_branches() >= kMaxLive && (op == kOpCreate || op == kOpFork)) op = kOpPrune;
+    const NamespaceSnapshot ns_before = namespace_snapshot(*cache_);
     std::string err;
     switch (op) {
       case kOpCreate:
@@ -168,11 +110,27 @@ class KvCacheModel {
       case kOpView:
         err = do_view(in);
         break;
+      case kOpLimit:
+        err = do_limit(in);
+        break;
+      case kOpEvictNamespace:
+        err = do_evict_namespace(in);
+        break;
       default:
         err = do_bad_call(in);
         break;
     }
     if (err.empty() && op == kOpBadCall) ++counts_.ok[kOpBadCall];
+    // A namespace whose pages grew took them through the limit check: it ends within its limit.
+    for (int n = 0; n < kNumModelNamespaces && err.empty(); ++n) {
+      const NamespaceStats after = ns_stats(n);
+      const int32_t used = after.pages_locked + after.pages_evictable;
+      if (after.page_limit > 0 && used > ns_before[n].pages_locked + ns_before[n].pages_evictable &&
+          used > after.page_limit) {
+        err = "namespace " + std::to_string(n) + " grew to " + std::to_string(used) +
+              " pages, past its limit " + std::to_string(after.page_limit);
+      }
+    }
     if (err.empty()) err = check();
     if (!err.empty())
       return "step " + std::to_string(step_) + " op " + std::to_string(op) + ": " + err;
@@ -202,6 +160,12 @@ class KvCacheModel {
     if (s.radix_nodes != 0 || s.radix_cached_tokens != 0 || s.pages_evictable != 0) {
       return "after evict_all the radix tree is not empty";
     }
+    for (int n = 0; n < kNumModelNamespaces; ++n) {
+      const NamespaceStats ns = ns_stats(n);
+      if (ns.pages_locked != 0 || ns.pages_evictable != 0 || ns.live_branches != 0) {
+        return "after evict_all namespace " + std::to_string(n) + " still holds pages";
+      }
+    }
     return check();
   }
 
@@ -213,6 +177,7 @@ class KvCacheModel {
     // A used page is held by a live branch (path or tail) or only by unlocked cached nodes.
     if (s.pages_locked + s.pages_evictable != s.pages_used) return "locked + evictable != used";
     if (s.live_branches != live_branches()) return "live branch count differs from the shadow";
+    if (std::string err = check_namespaces(s); !err.empty()) return err;
     const PagePool& pool = cache_->pool();
     std::vector<int32_t> tokens, table;
     for (const ShadowBranch& b : live_) {
@@ -245,6 +210,7 @@ class KvCacheModel {
  private:
   struct ShadowBranch {
     BranchId id = 0;
+    int ns = 0;  // index into kModelNamespaces
     std::vector<int32_t> tokens;
     std::vector<uint64_t> kv;  // kv[p] = hash of tokens [0, p]
     std::vector<int32_t> draft_tokens, draft_parents;
@@ -263,11 +229,22 @@ class KvCacheModel {
   }
   static void extend_kv(ShadowBranch& b) {
     while (b.kv.size() < b.tokens.size()) {
-      const uint64_t prev = b.kv.empty() ? 0x51ed27ull : b.kv.back();
+      const uint64_t prev =
+          b.kv.empty() ? kv_hash(0x51ed27ull, static_cast<int32_t>(b.ns)) : b.kv.back();
       b.kv.push_back(kv_hash(prev, b.tokens[b.kv.size()]));
     }
   }
   int32_t pick(ByteSource& in) { return static_cast<int32_t>(in.below(live_.size())); }
+  NamespaceStats ns_stats(int n) const { return cache_->namespace_stats(kModelNamespaces[n]); }
+  // `like` three times in four, else any namespace.
+  int pick_namespace(ByteSource& in, int like) {
+    return in.below(4) != 0 ? like : static_cast<int>(in.below(kNumModelNamespaces));
+  }
+  std::string check_namespaces(const KvCacheStats& s) {
+    std::vector<std::pair<BranchId, int>> live;
+    for (const ShadowBranch& b : live_) live.emplace_back(b.id, b.ns);
+    return check_namespace_counts(*cache_, s, live);
+  }
 
   std::string apply_copies(const std::vector<PageCopy>& copies) {
     for (const PageCopy& c : copies) {
@@ -288,14 +265,26 @@ class KvCacheModel {
     return {};
   }
   // RESOURCE_EXHAUSTED must change nothing and be honest: `need` pages were not available
-  // even after evicting every unlocked prefix. need < 0 skips the honesty check.
-  std::string exhausted(const Status& st, const KvCacheStats& before, int32_t need) {
+  // even after evicting every unlocked prefix, or they would take namespace `ns`'s locked
+  // pages past its limit. need < 0 skips the honesty check.
+  std::string exhausted(const Status& st, const KvCacheStats& before, int32_t need, int ns = -1,
+                        const NamespaceStats* ns_before = nullptr) {
     if (st.code() != StatusCode::kResourceExhausted) return "unexpected error " + st.ToString();
     if (!same_stats(before, cache_->stats())) return "RESOURCE_EXHAUSTED changed the stats";
-    if (need >= 0 && need <= before.pages_free + before.pages_evictable) {
+    if (ns_before != nullptr && !same_ns_stats(*ns_before, ns_stats(ns))) {
+      return "RESOURCE_EXHAUSTED changed the namespace's counts";
+    }
+    const bool over_limit = ns_before != nullptr && ns_before->page_limit > 0 && need >= 0 &&
+                            ns_before->pages_locked + need > ns_before->page_limit;
+    if (over_limit) {
+      if (st.message().find("limit") == std::string::npos) {
+        return "a refusal at the page limit does not name it: " + st.ToString();
+      }
+      ++counts_.limit_refusals;
+    } else if (need >= 0 && need <= before.pages_free + before.pages_evictable) {
       return "RESOURCE_EXHAUSTED although " + std::to_string(need) + " <= free " +
              std::to_string(before.pages_free) + " + evictable " +
-             std::to_string(before.pages_evictable);
+             std::to_string(before.pages_evictable) + ": " + st.ToString();
     }
     ++counts_.exhausted;
     return {};
@@ -307,26 +296,39 @@ class KvCacheModel {
   std::string do_create(ByteSource& in) {
     std::vector<int32_t> prompt;
     const int source = in.below(4);
+    int ns = static_cast<int>(in.below(kNumModelNamespaces));
     if (source < 2 && !live_.empty()) {
       const ShadowBranch& b = live_[pick(in)];
       prompt.assign(b.tokens.begin(), b.tokens.begin() + in.in(0, b.tokens.size()));
+      ns = pick_namespace(in, b.ns);
     } else if (source == 2 && !history_.empty()) {
-      const std::vector<int32_t>& h = history_[in.below(history_.size())];
+      const auto& [h_ns, h] = history_[in.below(history_.size())];
       prompt.assign(h.begin(), h.begin() + in.in(0, h.size()));
+      ns = pick_namespace(in, h_ns);
     }
     const int32_t extra = in.in(1, 2 * ps_ + 3);
     for (int32_t i = 0; i < extra && static_cast<int32_t>(prompt.size()) < kMaxLength; ++i) {
       prompt.push_back(token(in));
     }
     if (prompt.empty()) prompt.push_back(token(in));
-    const int32_t predicted = cache_->match_prefix_length(prompt);
+    const CacheNamespace id = kModelNamespaces[ns];
+    const int32_t predicted = cache_->match_prefix_length(prompt, id);
     const KvCacheStats before = cache_->stats();
-    StatusOr<NewBranch> r = cache_->create_branch(prompt);
-    if (!r.ok()) return exhausted(r.status(), before, -1);
+    const NamespaceStats ns_before = ns_stats(ns);
+    const int32_t namespaces = cache_->namespace_count();
+    StatusOr<NewBranch> r = cache_->create_branch(prompt, id);
+    if (!r.ok()) {
+      if (cache_->namespace_count() != namespaces) return "a refused create left a namespace";
+      return exhausted(r.status(), before, -1, ns, &ns_before);
+    }
     if (r->cached_tokens != predicted) return "cached_tokens != match_prefix_length";
     if (r->copies.size() > 1) return "create_branch copied more than one page";
+    if (StatusOr<CacheNamespace> got = cache_->branch_namespace(r->id); !got.ok() || *got != id) {
+      return "create_branch put the branch in the wrong namespace";
+    }
     ShadowBranch b;
     b.id = r->id;
+    b.ns = ns;
     b.tokens = prompt;
     extend_kv(b);
     if (std::string e = apply_copies(r->copies); !e.empty()) return e;
@@ -344,11 +346,13 @@ class KvCacheModel {
     for (int32_t& t : tokens) t = token(in);
     if (len + static_cast<int32_t>(tokens.size()) > kMaxLength) return do_truncate(in);
     const KvCacheStats before = cache_->stats();
+    const NamespaceStats ns_before = ns_stats(b.ns);
     std::vector<KvSlot> slots;
     Status st = cache_->append(b.id, tokens, &slots);
     if (!b.draft_tokens.empty()) return expect_code(st, StatusCode::kFailedPrecondition, before);
     if (!st.ok()) {
-      return exhausted(st, before, pages_between(len, len + static_cast<int32_t>(tokens.size())));
+      return exhausted(st, before, pages_between(len, len + static_cast<int32_t>(tokens.size())),
+                       b.ns, &ns_before);
     }
     b.tokens.insert(b.tokens.end(), tokens.begin(), tokens.end());
     extend_kv(b);
@@ -363,12 +367,14 @@ class KvCacheModel {
     const int32_t at_length = in.below(3) == 0 ? 0 : in.in(1, len);
     const int32_t at = at_length == 0 ? len : at_length;
     const KvCacheStats before = cache_->stats();
+    const int ns = live_[i].ns;
+    const NamespaceStats ns_before = ns_stats(ns);
     StatusOr<ForkResult> r = cache_->fork(live_[i].id, n, at_length);
     if (!live_[i].draft_tokens.empty()) {
       return expect_code(r.ok() ? Status::Ok() : r.status(), StatusCode::kFailedPrecondition,
                          before);
     }
-    if (!r.ok()) return exhausted(r.status(), before, at % ps_ != 0 ? n : 0);
+    if (!r.ok()) return exhausted(r.status(), before, at % ps_ != 0 ? n : 0, ns, &ns_before);
     if (static_cast<int32_t>(r->branches.size()) != n) return "fork returned the wrong count";
     const size_t want_copies = at % ps_ != 0 ? n : 0;
     if (r->copies.size() != want_copies) return "fork returned the wrong number of copies";
@@ -380,8 +386,13 @@ class KvCacheModel {
     }
     if (std::string e = apply_copies(r->copies); !e.empty()) return e;
     for (BranchId id : r->branches) {
+      if (StatusOr<CacheNamespace> got = cache_->branch_namespace(id);
+          !got.ok() || *got != kModelNamespaces[ns]) {
+        return "a fork left its parent's namespace";
+      }
       ShadowBranch c;
       c.id = id;
+      c.ns = ns;
       c.tokens.assign(live_[i].tokens.begin(), live_[i].tokens.begin() + at);
       c.kv.assign(live_[i].kv.begin(), live_[i].kv.begin() + at);
       live_.push_back(std::move(c));
@@ -395,12 +406,13 @@ class KvCacheModel {
     const int32_t len = static_cast<int32_t>(b.tokens.size());
     const int32_t new_length = in.in(1, len);
     const KvCacheStats before = cache_->stats();
+    const NamespaceStats ns_before = ns_stats(b.ns);
     StatusOr<TruncateResult> r = cache_->truncate(b.id, new_length);
     if (!b.draft_tokens.empty()) {
       return expect_code(r.ok() ? Status::Ok() : r.status(), StatusCode::kFailedPrecondition,
                          before);
     }
-    if (!r.ok()) return exhausted(r.status(), before, 1);
+    if (!r.ok()) return exhausted(r.status(), before, 1, b.ns, &ns_before);
     if (r->copies.size() > 1) return "truncate copied more than one page";
     if (std::string e = apply_copies(r->copies); !e.empty()) return e;
     b.tokens.resize(new_length);
@@ -418,16 +430,18 @@ class KvCacheModel {
     const KvCacheStats after = cache_->stats();
     if (after.pages_free - before.pages_free != r->freed_pages) return "prune freed_pages is wrong";
     std::vector<int32_t> tokens = std::move(live_[i].tokens);
+    const int ns = live_[i].ns;
     dead_.push_back(live_[i].id);
     live_.erase(live_.begin() + i);
     if (retain) {
-      // Everything the branch computed is now a cached prefix.
+      // Everything the branch computed is now a cached prefix of its namespace.
       tokens.push_back(1 << 30);
-      if (cache_->match_prefix_length(tokens) != static_cast<int32_t>(tokens.size()) - 1) {
+      if (cache_->match_prefix_length(tokens, kModelNamespaces[ns]) !=
+          static_cast<int32_t>(tokens.size()) - 1) {
         return "retain_kv prune did not cache the branch's tokens";
       }
       tokens.pop_back();
-      history_.push_back(std::move(tokens));
+      history_.emplace_back(ns, std::move(tokens));
       if (history_.size() > 16) history_.erase(history_.begin());
     }
     ++counts_.ok[kOpPrune];
@@ -459,11 +473,15 @@ class KvCacheModel {
     if (!live_.empty() && in.below(2) == 0) tokens = live_[pick(in)].tokens;
     const int32_t extra = in.in(0, 6);
     for (int32_t i = 0; i < extra; ++i) tokens.push_back(token(in));
-    const int32_t m = cache_->match_prefix_length(tokens);
+    const int32_t namespaces = cache_->namespace_count();
+    const int32_t m =
+        cache_->match_prefix_length(tokens, kModelNamespaces[in.below(kNumModelNamespaces)]);
     if (m < 0 || m > std::max<int32_t>(0, static_cast<int32_t>(tokens.size()) - 1)) {
       return "match_prefix_length out of range";
     }
-    if (!same_stats(before, cache_->stats())) return "match_prefix_length changed the cache";
+    if (!same_stats(before, cache_->stats()) || cache_->namespace_count() != namespaces) {
+      return "match_prefix_length changed the cache";
+    }
     ++counts_.ok[kOpMatch];
     return {};
   }
@@ -478,10 +496,11 @@ class KvCacheModel {
       parents[i] = i == 0 ? -1 : in.in(-1, i - 1);
     }
     const KvCacheStats before = cache_->stats();
+    const NamespaceStats ns_before = ns_stats(b.ns);
     std::vector<KvSlot> slots;
     Status st = cache_->append_token_tree(b.id, tokens, parents, &slots);
     if (!b.draft_tokens.empty()) return expect_code(st, StatusCode::kFailedPrecondition, before);
-    if (!st.ok()) return exhausted(st, before, pages_between(len, len + t));
+    if (!st.ok()) return exhausted(st, before, pages_between(len, len + t), b.ns, &ns_before);
     if (static_cast<int32_t>(slots.size()) != t) return "token tree: wrong number of slots";
     b.draft_tokens = tokens;
     b.draft_parents = parents;
@@ -592,11 +611,76 @@ class KvCacheModel {
     return {};
   }
 
+  // A page limit for a namespace (0 a third of the time: none), or a reservation against it.
+  std::string do_limit(ByteSource& in) {
+    const int ns = static_cast<int>(in.below(kNumModelNamespaces));
+    const CacheNamespace id = kModelNamespaces[ns];
+    const KvCacheStats before = cache_->stats();
+    const NamespaceSnapshot all_before = namespace_snapshot(*cache_);
+    const NamespaceStats& mine = all_before[ns];
+    if (in.below(3) == 0) {
+      const int32_t pages = in.in(0, num_pages_ / 2 + 2);
+      Status st = cache_->reserve_pages(id, pages);
+      if (!st.ok()) return exhausted(st, before, pages, ns, &mine);
+      const NamespaceStats after = ns_stats(ns);
+      if (cache_->stats().pages_free < pages) return "reserve_pages left too few free pages";
+      if (after.page_limit > 0 && pages > 0 &&
+          after.pages_locked + after.pages_evictable + pages > after.page_limit) {
+        return "reserve_pages left no room under the namespace's limit";
+      }
+      ++counts_.ok[kOpLimit];
+      return {};
+    }
+    const int32_t limit = in.below(3) == 0 ? 0 : in.in(1, num_pages_);
+    if (Status st = cache_->set_namespace_page_limit(id, limit); !st.ok()) {
+      return "set_namespace_page_limit: " + st.ToString();
+    }
+    const NamespaceStats after = ns_stats(ns);
+    if (after.page_limit != limit) return "page_limit not set";
+    if (after.pages_locked != mine.pages_locked || after.live_branches != mine.live_branches) {
+      return "set_namespace_page_limit changed locked pages or branches";
+    }
+    // The namespace's cache shrinks to the limit where it can, and only its cache.
+    const int32_t used = after.pages_locked + after.pages_evictable;
+    if (limit > 0 && after.pages_evictable > 0 && used > limit) {
+      return "set_namespace_page_limit left cache above the limit";
+    }
+    if (limit == 0 && after.pages_evictable != mine.pages_evictable) {
+      return "removing a limit evicted cache";
+    }
+    if (std::string e = others_unchanged(*cache_, all_before, ns, "set_namespace_page_limit");
+        !e.empty()) {
+      return e;
+    }
+    ++counts_.ok[kOpLimit];
+    return {};
+  }
+
+  // Drops one namespace's cache: exactly its evictable pages, nothing of the others.
+  std::string do_evict_namespace(ByteSource& in) {
+    const int ns = static_cast<int>(in.below(kNumModelNamespaces));
+    const KvCacheStats before = cache_->stats();
+    const NamespaceSnapshot all_before = namespace_snapshot(*cache_);
+    const int32_t freed = cache_->evict_namespace(kModelNamespaces[ns]);
+    const NamespaceStats after = ns_stats(ns);
+    if (freed != all_before[ns].pages_evictable) return "evict_namespace freed != its evictable";
+    if (cache_->stats().pages_free - before.pages_free != freed) return "evict_namespace count";
+    if (after.pages_evictable != 0 || after.pages_locked != all_before[ns].pages_locked ||
+        after.live_branches != all_before[ns].live_branches) {
+      return "evict_namespace left cache or changed live pages";
+    }
+    if (std::string e = others_unchanged(*cache_, all_before, ns, "evict_namespace"); !e.empty())
+      return e;
+    ++counts_.ok[kOpEvictNamespace];
+    return {};
+  }
+
   std::string expect_code(const Status& st, StatusCode code, const KvCacheStats& before) {
     if (st.code() != code) {
       return std::string("expected ") + StatusCodeName(code) + ", got " + st.ToString();
     }
     if (!same_stats(before, cache_->stats())) return "a refused call changed the cache";
+    if (cache_->namespace_count() > kNumModelNamespaces) return "a refused call made a namespace";
     ++counts_.rejected;
     return {};
   }
@@ -605,7 +689,13 @@ class KvCacheModel {
     const KvCacheStats before = cache_->stats();
     std::vector<KvSlot> slots;
     const std::vector<int32_t> one{7};
-    const int kind = in.below(6);
+    const int kind = in.below(7);
+    if (kind == 6) {  // negative page counts, any namespace
+      const CacheNamespace ns = kModelNamespaces[in.below(kNumModelNamespaces)];
+      Status st = in.below(2) ? cache_->set_namespace_page_limit(ns, -1 - in.in(0, 3))
+                              : cache_->reserve_pages(ns, -1);
+      return expect_code(st, StatusCode::kInvalidArgument, before);
+    }
     if (kind == 0) {  // ids never handed out
       const BranchId bogus[] = {0, -5, (BranchId{0x7fff0000} << 32) | 1,
                                 (BranchId{1} << 32) | 100000};
@@ -640,10 +730,12 @@ class KvCacheModel {
 
   std::unique_ptr<KvCache> cache_;
   int32_t ps_;
+  int32_t num_pages_;
   std::vector<uint64_t> mem_;  // [num_pages * page_size] fake pool memory
   std::vector<ShadowBranch> live_;
   std::vector<BranchId> dead_;
-  std::vector<std::vector<int32_t>> history_;  // sequences cached by retain_kv prunes
+  // Sequences cached by retain_kv prunes, with their namespace.
+  std::vector<std::pair<int, std::vector<int32_t>>> history_;
   AttentionView view_;
   KvOpCounts counts_;
   int64_t step_ = 0;
@@ -667,6 +759,7 @@ inline std::string run_kv_cache_program(std::span<const uint8_t> bytes, int64_t 
     counts->copies += c.copies;
     counts->moves += c.moves;
     counts->cached_tokens += c.cached_tokens;
+    counts->limit_refusals += c.limit_refusals;
   }
   if (!err.empty()) {
     std::ostringstream os;

@@ -1,6 +1,7 @@
 // Randomized property test: thousands of random create / fork / append / truncate / prune /
-// evict / match / token-tree / accept / view operations from fixed seeds, each followed by
-// the full shadow check of kv_cache_model.h (invariants, accounting, every live branch's
+// evict / match / token-tree / accept / view / page-limit / namespace-eviction operations over
+// a few cache namespaces from fixed seeds, each followed by the full shadow check of
+// kv_cache_model.h (invariants, global and per-namespace accounting, every live branch's
 // tokens, page table and KV read back), then a drain to an idle, empty cache.
 #include <gtest/gtest.h>
 
@@ -38,6 +39,7 @@ TEST(KvCacheProperty, ShortRandomPrograms) {
   EXPECT_GT(counts.copies, 0);
   EXPECT_GT(counts.moves, 0);
   EXPECT_GT(counts.cached_tokens, 0);
+  EXPECT_GT(counts.limit_refusals, 0);
 }
 
 // A few long programs on one cache each, so trees grow deep and eviction runs often

@@ -52,6 +52,11 @@ inline bool stats_equal(const KvCacheStats& a, const KvCacheStats& b) {
          a.radix_nodes == b.radix_nodes && a.live_branches == b.live_branches;
 }
 
+inline bool ns_stats_equal(const NamespaceStats& a, const NamespaceStats& b) {
+  return a.pages_locked == b.pages_locked && a.pages_evictable == b.pages_evictable &&
+         a.live_branches == b.live_branches && a.page_limit == b.page_limit;
+}
+
 #define EXPECT_KV_HEALTHY(cache)                                \
   do {                                                          \
     const ::treeserve::Status _st = (cache).check_invariants(); \

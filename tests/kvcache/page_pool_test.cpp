@@ -70,6 +70,37 @@ TEST(PagePool, BulkAllocateIsAllOrNothing) {
   EXPECT_TRUE(pool.check_invariants().ok());
 }
 
+// Each used page has an owner (a cache namespace); used pages are counted per owner, and the
+// locked count per owner is what the holders report.
+TEST(PagePool, CountsPagesPerOwner) {
+  PagePool pool(5, 4);
+  const int32_t a = pool.allocate(2), b = pool.allocate(2), c = pool.allocate();
+  EXPECT_EQ(pool.owner(a), 2);
+  EXPECT_EQ(pool.owner(c), 0);
+  EXPECT_EQ(pool.owner_used(2), 2);
+  EXPECT_EQ(pool.owner_used(0), 1);
+  EXPECT_EQ(pool.owner_used(1), 0);
+  EXPECT_EQ(pool.owner_used(7), 0);  // never used
+  pool.add_locked(2, 2);
+  EXPECT_EQ(pool.owner_locked(2), 2);
+  EXPECT_EQ(pool.owner_locked(0), 0);
+  EXPECT_EQ(pool.num_locked(), 2);
+  EXPECT_TRUE(pool.check_invariants().ok());
+  pool.add_locked(2, 1);  // more locked pages than used ones: a broken holder
+  EXPECT_FALSE(pool.check_invariants().ok());
+  pool.add_locked(2, -2);
+  pool.retain(a);
+  EXPECT_FALSE(pool.release(a));
+  EXPECT_TRUE(pool.release(b));
+  EXPECT_EQ(pool.owner_used(2), 1);
+  std::vector<int32_t> pages;
+  ASSERT_TRUE(pool.allocate(2, &pages, 3).ok());
+  EXPECT_EQ(pool.owner_used(3), 2);
+  EXPECT_EQ(pool.owner(pages[1]), 3);
+  EXPECT_EQ(pool.num_used(), 4);
+  EXPECT_TRUE(pool.check_invariants().ok());
+}
+
 TEST(PagePool, PagesForBudget) {
   KvLayout model;
   model.num_layers = 2;

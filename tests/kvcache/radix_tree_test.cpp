@@ -18,14 +18,14 @@ class RadixTreeTest : public ::testing::Test {
   PagePool pool_{32, kPageSize};
   std::unique_ptr<RadixTree> tree_ = std::make_unique<RadixTree>(&pool_);
 
-  // Inserts `tokens` under `parent` the way a branch commit does: fresh pages for the page
-  // indices the run touches, the caller's references dropped afterwards.
+  // Inserts `tokens` under `parent` the way a branch commit does: fresh pages (of the tree's
+  // owner) for the page indices the run touches, the caller's references dropped afterwards.
   RadixNode* insert(RadixNode* parent, std::vector<int32_t> tokens) {
     const int32_t start = parent->end();
     const int32_t end = start + static_cast<int32_t>(tokens.size());
     const int32_t count = (end + kPageSize - 1) / kPageSize - start / kPageSize;
     std::vector<int32_t> pages;
-    EXPECT_TRUE(pool_.allocate(count, &pages).ok());
+    EXPECT_TRUE(pool_.allocate(count, &pages, parent->owner).ok());
     RadixNode* node = tree_->insert(parent, tokens, pages);
     for (int32_t p : pages) pool_.release(p);
     EXPECT_TRUE(tree_->check_invariants().ok());
@@ -259,6 +259,81 @@ TEST_F(RadixTreeTest, DestructorReturnsEveryPageEvenForDeepChains) {
   tree_->lock(n);  // locks do not keep pages past the tree's lifetime
   EXPECT_LT(pool_.num_free(), pool_.num_pages());
   tree_.reset();
+  EXPECT_EQ(pool_.num_free(), pool_.num_pages());
+  EXPECT_TRUE(pool_.check_invariants().ok());
+}
+
+// One root per cache namespace: the same tokens under two roots are two nodes with their own
+// pages, matched and evicted separately; one LRU clock orders eviction over all roots.
+TEST_F(RadixTreeTest, RootsAreSeparateTrees) {
+  RadixNode* other = tree_->add_root(0);
+  EXPECT_EQ(tree_->root_count(), 2);
+  RadixNode* a = insert(tree_->root(), {1, 2, 3, 4});
+  RadixNode* b = insert(other, {1, 2, 3, 4});
+  EXPECT_NE(a, b);
+  EXPECT_NE(a->pages[0], b->pages[0]);
+  const std::vector<int32_t> t{1, 2, 3, 4, 5};
+  EXPECT_EQ(tree_->match_prefix(t, 5).node, a);
+  EXPECT_EQ(tree_->match_prefix(t, 5, other).node, b);
+  EXPECT_EQ(tree_->node_on_path(b, 0), other);
+  EXPECT_EQ(tree_->node_on_path(a, 0), tree_->root());
+  int visited = 0;
+  tree_->for_each_node([&](const RadixNode&) { ++visited; }, other);
+  EXPECT_EQ(visited, 1);
+  // Eviction limited to one root leaves the other alone, even though `a` is older.
+  EXPECT_TRUE(tree_->evict(1, 0, other));
+  EXPECT_EQ(tree_->match_prefix(t, 5, other).length, 0);
+  EXPECT_EQ(tree_->match_prefix(t, 5).length, 4);
+  EXPECT_FALSE(tree_->evict(1, 0, other));  // nothing left there
+  // Global eviction takes the least recently used leaf of any root.
+  RadixNode* c = insert(other, {7, 7});
+  tree_->touch(a);
+  EXPECT_TRUE(tree_->evict(1));
+  EXPECT_EQ(tree_->match_prefix(t, 5).length, 4);
+  EXPECT_EQ(other->children.size(), 0u);
+  (void)c;
+  EXPECT_EQ(tree_->evict_all(other), 0);
+  tree_->remove_root(other);
+  EXPECT_EQ(tree_->root_count(), 1);
+  EXPECT_TRUE(tree_->check_invariants().ok());
+  EXPECT_TRUE(pool_.check_invariants().ok());
+}
+
+// A node's lock moving between 0 and 1 adds or removes its pages from its owner's locked
+// count; a page both halves of a split list counts once.
+TEST_F(RadixTreeTest, LockedPagesAreCountedOncePerPage) {
+  RadixNode* other = tree_->add_root(1);
+  RadixNode* a = insert(tree_->root(), iota(6, 0));  // pages for indices 0, 1
+  RadixNode* b = insert(other, iota(4, 0));
+  EXPECT_EQ(b->owner, 1);
+  EXPECT_EQ(pool_.num_locked(), 0);
+  tree_->lock(a);
+  tree_->lock(a);
+  EXPECT_EQ(pool_.owner_locked(0), 2);
+  EXPECT_EQ(pool_.owner_locked(1), 0);
+  RadixNode* upper = tree_->split(a, 5);  // position 5: page index 1 is in both halves
+  EXPECT_TRUE(a->shares_first_page);
+  EXPECT_FALSE(upper->shares_first_page);
+  EXPECT_EQ(pool_.owner_locked(0), 2);
+  EXPECT_TRUE(tree_->check_invariants().ok());
+  tree_->unlock(a);
+  tree_->unlock_node(a);  // the lower half alone: the upper half keeps its lock
+  EXPECT_EQ(upper->lock_ref, 1);
+  EXPECT_EQ(pool_.owner_locked(0), 2);
+  tree_->unlock(upper);
+  EXPECT_EQ(pool_.owner_locked(0), 0);
+  // A commit inside a page: the new node's first page is its parent's last one.
+  const std::vector<int32_t> tokens{7, 7};
+  const std::vector<int32_t> pages{a->pages.back()};
+  RadixNode* c = tree_->insert(a, tokens, pages);
+  EXPECT_TRUE(c->shares_first_page);
+  tree_->lock(c);
+  EXPECT_EQ(pool_.owner_locked(0), 2);  // pages of indices 0 and 1, each once
+  tree_->lock(b);
+  EXPECT_EQ(pool_.owner_locked(1), 1);
+  EXPECT_TRUE(tree_->check_invariants().ok());
+  tree_.reset();  // teardown returns the locked counts with the pages
+  EXPECT_EQ(pool_.num_locked(), 0);
   EXPECT_EQ(pool_.num_free(), pool_.num_pages());
   EXPECT_TRUE(pool_.check_invariants().ok());
 }
