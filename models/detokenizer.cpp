@@ -1,34 +1,27 @@
-// Incremental detokenizer: hold back incomplete UTF-8 from byte-fallback pieces and
-// emit decode(window + new) minus decode(window).
+// Incremental detokenizer: hold back incomplete UTF-8 from byte pieces and byte-level
+// tokens, and emit decode(window + new) minus decode(window).
 #include "models/detokenizer.h"
 
 #include <algorithm>
+#include <cctype>
+
+#include "models/detail/unicode.h"
 
 namespace treeserve {
 namespace {
 
-// "<0xE6>" -> 0xE6; -1 for any other piece.
-int byte_piece_value(const std::string& piece) {
-  if (piece.size() != 6 || piece.compare(0, 3, "<0x") != 0 || piece[5] != '>') return -1;
-  int value = 0;
-  for (int i = 3; i < 5; ++i) {
-    const char c = piece[i];
-    int digit = -1;
-    if (c >= '0' && c <= '9') digit = c - '0';
-    if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
-    if (digit < 0) return -1;
-    value = value * 16 + digit;
-  }
-  return value;
+// Whether id's text may be part of a character split over several tokens: its bytes (a
+// byte piece, a byte-level token) are not whole characters on their own.
+bool partial_bytes(const Tokenizer& tokenizer, int32_t id) {
+  const std::string_view bytes = tokenizer.token_bytes(id);
+  return !bytes.empty() && detail::first_invalid_utf8(bytes) != bytes.size();
 }
 
-// Bytes a UTF-8 sequence starting with `lead` needs in total; 0 when it is not a
-// multi-byte lead byte.
-int utf8_sequence_length(int lead) {
-  if ((lead & 0xE0) == 0xC0) return 2;
-  if ((lead & 0xF0) == 0xE0) return 3;
-  if ((lead & 0xF8) == 0xF0) return 4;
-  return 0;
+// "<0xE6>": a sentencepiece or ByteFallback byte piece.
+bool is_byte_piece(const std::string& piece) {
+  auto hex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
+  return piece.size() == 6 && piece.compare(0, 3, "<0x") == 0 && hex(piece[3]) && hex(piece[4]) &&
+         piece[5] == '>';
 }
 
 // A piece with no leading U+2581 that is not a byte, control or unknown piece, and
@@ -55,16 +48,29 @@ std::string suffix_after(const std::string& a, const std::string& b) {
 }  // namespace
 
 int incomplete_utf8_tail(const Tokenizer& tokenizer, const std::vector<int32_t>& ids) {
-  // Walk back over at most 3 trailing byte pieces looking for the lead byte.
-  const int n = static_cast<int>(ids.size());
-  for (int k = 1; k <= std::min(n, 3); ++k) {
-    const int value = byte_piece_value(tokenizer.id_to_piece(ids[n - k]));
-    if (value < 0) return 0;               // a normal piece: complete text
-    if ((value & 0xC0) == 0x80) continue;  // continuation byte: keep walking back
-    const int needed = utf8_sequence_length(value);
-    return needed > k ? k : 0;  // lead byte with too few continuations -> hold back k
+  // Hold back the ids holding an incomplete last character; a byte-level token may also end
+  // the character before it (bytes "A4 ED": the end of U+FF24, the start of U+D78C), so the
+  // ids left may end incomplete in turn: repeat until they end on a whole character.
+  // An id without token_bytes decodes to whole characters.
+  size_t held = 0;
+  while (held < ids.size()) {
+    char tail[3];
+    size_t owner[3];  // how many ids back from the end of ids[0, size - held) hold the byte
+    size_t have = 0;
+    for (size_t k = 1; k <= ids.size() - held && have < 3; ++k) {
+      const std::string_view bytes = tokenizer.token_bytes(ids[ids.size() - held - k]);
+      if (bytes.empty()) break;
+      for (size_t i = bytes.size(); i > 0 && have < 3; --i, ++have) {
+        tail[2 - have] = bytes[i - 1];
+        owner[2 - have] = k;
+      }
+    }
+    const size_t incomplete =
+        detail::incomplete_utf8_suffix(std::string_view(tail + 3 - have, have));
+    if (incomplete == 0) break;
+    held += owner[3 - incomplete];
   }
-  return 0;
+  return static_cast<int>(held);
 }
 
 StatusOr<std::string> decode_new_text(const Tokenizer& tokenizer,
@@ -91,7 +97,9 @@ DetokenizerVocab::DetokenizerVocab(const Tokenizer& tokenizer)
   if (anchor_ < 0) return;  // no anchor: no context-free decode to test against
   anchor_text_ = tokenizer.id_to_piece(anchor_);
   for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
-    if (byte_piece_value(tokenizer.id_to_piece(id)) >= 0) continue;
+    // Byte-fallback pieces never qualify, ASCII ones included: a ByteFallback decoder turns a
+    // whole run of byte pieces that is not UTF-8 into U+FFFDs, so their text is never fixed.
+    if (partial_bytes(tokenizer, id) || is_byte_piece(tokenizer.id_to_piece(id))) continue;
     StatusOr<std::string> alone = tokenizer.decode({anchor_, id});
     StatusOr<std::string> between = tokenizer.decode({anchor_, id, anchor_});
     if (!alone.ok() || !between.ok() || alone->size() <= anchor_text_.size() ||

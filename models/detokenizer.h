@@ -13,8 +13,10 @@
 
 namespace treeserve {
 
-// Number of trailing ids (at most 3) that are byte-fallback pieces forming a
-// UTF-8 sequence that is incomplete but could still become valid.
+// Number of trailing ids to hold back so that the ids before them end on a whole character:
+// those whose bytes (Tokenizer::token_bytes) end in a UTF-8 sequence that is incomplete but
+// could still become valid, and, where such an id also holds the end of the character before
+// it, the ids that character started in (and so on).
 int incomplete_utf8_tail(const Tokenizer& tokenizer, const std::vector<int32_t>& ids);
 
 // Stateless form: the text that appending new_id to previous adds, where each
@@ -27,8 +29,8 @@ StatusOr<std::string> decode_new_text(const Tokenizer& tokenizer,
 // per id, at construction): the anchor piece (see IncrementalDetokenizer), and the ids whose
 // text is the same in any context — decode(anchor, id) adds a fixed non-empty text and
 // decode(anchor, id, anchor) adds just the anchor's after it — which a stream can then emit
-// without calling the decoder. Byte-fallback pieces never qualify. Immutable: share it
-// between threads.
+// without calling the decoder. Ids whose bytes are not whole characters never qualify.
+// Immutable: share it between threads.
 class DetokenizerVocab {
  public:
   explicit DetokenizerVocab(const Tokenizer& tokenizer);

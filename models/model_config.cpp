@@ -1,7 +1,9 @@
-// Parses a Hugging Face config.json into ModelConfig, and computes RoPE inverse
-// frequencies. nlohmann::json exceptions are caught here; callers only see Status.
+// Parses a Hugging Face config.json (and generation_config.json's EOS ids) into
+// ModelConfig, and computes RoPE inverse frequencies. nlohmann::json exceptions are caught here;
+// callers only see Status.
 #include "models/model_config.h"
 
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
 #include <cmath>
@@ -55,6 +57,17 @@ class FieldReader {
     if (has(field) && *out <= 0) {
       return InvalidArgument(where_ + ": field '" + field + "' must be positive, got " +
                              std::to_string(*out));
+    }
+    return Status::Ok();
+  }
+
+  // A dimension: positive and at most INT32_MAX, since the KV layout and the engines keep
+  // sizes in int32 (a larger one would be truncated there, not refused).
+  Status get_size(const char* field, int64_t* out, bool required) const {
+    TS_RETURN_IF_ERROR(get_positive_int(field, out, required));
+    if (has(field) && *out > INT32_MAX) {
+      return InvalidArgument(where_ + ": field '" + field + "' is " + std::to_string(*out) +
+                             ", over the largest supported size " + std::to_string(INT32_MAX));
     }
     return Status::Ok();
   }
@@ -194,6 +207,15 @@ Status check_shapes(const std::string& file, bool head_dim_given, const ModelCon
                            " is not divisible by num_key_value_heads " +
                            std::to_string(c.num_key_value_heads));
   }
+  for (auto [what, heads] :
+       {std::pair<const char*, int64_t>{"num_attention_heads", c.num_attention_heads},
+        {"num_key_value_heads", c.num_key_value_heads}}) {
+    if (heads * c.head_dim > INT32_MAX) {
+      return InvalidArgument(file + ": " + what + " x head_dim (" + std::to_string(heads) + " x " +
+                             std::to_string(c.head_dim) + ") is over the largest supported size " +
+                             std::to_string(INT32_MAX));
+    }
+  }
   if (c.head_dim % 2 != 0) {
     return InvalidArgument(file + ": head_dim " + std::to_string(c.head_dim) +
                            " must be even (RoPE rotates pairs)");
@@ -213,7 +235,10 @@ Status check_shapes(const std::string& file, bool head_dim_given, const ModelCon
 
 }  // namespace
 
-StatusOr<ModelConfig> parse_model_config(const std::string& json_text, const std::string& file) {
+namespace {
+
+// The JSON object a config file holds; INVALID_ARGUMENT naming the file otherwise.
+StatusOr<json> parse_object(const std::string& json_text, const std::string& file) {
   json root;
   try {
     root = json::parse(json_text);
@@ -223,19 +248,28 @@ StatusOr<ModelConfig> parse_model_config(const std::string& json_text, const std
   if (!root.is_object()) {
     return InvalidArgument(file + ": top level must be a JSON object, got " + root.type_name());
   }
+  return root;
+}
+
+}  // namespace
+
+StatusOr<ModelConfig> parse_model_config(const std::string& json_text, const std::string& file) {
+  StatusOr<json> parsed = parse_object(json_text, file);
+  if (!parsed.ok()) return parsed.status();
+  const json& root = *parsed;
   ModelConfig c;
   FieldReader r(root, file);
   TS_RETURN_IF_ERROR(parse_architecture(r, root, file, &c));
-  TS_RETURN_IF_ERROR(r.get_positive_int("vocab_size", &c.vocab_size, true));
-  TS_RETURN_IF_ERROR(r.get_positive_int("hidden_size", &c.hidden_size, true));
-  TS_RETURN_IF_ERROR(r.get_positive_int("intermediate_size", &c.intermediate_size, true));
-  TS_RETURN_IF_ERROR(r.get_positive_int("num_hidden_layers", &c.num_hidden_layers, true));
-  TS_RETURN_IF_ERROR(r.get_positive_int("num_attention_heads", &c.num_attention_heads, true));
+  TS_RETURN_IF_ERROR(r.get_size("vocab_size", &c.vocab_size, true));
+  TS_RETURN_IF_ERROR(r.get_size("hidden_size", &c.hidden_size, true));
+  TS_RETURN_IF_ERROR(r.get_size("intermediate_size", &c.intermediate_size, true));
+  TS_RETURN_IF_ERROR(r.get_size("num_hidden_layers", &c.num_hidden_layers, true));
+  TS_RETURN_IF_ERROR(r.get_size("num_attention_heads", &c.num_attention_heads, true));
   c.num_key_value_heads = c.num_attention_heads;
-  TS_RETURN_IF_ERROR(r.get_positive_int("num_key_value_heads", &c.num_key_value_heads, false));
+  TS_RETURN_IF_ERROR(r.get_size("num_key_value_heads", &c.num_key_value_heads, false));
   const bool head_dim_given = r.has("head_dim");
   c.head_dim = c.hidden_size / c.num_attention_heads;
-  TS_RETURN_IF_ERROR(r.get_positive_int("head_dim", &c.head_dim, false));
+  TS_RETURN_IF_ERROR(r.get_size("head_dim", &c.head_dim, false));
   TS_RETURN_IF_ERROR(
       r.get_positive_int("max_position_embeddings", &c.max_position_embeddings, false));
   TS_RETURN_IF_ERROR(r.get_positive_int("sliding_window", &c.sliding_window, false));
@@ -255,10 +289,29 @@ StatusOr<ModelConfig> parse_model_config(const std::string& json_text, const std
   if (bos.size() > 1) return r.ill_typed("bos_token_id", "a single integer token id");
   if (!bos.empty()) c.bos_token_id = bos[0];
   TS_RETURN_IF_ERROR(r.get_token_ids("eos_token_id", &c.eos_token_ids));
+  if (!c.eos_token_ids.empty()) c.eos_token_ids_source = "config.json";
   // transformers >= 4.56 writes "dtype"; older versions "torch_dtype".
   TS_RETURN_IF_ERROR(r.get_string(r.has("dtype") ? "dtype" : "torch_dtype", &c.torch_dtype));
   TS_RETURN_IF_ERROR(check_shapes(file, head_dim_given, c));
   return c;
+}
+
+Status apply_generation_config(const std::string& json_text, const std::string& file,
+                               ModelConfig* config) {
+  StatusOr<json> root = parse_object(json_text, file);
+  if (!root.ok()) return root.status();
+  std::vector<int32_t> eos;
+  TS_RETURN_IF_ERROR(FieldReader(*root, file).get_token_ids("eos_token_id", &eos));
+  if (eos.empty()) return Status::Ok();
+  for (int32_t id : eos) {
+    if (id >= config->vocab_size) {
+      return InvalidArgument(file + ": eos_token_id " + std::to_string(id) +
+                             " is outside vocab_size " + std::to_string(config->vocab_size));
+    }
+  }
+  config->eos_token_ids = std::move(eos);
+  config->eos_token_ids_source = "generation_config.json";
+  return Status::Ok();
 }
 
 StatusOr<ModelConfig> load_model_config(const std::string& model_dir) {
@@ -272,7 +325,18 @@ StatusOr<ModelConfig> load_model_config(const std::string& model_dir) {
   std::stringstream text;
   text << in.rdbuf();
   StatusOr<ModelConfig> config = parse_model_config(text.str(), file);
-  if (config.ok()) config->model_dir = model_dir;
+  if (!config.ok()) return config;
+  config->model_dir = model_dir;
+  const std::string generation_file = model_dir + "/generation_config.json";
+  if (std::ifstream generation(generation_file, std::ios::binary); generation) {
+    std::stringstream generation_text;
+    generation_text << generation.rdbuf();
+    TS_RETURN_IF_ERROR(apply_generation_config(generation_text.str(), generation_file, &*config));
+  }
+  std::string ids;
+  for (int32_t id : config->eos_token_ids) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
+  spdlog::info("model {}: generation ends on EOS ids [{}] ({})", model_dir, ids,
+               config->eos_token_ids.empty() ? "none given" : config->eos_token_ids_source);
   return config;
 }
 

@@ -1,6 +1,7 @@
 // ModelConfig: the shape of a Llama-family model, read from a Hugging Face
-// config.json (LlamaForCausalLM / MistralForCausalLM), and the RoPE inverse
-// frequencies it implies (plain and Llama-3.x "llama3" scaling).
+// config.json (LlamaForCausalLM / MistralForCausalLM), the end-of-sequence ids generation
+// stops on (generation_config.json, else config.json), and the RoPE inverse frequencies it
+// implies (plain and Llama-3.x "llama3" scaling).
 #pragma once
 
 #include <cstdint>
@@ -47,21 +48,30 @@ struct ModelConfig {
   RopeScaling rope_scaling;
 
   bool tie_word_embeddings = false;
-  int32_t bos_token_id = -1;           // -1: none given
-  std::vector<int32_t> eos_token_ids;  // config may give an int or a list; empty: none
-  std::string torch_dtype;             // "float32", "bfloat16", ... (informational)
+  int32_t bos_token_id = -1;  // -1: none given
+  // Generation ends on any of these; an int or a list in the files (Llama 3.x Instruct lists
+  // <|end_of_text|>, <|eom_id|>, <|eot_id|>). generation_config.json's eos_token_id, when it
+  // has one, replaces config.json's, as transformers' generate() does. Empty: none given.
+  std::vector<int32_t> eos_token_ids;
+  std::string eos_token_ids_source;  // "generation_config.json", "config.json" or "" (none)
+  std::string torch_dtype;           // "float32", "bfloat16", ... (informational)
 
   int64_t q_size() const { return num_attention_heads * head_dim; }
   int64_t kv_size() const { return num_key_value_heads * head_dim; }
 };
 
-// Reads <model_dir>/config.json. NOT_FOUND when the directory or file is missing;
-// INVALID_ARGUMENT (naming the file and field) for bad JSON, missing or ill-typed
-// fields, unsupported architectures or rope types, and inconsistent shapes.
+// Reads <model_dir>/config.json and, when present, <model_dir>/generation_config.json.
+// NOT_FOUND when the directory or config.json is missing; INVALID_ARGUMENT (naming the file
+// and field) for bad JSON, missing or ill-typed fields, unsupported architectures or rope
+// types, inconsistent shapes, and EOS ids outside vocab_size.
 StatusOr<ModelConfig> load_model_config(const std::string& model_dir);
 
 // Same checks on an already-parsed JSON text; `source` names it in messages.
 StatusOr<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source);
+// Applies a generation_config.json text to config: its eos_token_id (an int or a list)
+// replaces config->eos_token_ids; other fields are ignored. `source` names it in messages.
+Status apply_generation_config(const std::string& json_text, const std::string& source,
+                               ModelConfig* config);
 
 // RoPE inverse frequencies, head_dim / 2 of them, computed in float32 in the same
 // order of operations as transformers (default and llama3 rope types).

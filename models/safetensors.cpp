@@ -166,14 +166,19 @@ Status SafetensorsReader::Impl::parse_header(size_t shard_index) {
     e.shard = shard_index;
     e.dtype_string = info["dtype"].get<std::string>();
     e.dtype = parse_dtype(e.dtype_string);
+    constexpr uint64_t kMaxNumel = uint64_t{1} << 48;
     uint64_t numel = 1;
     for (const json& d : info["shape"]) {
       if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40)) {
         return InvalidArgument(where + ": bad shape " + info["shape"].dump());
       }
       e.shape.push_back(d.get<int64_t>());
-      numel *= d.get<uint64_t>();
-      if (numel > (uint64_t{1} << 48)) return InvalidArgument(where + ": shape is too large");
+      // Checked before multiplying: [2^40, 2^40] would wrap to 0 elements and pass.
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim != 0 && numel > kMaxNumel / dim) {
+        return InvalidArgument(where + ": shape " + info["shape"].dump() + " is too large");
+      }
+      numel *= dim;
     }
     const json& offsets = info["data_offsets"];
     if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) {

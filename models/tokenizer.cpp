@@ -1,178 +1,167 @@
-// Tokenizer over libtreeserve_spm.so. This file must not include sentencepiece
-// headers or link sentencepiece: it finds the shim, dlopen()s it with
-// RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND and calls its C ABI (models/detail/spm_shim.h).
+// Tokenizer: picks the backend by what the checkpoint holds, applies tokenizer_config.json's
+// BOS / EOS, and checks ids before decoding.
 #include "models/tokenizer.h"
 
-#include <dlfcn.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include <cstdlib>
-#include <mutex>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
 
-#include "models/detail/spm_shim.h"
-
-#ifndef TREESERVE_SPM_SHIM_BUILD_PATH
-#define TREESERVE_SPM_SHIM_BUILD_PATH ""
-#endif
-
-#if defined(__SANITIZE_ADDRESS__)
-#define TREESERVE_TOKENIZER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TREESERVE_TOKENIZER_ASAN 1
-#endif
-#endif
+#include "models/detail/tokenizer_backend.h"
 
 namespace treeserve {
-namespace detail {
-
-// The shim's entry points, resolved once per process. The shim is never dlclose()d:
-// unloading a library that carries its own protobuf runtime is not worth the risk.
-struct SpmApi {
-  decltype(&treeserve_spm_load) load;
-  decltype(&treeserve_spm_free) free;
-  decltype(&treeserve_spm_encode) encode;
-  decltype(&treeserve_spm_decode) decode;
-  decltype(&treeserve_spm_piece) piece;
-  decltype(&treeserve_spm_vocab_size) vocab_size;
-  decltype(&treeserve_spm_bos_id) bos_id;
-  decltype(&treeserve_spm_eos_id) eos_id;
-  decltype(&treeserve_spm_free_buffer) free_buffer;
-};
-
-}  // namespace detail
-
 namespace {
-
-constexpr const char* kShimName = "libtreeserve_spm.so";
-
-// ASan refuses RTLD_DEEPBIND (it would bypass its malloc interceptors) and aborts the
-// process. Sanitizer builds therefore load the shim without it; they cannot isolate
-// sentencepiece's protobuf from gRPC's, so a sanitized binary that also links gRPC
-// must not load a tokenizer under ASan (models_tests links no gRPC, so its tokenizer
-// tests do run sanitized).
-#ifdef TREESERVE_TOKENIZER_ASAN
-constexpr int kDlopenFlags = RTLD_NOW | RTLD_LOCAL;
-#else
-constexpr int kDlopenFlags = RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND;
-#endif
 
 bool is_file(const std::string& path) {
   struct stat st {};
   return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-bool is_dir(const std::string& path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string parent_dir(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
+// tiktoken's format (Llama 3's tokenizer.model): lines of "<base64 bytes> <rank>".
+// A sentencepiece model is a binary protobuf and never starts like that.
+bool is_tiktoken_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  static const std::regex kLine("[A-Za-z0-9+/]+=* [0-9]+\r?");
+  return std::regex_match(line, kLine);
 }
 
-std::vector<std::string> shim_candidates() {
-  std::vector<std::string> out;
-  if (const char* env = std::getenv("TREESERVE_SPM_SHIM"); env != nullptr && *env != '\0') {
-    const std::string path = env;
-    out.push_back(is_dir(path) ? path + "/" + kShimName : path);
-  }
-  char exe[4096];
-  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n > 0) {
-    const std::string dir = parent_dir(std::string(exe, static_cast<size_t>(n)));
-    out.push_back(dir + "/" + kShimName);
-    out.push_back(dir + "/../lib/" + kShimName);
-  }
-  if (*TREESERVE_SPM_SHIM_BUILD_PATH != '\0') out.push_back(TREESERVE_SPM_SHIM_BUILD_PATH);
-  return out;
+Status tiktoken_error(const std::string& path) {
+  return InvalidArgument(path +
+                         " is a tiktoken BPE file (as Llama 3 ships), which treeserve does not "
+                         "read: put the checkpoint's tokenizer.json (Hugging Face format) beside "
+                         "it");
 }
 
-StatusOr<const detail::SpmApi*> open_shim() {
-  static std::mutex mu;
-  static const detail::SpmApi* api = nullptr;  // set once, never freed
-  std::lock_guard<std::mutex> lock(mu);
-  if (api != nullptr) return api;
-
-  std::string looked;
-  for (const std::string& path : shim_candidates()) {
-    looked += "\n  " + path;
-    if (!is_file(path)) continue;
-    void* lib = dlopen(path.c_str(), kDlopenFlags);
-    if (lib == nullptr) {
-      return Internal(std::string("cannot dlopen tokenizer shim ") + path + ": " + dlerror());
-    }
-    auto* resolved = new detail::SpmApi;
-    bool missing = false;
-    auto sym = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-      missing = missing || fn == nullptr;
-    };
-    decltype(&treeserve_spm_abi_version) abi_version = nullptr;
-    sym(abi_version, "treeserve_spm_abi_version");
-    sym(resolved->load, "treeserve_spm_load");
-    sym(resolved->free, "treeserve_spm_free");
-    sym(resolved->encode, "treeserve_spm_encode");
-    sym(resolved->decode, "treeserve_spm_decode");
-    sym(resolved->piece, "treeserve_spm_piece");
-    sym(resolved->vocab_size, "treeserve_spm_vocab_size");
-    sym(resolved->bos_id, "treeserve_spm_bos_id");
-    sym(resolved->eos_id, "treeserve_spm_eos_id");
-    sym(resolved->free_buffer, "treeserve_spm_free_buffer");
-    if (missing || abi_version() != TREESERVE_SPM_ABI_VERSION) {
-      delete resolved;
-      return Internal("tokenizer shim " + path + " is missing symbols or has another ABI version");
-    }
-    api = resolved;
-    return api;
+// A special-token field of tokenizer_config.json: "<s>", {"content": "<s>", ...} or null.
+StatusOr<std::string> token_name(const nlohmann::json& config, const char* field,
+                                 const std::string& file) {
+  auto it = config.find(field);
+  if (it == config.end() || it->is_null()) return std::string();
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && it->at("content").is_string()) {
+    return it->at("content").get<std::string>();
   }
-  return NotFound(std::string("tokenizer shim ") + kShimName +
-                  " not found (set TREESERVE_SPM_SHIM to its path); looked in:" + looked);
+  return InvalidArgument(file + ": field '" + field +
+                         "' must be a string or {\"content\": ...}, got " + it->dump());
 }
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::load(const std::string& model_file) {
-  if (!is_file(model_file)) {
-    return NotFound("tokenizer model " + model_file + ": no such file");
+Tokenizer::Tokenizer(std::unique_ptr<detail::TokenizerBackend> backend)
+    : backend_(std::move(backend)),
+      vocab_size_(backend_->vocab_size()),
+      bos_id_(backend_->bos_id()),
+      eos_id_(backend_->eos_id()),
+      description_(backend_->description()) {}
+
+Tokenizer::~Tokenizer() = default;
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::load(const std::string& file) {
+  StatusOr<std::unique_ptr<detail::TokenizerBackend>> backend = NotFound("");
+  if (ends_with(file, ".json")) {
+    backend = detail::load_tokenizer_json(file);
+  } else {
+    if (is_file(file) && is_tiktoken_file(file)) return tiktoken_error(file);
+    backend = detail::load_sentencepiece(file);
   }
-  StatusOr<const detail::SpmApi*> api = open_shim();
-  if (!api.ok()) return api.status();
-  char err[512] = {0};
-  TreeserveSpm* handle = (*api)->load(model_file.c_str(), err, sizeof(err));
-  if (handle == nullptr) {
-    return InvalidArgument("tokenizer model " + model_file +
-                           " is not a valid sentencepiece model: " + err);
-  }
-  return std::unique_ptr<Tokenizer>(new Tokenizer(*api, handle, model_file));
+  if (!backend.ok()) return backend.status();
+  return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(*backend)));
 }
 
-Tokenizer::Tokenizer(const detail::SpmApi* api, void* handle, std::string model_file)
-    : api_(api), handle_(handle), model_file_(std::move(model_file)) {
-  auto* spm = static_cast<TreeserveSpm*>(handle_);
-  vocab_size_ = api_->vocab_size(spm);
-  bos_id_ = api_->bos_id(spm);
-  eos_id_ = api_->eos_id(spm);
-}
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::load_model_dir(const std::string& dir) {
+  const std::string spm_file = dir + "/tokenizer.model";
+  const std::string json_file = dir + "/tokenizer.json";
+  const bool has_spm = is_file(spm_file), has_json = is_file(json_file);
+  const bool tiktoken = has_spm && is_tiktoken_file(spm_file);
+  std::string file;
+  if (has_spm && !tiktoken) {
+    file = spm_file;
+  } else if (has_json) {
+    file = json_file;
+  } else if (tiktoken) {
+    return tiktoken_error(spm_file);
+  } else {
+    return NotFound("model directory " + dir +
+                    " holds no tokenizer (neither tokenizer.model nor tokenizer.json)");
+  }
+  auto tokenizer = load(file);
+  if (!tokenizer.ok()) return tokenizer.status();
+  Tokenizer& t = **tokenizer;
+  if (tiktoken) t.description_ += "; tokenizer.model (tiktoken) not read";
 
-Tokenizer::~Tokenizer() { api_->free(static_cast<TreeserveSpm*>(handle_)); }
+  const std::string config_file = dir + "/tokenizer_config.json";
+  if (is_file(config_file)) {
+    std::ifstream in(config_file, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    nlohmann::json config;
+    try {
+      config = nlohmann::json::parse(text.str());
+    } catch (const nlohmann::json::exception& e) {
+      return InvalidArgument(config_file + ": invalid JSON: " + e.what());
+    }
+    if (!config.is_object()) return InvalidArgument(config_file + ": expected a JSON object");
+    auto resolve = [&](const char* field, int32_t* id) -> Status {
+      auto name = token_name(config, field, config_file);
+      if (!name.ok()) return name.status();
+      if (name->empty()) return Status::Ok();
+      const int32_t found = t.piece_to_id(*name);
+      if (found < 0) {
+        return InvalidArgument(config_file + ": " + field + " '" + *name + "' is not a token of " +
+                               file);
+      }
+      *id = found;
+      return Status::Ok();
+    };
+    int32_t bos = t.bos_id_;
+    TS_RETURN_IF_ERROR(resolve("bos_token", &bos));
+    TS_RETURN_IF_ERROR(resolve("eos_token", &t.eos_id_));
+    auto flag = [&](const char* field) -> StatusOr<int> {  // -1 absent, 0 false, 1 true
+      auto it = config.find(field);
+      if (it == config.end() || it->is_null()) return -1;
+      if (!it->is_boolean())
+        return InvalidArgument(config_file + ": " + field + " must be a boolean");
+      return it->get<bool>() ? 1 : 0;
+    };
+    auto add_bos = flag("add_bos_token");
+    if (!add_bos.ok()) return add_bos.status();
+    // add_bos_token decides when given; otherwise the tokenizer file's own rule stands.
+    if (*add_bos == 0) t.bos_id_ = -1;
+    if (*add_bos == 1) {
+      if (bos < 0) {
+        return InvalidArgument(config_file + ": add_bos_token is true but no bos_token is given");
+      }
+      t.bos_id_ = bos;
+    }
+    auto add_eos = flag("add_eos_token");
+    if (!add_eos.ok()) return add_eos.status();
+    if (*add_eos == 1) {
+      spdlog::warn("{}: add_eos_token is true; treeserve does not end prompts with EOS",
+                   config_file);
+    }
+  }
+  spdlog::info("tokenizer: {}; BOS {} ({}), EOS {} ({})", t.description_, t.bos_id_,
+               t.bos_id_ >= 0 ? t.id_to_piece(t.bos_id_) : "none added", t.eos_id_,
+               t.eos_id_ >= 0 ? t.id_to_piece(t.eos_id_) : "none");
+  return tokenizer;
+}
 
 StatusOr<std::vector<int32_t>> Tokenizer::encode(std::string_view text) const {
-  int32_t* ids = nullptr;
-  size_t count = 0;
-  char err[512] = {0};
-  if (api_->encode(static_cast<const TreeserveSpm*>(handle_), text.data(), text.size(), &ids,
-                   &count, err, sizeof(err)) != 0) {
-    return Internal("tokenizer " + model_file_ + ": encode failed: " + err);
-  }
-  std::vector<int32_t> out(ids, ids + count);
-  api_->free_buffer(ids);
-  return out;
+  return backend_->encode(text);
 }
 
-StatusOr<std::string> Tokenizer::decode(const std::vector<int32_t>& ids) const {
+StatusOr<std::string> Tokenizer::checked_decode(const std::vector<int32_t>& ids,
+                                                bool skip_special) const {
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab_size_) {
       return InvalidArgument("token id " + std::to_string(ids[i]) + " at position " +
@@ -180,27 +169,22 @@ StatusOr<std::string> Tokenizer::decode(const std::vector<int32_t>& ids) const {
                              std::to_string(vocab_size_) + ")");
     }
   }
-  char* text = nullptr;
-  size_t len = 0;
-  char err[512] = {0};
-  if (api_->decode(static_cast<const TreeserveSpm*>(handle_), ids.data(), ids.size(), &text, &len,
-                   err, sizeof(err)) != 0) {
-    return Internal("tokenizer " + model_file_ + ": decode failed: " + err);
-  }
-  std::string out(text, len);
-  api_->free_buffer(text);
-  return out;
+  return backend_->decode(ids, skip_special);
 }
 
-std::string Tokenizer::id_to_piece(int32_t id) const {
-  char* text = nullptr;
-  size_t len = 0;
-  if (api_->piece(static_cast<const TreeserveSpm*>(handle_), id, &text, &len) != 0) return "";
-  std::string out(text, len);
-  api_->free_buffer(text);
-  return out;
+StatusOr<std::string> Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  return checked_decode(ids, true);
 }
 
+StatusOr<std::string> Tokenizer::decode_with_special(const std::vector<int32_t>& ids) const {
+  return checked_decode(ids, false);
+}
+
+std::string Tokenizer::id_to_piece(int32_t id) const { return backend_->id_to_piece(id); }
+int32_t Tokenizer::piece_to_id(std::string_view piece) const {
+  return backend_->piece_to_id(piece);
+}
+std::string_view Tokenizer::token_bytes(int32_t id) const { return backend_->token_bytes(id); }
 int32_t Tokenizer::vocab_size() const { return vocab_size_; }
 int32_t Tokenizer::bos_id() const { return bos_id_; }
 int32_t Tokenizer::eos_id() const { return eos_id_; }

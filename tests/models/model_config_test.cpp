@@ -1,5 +1,6 @@
 // config.json parsing: real Llama-2, Llama-3.x and Mistral configs (as published on the
-// Hugging Face hub), defaults, token id forms, and errors that name the file and field.
+// Hugging Face hub), defaults, token id forms, generation_config.json's EOS ids, and errors
+// that name the file and field.
 #include "models/model_config.h"
 
 #include <gtest/gtest.h>
@@ -321,6 +322,75 @@ TEST(ModelConfigErrorTest, InconsistentShapesAndArchitectures) {
                                            "c.json")
                             .status(),
                         StatusCode::kInvalidArgument, {"c.json", "not divisible"}));
+}
+
+// Found by tests/fuzz (fuzz_model_config): sizes past int32 were accepted, and the KV layout and
+// the engines, which keep them in int32, would have truncated them.
+TEST(ModelConfigErrorTest, SizesPastInt32AreRefused) {
+  const std::pair<std::string, std::string> cases[] = {
+      {R"(, "intermediate_size": 58888888888812)", "'intermediate_size' is 58888888888812"},
+      {R"(, "num_hidden_layers": 4294967300)", "'num_hidden_layers' is 4294967300"},
+      {R"(, "vocab_size": 2147483648)", "'vocab_size' is 2147483648"},
+      {R"(, "head_dim": 1073741824)", "num_attention_heads x head_dim (4 x 1073741824)"},
+      {R"(, "num_attention_heads": 65536, "num_key_value_heads": 65536, "head_dim": 65536)",
+       "num_attention_heads x head_dim (65536 x 65536)"},
+  };
+  for (const auto& [extra, fragment] : cases) {
+    EXPECT_TRUE(status_is(parse_model_config(minimal(extra), "c.json").status(),
+                          StatusCode::kInvalidArgument, {"c.json", fragment, "2147483647"}))
+        << extra;
+  }
+  auto largest = parse_model_config(minimal(R"(, "intermediate_size": 2147483647)"), "c.json");
+  ASSERT_TRUE(largest.ok()) << largest.status().ToString();
+  EXPECT_EQ(largest->intermediate_size, 2147483647);
+}
+
+// generation_config.json: its eos_token_id (an int or a list) replaces config.json's, as
+// transformers' generate() uses it; a file without one changes nothing.
+TEST(GenerationConfigTest, EosIdsComeFromGenerationConfig) {
+  TempDir dir;
+  write_file(dir.file("config.json"), kLlama32_1b);  // eos_token_id 128001
+  auto c = load_model_config(dir.path());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->eos_token_ids, std::vector<int32_t>{128001});
+  EXPECT_EQ(c->eos_token_ids_source, "config.json");
+
+  write_file(dir.file("generation_config.json"),
+             R"({"bos_token_id": 128000, "do_sample": true,
+                 "eos_token_id": [128001, 128008, 128009], "temperature": 0.6, "top_p": 0.9})");
+  c = load_model_config(dir.path());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{128001, 128008, 128009}));
+  EXPECT_EQ(c->eos_token_ids_source, "generation_config.json");
+
+  write_file(dir.file("generation_config.json"), R"({"eos_token_id": 128009})");
+  c = load_model_config(dir.path());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->eos_token_ids, std::vector<int32_t>{128009});
+
+  write_file(dir.file("generation_config.json"), R"({"temperature": 0.7})");
+  c = load_model_config(dir.path());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->eos_token_ids, std::vector<int32_t>{128001});
+  EXPECT_EQ(c->eos_token_ids_source, "config.json");
+}
+
+TEST(GenerationConfigTest, ErrorsNameTheFileAndField) {
+  TempDir dir;
+  write_file(dir.file("config.json"), kLlama32_1b);
+  const std::string file = dir.file("generation_config.json");
+  write_file(file, "{ nope");
+  EXPECT_TRUE(status_is(load_model_config(dir.path()).status(), StatusCode::kInvalidArgument,
+                        {file, "invalid JSON"}));
+  write_file(file, R"({"eos_token_id": [128001, 200000]})");
+  EXPECT_TRUE(status_is(load_model_config(dir.path()).status(), StatusCode::kInvalidArgument,
+                        {file, "eos_token_id 200000", "vocab_size 128256"}));
+  write_file(file, R"({"eos_token_id": "</s>"})");
+  EXPECT_TRUE(status_is(load_model_config(dir.path()).status(), StatusCode::kInvalidArgument,
+                        {file, "'eos_token_id'"}));
+  write_file(file, R"([1, 2])");
+  EXPECT_TRUE(status_is(load_model_config(dir.path()).status(), StatusCode::kInvalidArgument,
+                        {file, "JSON object"}));
 }
 
 }  // namespace

@@ -274,6 +274,28 @@ TEST(SafetensorsErrorTest, ShapeDisagreesWithByteCount) {
                         {dir.file("bad.safetensors"), "'w'", "24 bytes", "needs 32"}));
 }
 
+// Caught by fuzz_safetensors's check that numel fits (tests/fuzz): the element count was checked
+// after multiplying, so [2^40, 2^40] wrapped to 0 elements, matched empty data_offsets and was
+// accepted.
+TEST(SafetensorsErrorTest, ShapeWhoseElementCountOverflowsIsRefused) {
+  TempDir dir;
+  for (const char* shape : {"[1099511627776, 1099511627776]", "[1099511627776, 16777216, 65536]",
+                            "[4294967296, 4294967296]"}) {
+    const std::string header = std::string(R"({"w": {"dtype": "F32", "shape": )") + shape +
+                               R"(, "data_offsets": [0, 0]}})";
+    EXPECT_TRUE(status_is(open_bytes(dir, safetensors_bytes({}, header)),
+                          StatusCode::kInvalidArgument,
+                          {dir.file("bad.safetensors"), "'w'", "too large"}))
+        << shape;
+  }
+  // A zero dimension first keeps the count at zero: an empty tensor, as before.
+  write_file(dir.file("empty.safetensors"), safetensors_bytes({}, R"({"w": {"dtype": "F32",
+                 "shape": [0, 1099511627776, 1099511627776], "data_offsets": [0, 0]}})"));
+  auto empty = SafetensorsReader::open_files({dir.file("empty.safetensors")});
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_EQ(empty->tensor("w")->numel(), 0);
+}
+
 TEST(SafetensorsErrorTest, UnsupportedDtypeNamesTensorDtypeAndFile) {
   TempDir dir;
   write_file(dir.file("m.safetensors"),
