@@ -28,7 +28,9 @@ constexpr float kMinTemperature = 1e-5f;
 // Weights are summed in float vectors over blocks of this many tokens, blocks in double.
 constexpr int64_t kBlock = 256;
 
-#if defined(__x86_64__) && defined(__has_attribute)
+// Not with clang (the fuzz build, tests/fuzz): it refuses the AVX2 clone's calls of the
+// always-inline vector helpers below, and the baseline clone alone gives the same tokens.
+#if defined(__x86_64__) && defined(__has_attribute) && !defined(__clang__)
 #if __has_attribute(target_clones)
 #define TS_SAMPLING_CLONES __attribute__((target_clones("avx2", "default")))
 #endif
