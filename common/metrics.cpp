@@ -151,6 +151,9 @@ ServerMetrics::ServerMetrics(MetricsRegistry* r)
           "treeserve:step_host_seconds",
           "Scheduler time per engine step outside the forward (commands, batch and view "
           "building, result handling): time the device waits for the host",
-          step_buckets())) {}
+          step_buckets())),
+      tree_leases_expired_total(
+          r->counter("treeserve:tree_leases_expired_total",
+                     "Trees deleted because no call touched them for their idle lease")) {}
 
 }  // namespace treeserve

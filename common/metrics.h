@@ -91,10 +91,11 @@ struct ServerMetrics {
   Gauge* radix_nodes;
   Counter* shared_kv_tokens_saved_total;
   Histogram* verify_accepted_tokens;
-  Counter* tree_search_total;         // TreeSearch calls that passed validation
-  Counter* tree_search_levels_total;  // levels they generated and scored
-  Histogram* step_forward_seconds;    // the backend's forward per engine step
-  Histogram* step_host_seconds;       // the scheduler's own work per engine step
+  Counter* tree_search_total;          // TreeSearch calls that passed validation
+  Counter* tree_search_levels_total;   // levels they generated and scored
+  Histogram* step_forward_seconds;     // the backend's forward per engine step
+  Histogram* step_host_seconds;        // the scheduler's own work per engine step
+  Counter* tree_leases_expired_total;  // trees deleted because their idle lease ran out
 };
 
 }  // namespace treeserve

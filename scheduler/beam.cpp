@@ -3,6 +3,9 @@
 // next tokens, the best continuations by total logprob are kept — a beam with several kept
 // continuations is forked (its KV shared), a beam with none is pruned — and ended beams
 // (EOS or a stop token id) stop running. At the end the best beams are streamed, best first.
+// A cancelled search ends the same way (its unfinished beams' last events say
+// FINISH_CANCELLED): the beams that have tokens stay as live children of the searched branch,
+// so no work is lost. A search that fails (no KV pages, a failed step, shutdown) prunes them.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -24,7 +27,6 @@ Status Scheduler::Impl::start_beam_search(GenerateJob* job, SchedBranch* root) {
   SchedBranch* b = root->tree->by_id[ids->front()];
   b->activity = Activity::kBeam;
   b->beam_job = job;
-  job->beam_root = root;
   Beam first;
   first.branch = b;
   job->beams.push_back(std::move(first));
@@ -94,7 +96,7 @@ void Scheduler::Impl::after_beam_step(GenerateJob* job) {
           deferred_copies_.push_back({c.src_page, c.dst_page, c.num_slots});
         }
         for (BranchId id : forked->branches) {
-          SchedBranch* child = add_branch(b->tree, b->id, b->length());
+          SchedBranch* child = add_branch(b->tree, b, b->length());
           child->kv = id;
           child->kv_len = b->kv_len;
           child->activity = Activity::kBeam;
@@ -142,11 +144,12 @@ void Scheduler::Impl::finish_beam_search(GenerateJob* job, Status status) {
   std::stable_sort(order.begin(), order.end(), [&](const Beam* a, const Beam* b) {
     return beam_score(*job, *a) > beam_score(*job, *b);
   });
+  const bool cancelled = status.code() == StatusCode::kCancelled;
   for (Beam* beam : order) {
     SchedBranch* b = beam->branch;
     b->beam_job = nullptr;
     b->activity = Activity::kIdle;
-    if (!status.ok()) {
+    if ((!status.ok() && !cancelled) || beam->tokens.empty()) {
       end_branch(b, /*retain_kv=*/false, FinishReason::kCancelled);
       continue;
     }
@@ -162,7 +165,9 @@ void Scheduler::Impl::finish_beam_search(GenerateJob* job, Status status) {
       if (i + 1 == beam->tokens.size()) {
         StatusOr<std::string> rest = detok.flush();
         if (rest.ok()) ev.text += *rest;
-        ev.finish = beam->ended ? beam->reason : FinishReason::kLength;
+        ev.finish = beam->ended ? beam->reason
+                    : cancelled ? FinishReason::kCancelled
+                                : FinishReason::kLength;
         ev.score = float(beam_score(*job, *beam));
       }
       job->stream->push(std::move(ev));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <future>
 #include <set>
+#include <unordered_set>
 
 #include "common/metrics.h"
 #include "models/tokenizer.h"
@@ -97,7 +98,8 @@ void Scheduler::Impl::post(std::function<void()> fn) {
 }
 
 template <typename T>
-StatusOr<T> Scheduler::Impl::call(std::function<void(std::function<void(StatusOr<T>)>)> fn) {
+StatusOr<std::future<StatusOr<T>>> Scheduler::Impl::submit(
+    std::function<void(std::function<void(StatusOr<T>)>)> fn) {
   auto promise = std::make_shared<std::promise<StatusOr<T>>>();
   std::future<StatusOr<T>> result = promise->get_future();
   {
@@ -108,7 +110,14 @@ StatusOr<T> Scheduler::Impl::call(std::function<void(std::function<void(StatusOr
     });
   }
   cv_.notify_one();
-  return result.get();
+  return result;
+}
+
+template <typename T>
+StatusOr<T> Scheduler::Impl::call(std::function<void(std::function<void(StatusOr<T>)>)> fn) {
+  StatusOr<std::future<StatusOr<T>>> result = submit<T>(std::move(fn));
+  if (!result.ok()) return result.status();
+  return result->get();
 }
 
 void Scheduler::Impl::stop() {
@@ -119,35 +128,6 @@ void Scheduler::Impl::stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-}
-
-StatusOr<Tree*> Scheduler::Impl::find_tree(const std::string& id) {
-  auto it = trees_.find(id);
-  if (it == trees_.end()) return NotFound("tree_id: unknown tree '" + id + "'");
-  return it->second.get();
-}
-
-StatusOr<SchedBranch*> Scheduler::Impl::find_branch(Tree* tree, const std::string& id) {
-  auto it = tree->by_id.find(id);
-  if (it == tree->by_id.end()) {
-    return NotFound("branch_id: unknown branch '" + id + "' in tree " + tree->id);
-  }
-  return it->second;
-}
-
-SchedBranch* Scheduler::Impl::add_branch(Tree* tree, const std::string& parent,
-                                         int32_t fork_offset) {
-  auto b = std::make_unique<SchedBranch>();
-  b->index = tree->next_index++;
-  b->id = "b" + std::to_string(b->index);
-  b->parent = parent;
-  b->fork_offset = fork_offset;
-  b->tree = tree;
-  SchedBranch* raw = b.get();
-  tree->by_id[raw->id] = raw;
-  tree->branches.push_back(std::move(b));
-  ++tree->live_branches;
-  return raw;
 }
 
 int32_t Scheduler::Impl::pages_for(int64_t tokens) const {
@@ -162,59 +142,10 @@ void Scheduler::Impl::update_gauges() {
   metrics_->kv_cache_usage_perc->set(
       pool.num_pages() ? double(pool.num_pages() - pool.num_free()) / pool.num_pages() : 0.0);
   int64_t live = 0;
-  for (auto& [id, t] : trees_) live += t->live_branches;
+  for (auto& [id, t] : trees_) live += t->live_branches();
   metrics_->live_branches->set(static_cast<double>(live));
   metrics_->num_requests_running->set(static_cast<double>(jobs_.size() + verifies_.size()));
   metrics_->num_requests_waiting->set(static_cast<double>(prefills_.size()));
-}
-
-// Ends the branch for good: its stream (if generating) learns why, pending work fails, and
-// its KV pages go back to the pool (or stay as evictable cache with retain_kv).
-int64_t Scheduler::Impl::end_branch(SchedBranch* b, bool retain_kv, FinishReason reason) {
-  if (!b->live) return 0;
-  if (b->job) {
-    GenerateJob* job = b->job;
-    for (GenerateBranchState& st : job->branches) {
-      if (st.branch == b && !st.finished) finish_job_branch(job, st, reason, nullptr);
-    }
-  }
-  if (b->beam_job) {
-    for (Beam& beam : b->beam_job->beams) {
-      if (beam.branch == b) beam.branch = nullptr;
-    }
-    b->beam_job = nullptr;
-  }
-  if (b->verify) {
-    VerifyJob* v = b->verify;
-    v->done(FailedPrecondition("branch_id: branch " + b->id + " was pruned during Verify"));
-    v->done = nullptr;
-    b->verify = nullptr;
-  }
-  if (b->prefill) {
-    PrefillJob* p = b->prefill;
-    p->done(Cancelled("tree creation was cancelled"));
-    p->done = nullptr;
-    b->prefill = nullptr;
-  }
-  int64_t freed = static_cast<int64_t>(b->pending.size());
-  if (b->kv) {
-    StatusOr<PruneResult> r = kv_->prune(*b->kv, retain_kv);
-    if (r.ok()) {
-      freed += r->released_tokens + r->cached_tokens;
-    } else {
-      spdlog::error("tree={} branch={}: kv prune failed: {}", b->tree->id, b->id,
-                    r.status().message());
-    }
-  }
-  b->kv.reset();
-  b->pending.clear();
-  b->kv_len = 0;
-  b->live = false;
-  b->activity = Activity::kIdle;
-  b->job = nullptr;
-  --b->tree->live_branches;
-  if (metrics_) metrics_->prune_total->inc();
-  return freed;
 }
 
 void Scheduler::Impl::finish_job_branch(GenerateJob* job, GenerateBranchState& st,
@@ -239,6 +170,7 @@ void Scheduler::Impl::finish_job_branch(GenerateJob* job, GenerateBranchState& s
     st.branch->job = nullptr;
     if (st.branch->activity == Activity::kGenerate) st.branch->activity = Activity::kIdle;
   }
+  st.branch = nullptr;
 }
 
 void Scheduler::Impl::maybe_close_job(GenerateJob* job, Status status) {
@@ -257,12 +189,15 @@ void Scheduler::Impl::maybe_close_job(GenerateJob* job, Status status) {
     metrics_->e2e_request_latency_seconds->observe(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - job->start).count());
   }
-  Tree* tree = job->one_shot ? job->tree : nullptr;
+  Tree* tree = job->tree;
+  const bool one_shot = job->one_shot;
   auto it = std::find_if(jobs_.begin(), jobs_.end(), [&](auto& j) { return j.get() == job; });
   if (it != jobs_.end()) jobs_.erase(it);
-  if (tree) {
+  if (tree && one_shot) {
     int64_t freed = 0;
     remove_tree(tree, options_.prefix_sharing, &freed);
+  } else if (tree) {
+    touch(tree);  // the lease counts from the end of the call
   }
 }
 
@@ -276,23 +211,9 @@ void Scheduler::Impl::close_finished_jobs() {
   for (GenerateJob* j : done) maybe_close_job(j, Status::Ok());
 }
 
-void Scheduler::Impl::remove_tree(Tree* tree, bool retain_kv, int64_t* freed) {
-  for (auto& b : tree->branches) *freed += end_branch(b.get(), retain_kv, FinishReason::kPruned);
-  // end_branch may have finished jobs of this tree; they close at their next step check,
-  // but their branch pointers must not outlive the tree: detach them now.
-  for (auto& job : jobs_) {
-    if (job->tree == tree) {
-      for (GenerateBranchState& st : job->branches) st.branch = nullptr;
-      job->tree = nullptr;
-      job->one_shot = false;
-    }
-  }
-  trees_.erase(tree->id);
-}
-
 // ---------------------------------------------------------------- commands
 
-void Scheduler::Impl::cmd_create_tree(std::vector<int32_t> prompt,
+void Scheduler::Impl::cmd_create_tree(std::vector<int32_t> prompt, int64_t lease_ms, uint64_t seq,
                                       std::function<void(StatusOr<CreateTreeResult>)> done) {
   if (static_cast<int32_t>(trees_.size()) >= options_.max_live_trees) {
     return done(ResourceExhausted("too many live trees (limit " +
@@ -304,23 +225,35 @@ void Scheduler::Impl::cmd_create_tree(std::vector<int32_t> prompt,
     return done(ResourceExhausted("prompt of " + std::to_string(length) +
                                   " tokens needs more KV pages than the whole pool holds"));
   }
-  auto tree = std::make_unique<Tree>();
-  tree->id = "t" + std::to_string(next_tree_++);
-  Tree* t = tree.get();
-  trees_[t->id] = std::move(tree);
-  SchedBranch* root = add_branch(t, "", 0);
+  Tree* t = add_tree(/*one_shot=*/false, lease_ms > 0 ? lease_ms : options_.tree_lease_default_ms);
+  SchedBranch* root = add_branch(t, nullptr, 0);
   root->pending = std::move(prompt);
   if (metrics_) metrics_->prompt_tokens_total->inc(length);
   if (length == 1) {
-    return done(CreateTreeResult{t->id, root->id, length, 0});
+    return done(CreateTreeResult{t->id, root->id, length, 0, t->lease.count()});
   }
   auto job = std::make_unique<PrefillJob>();
+  job->seq = seq;
   job->branch = root;
   job->prompt_tokens = length;
   job->done = std::move(done);  // cached_tokens: set by the step that creates its KV
   root->activity = Activity::kPrefill;
   root->prefill = job.get();
   prefills_.push_back(std::move(job));
+}
+
+void Scheduler::Impl::cmd_abort_create(uint64_t seq) {
+  for (auto& p : prefills_) {
+    if (p->seq != seq || !p->done || !p->branch) continue;
+    // The prefill's callback reports CANCELLED; the pages computed so far are freed (the
+    // pool is as before the call, apart from cached prefixes it reused).
+    Tree* tree = p->branch->tree;
+    spdlog::debug("tree={} creation abandoned by its caller during the prefill", tree->id);
+    int64_t freed = 0;
+    remove_tree(tree, /*retain_kv=*/false, &freed);
+    update_gauges();
+    return;
+  }
 }
 
 StatusOr<std::vector<std::string>> Scheduler::Impl::cmd_branch(const std::string& tree_id,
@@ -331,7 +264,6 @@ StatusOr<std::vector<std::string>> Scheduler::Impl::cmd_branch(const std::string
   StatusOr<SchedBranch*> found = find_branch(*tree, branch_id);
   if (!found.ok()) return found.status();
   SchedBranch* b = *found;
-  if (!b->live) return FailedPrecondition("branch_id: branch " + branch_id + " was pruned");
   if (b->activity == Activity::kPrefill) {
     return FailedPrecondition("branch_id: branch " + branch_id + " is still being prefilled");
   }
@@ -340,7 +272,7 @@ StatusOr<std::vector<std::string>> Scheduler::Impl::cmd_branch(const std::string
     return InvalidArgument("at_offset: " + std::to_string(at_offset) + " is outside [0, " +
                            std::to_string(length) + "] for branch " + branch_id);
   }
-  if ((*tree)->live_branches + n > options_.max_branches_per_tree) {
+  if ((*tree)->live_branches() + n > options_.max_branches_per_tree) {
     return ResourceExhausted("tree " + tree_id + " would exceed " +
                              std::to_string(options_.max_branches_per_tree) + " live branches");
   }
@@ -368,7 +300,7 @@ StatusOr<std::vector<std::string>> Scheduler::Impl::cmd_branch(const std::string
   }
   std::vector<std::string> ids;
   for (int32_t i = 0; i < n; ++i) {
-    SchedBranch* child = add_branch(*tree, b->id, keep);
+    SchedBranch* child = add_branch(*tree, b, keep);
     child->pending = child_pending;
     if (kv_keep > 0) {
       child->kv = kv_children[i];
@@ -404,12 +336,8 @@ Status Scheduler::Impl::cmd_generate(GenerateSpec spec, std::shared_ptr<Generate
       return ResourceExhausted("prompt plus n x max_tokens (" + std::to_string(need) +
                                " tokens) needs more KV pages than the whole pool holds");
     }
-    auto tree = std::make_unique<Tree>();
-    tree->id = "t" + std::to_string(next_tree_++);
-    tree->one_shot = true;
-    Tree* t = tree.get();
-    trees_[t->id] = std::move(tree);
-    SchedBranch* root = add_branch(t, "", 0);
+    Tree* t = add_tree(/*one_shot=*/true, /*lease_ms=*/0);
+    SchedBranch* root = add_branch(t, nullptr, 0);
     root->pending = std::move(spec.prompt);
     if (metrics_) metrics_->prompt_tokens_total->inc(static_cast<double>(root->pending.size()));
     job->tree = t;
@@ -447,7 +375,6 @@ Status Scheduler::Impl::cmd_generate(GenerateSpec spec, std::shared_ptr<Generate
       if (!seen.insert(id).second) return InvalidArgument("branch_ids: '" + id + "' is repeated");
       StatusOr<SchedBranch*> b = find_branch(*tree, id);
       if (!b.ok()) return b.status();
-      if (!(*b)->live) return FailedPrecondition("branch_ids: branch " + id + " was pruned");
       if ((*b)->activity != Activity::kIdle) {
         return FailedPrecondition("branch_ids: branch " + id +
                                   " is busy (another Generate, Verify or the prefill)");
@@ -546,19 +473,19 @@ void Scheduler::Impl::cmd_cancel(uint64_t job_seq) {
     return;
   }
   if (job->waiting_prefill) {
-    // Prune the root being prefilled: its PrefillJob callback closes the stream.
-    for (auto& b : job->tree->branches) {
-      if (b->prefill) end_branch(b.get(), /*retain_kv=*/false, FinishReason::kCancelled);
+    // A one-shot call still prefilling its prompt: prune the root (the tree goes with the
+    // call); its PrefillJob callback closes the stream.
+    std::vector<SchedBranch*> prefilling;
+    for (auto& [index, b] : job->tree->branches) {
+      if (b->prefill) prefilling.push_back(b.get());
     }
+    for (SchedBranch* b : prefilling) end_branch(b, /*retain_kv=*/false, FinishReason::kCancelled);
     return;
   }
+  // No work is lost: the branches stop where they are and stay live with every token they
+  // have (the last one pending, as after any Generate), so the tree stays usable.
   for (GenerateBranchState& st : job->branches) {
-    if (st.finished) continue;
-    if (st.branch) {
-      end_branch(st.branch, /*retain_kv=*/false, FinishReason::kCancelled);
-    } else {
-      finish_job_branch(job, st, FinishReason::kCancelled, nullptr);
-    }
+    finish_job_branch(job, st, FinishReason::kCancelled, nullptr);
   }
   maybe_close_job(job, Status::Ok());
   update_gauges();
@@ -577,17 +504,22 @@ StatusOr<PruneSummary> Scheduler::Impl::cmd_prune(const std::string& tree_id,
   }
   // The listed branches and every descendant (children fork after their parents, so one
   // pass in index order sees each parent before its children).
-  std::set<std::string> doomed;
+  std::unordered_set<std::string> doomed;
   for (SchedBranch* b : roots) doomed.insert(b->id);
-  for (auto& b : (*tree)->branches) {
-    if (doomed.count(b->parent)) doomed.insert(b->id);
+  std::vector<SchedBranch*> order;
+  for (auto& [index, b] : (*tree)->branches) {
+    if (doomed.count(b->id) || doomed.count(b->parent)) {
+      doomed.insert(b->id);
+      order.push_back(b.get());
+    }
   }
+  // Newest first: children end before their parents.
   PruneSummary out;
-  for (auto& b : (*tree)->branches) {
-    if (!doomed.count(b->id) || !b->live) continue;
-    out.freed_tokens += end_branch(b.get(), retain_kv, FinishReason::kPruned);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    out.freed_tokens += end_branch(*it, retain_kv, FinishReason::kPruned);
     ++out.pruned_branches;
   }
+  drop_dead_copies();
   // Jobs whose every branch is now finished end here.
   close_finished_jobs();
   update_gauges();
@@ -603,7 +535,6 @@ void Scheduler::Impl::cmd_verify(const std::string& tree_id, const std::string& 
   StatusOr<SchedBranch*> found = find_branch(*tree, branch_id);
   if (!found.ok()) return done(found.status());
   SchedBranch* b = *found;
-  if (!b->live) return done(FailedPrecondition("branch_id: branch " + branch_id + " was pruned"));
   if (b->activity != Activity::kIdle) {
     return done(FailedPrecondition("branch_id: branch " + branch_id + " is busy"));
   }
@@ -624,42 +555,6 @@ void Scheduler::Impl::cmd_verify(const std::string& tree_id, const std::string& 
   b->activity = Activity::kVerify;
   b->verify = job.get();
   verifies_.push_back(std::move(job));
-}
-
-StatusOr<TreeSummary> Scheduler::Impl::cmd_get_tree(const std::string& tree_id) {
-  StatusOr<Tree*> found = find_tree(tree_id);
-  if (!found.ok()) return found.status();
-  Tree* tree = *found;
-  TreeSummary out;
-  out.tree_id = tree->id;
-  // Tokens counted once: each branch owns [fork_offset, length); a live descendant keeps
-  // its ancestors' tokens up to its fork offset alive.
-  std::map<std::string, int32_t> needed;  // branch id -> prefix length some live branch uses
-  for (auto& b : tree->branches) {
-    if (!b->live) continue;
-    SchedBranch* cur = b.get();
-    int32_t need = cur->length();
-    while (cur) {
-      int32_t& n = needed[cur->id];
-      n = std::max(n, need);
-      need = cur->fork_offset;
-      cur = cur->parent.empty() ? nullptr : tree->by_id[cur->parent];
-      if (need <= 0) break;
-    }
-  }
-  for (auto& b : tree->branches) {
-    out.branches.push_back({b->id, b->parent, b->length(), b->live});
-    auto it = needed.find(b->id);
-    if (it != needed.end()) out.total_tokens += std::max(0, it->second - b->fork_offset);
-  }
-  std::set<int32_t> pages;
-  std::vector<int32_t> table;
-  for (auto& b : tree->branches) {
-    if (!b->live || !b->kv) continue;
-    if (kv_->branch_page_table(*b->kv, &table).ok()) pages.insert(table.begin(), table.end());
-  }
-  out.kv_pages = static_cast<int64_t>(pages.size());
-  return out;
 }
 
 StatusOr<int64_t> Scheduler::Impl::cmd_delete_tree(const std::string& tree_id) {
@@ -686,7 +581,7 @@ SchedulerStats Scheduler::Impl::cmd_stats() {
   out.radix_cached_tokens = s.radix_cached_tokens;
   out.radix_nodes = s.radix_nodes;
   out.live_trees = static_cast<int32_t>(trees_.size());
-  for (auto& [id, t] : trees_) out.live_branches += t->live_branches;
+  for (auto& [id, t] : trees_) out.live_branches += t->live_branches();
   out.running_requests = static_cast<int32_t>(jobs_.size() + verifies_.size());
   out.waiting_requests = static_cast<int32_t>(prefills_.size());
   out.steps = steps_;
@@ -697,6 +592,9 @@ SchedulerStats Scheduler::Impl::cmd_stats() {
 // ---------------------------------------------------------------- Scheduler (public)
 
 namespace {
+
+// How often a waiting caller asks its CancelCheck.
+constexpr std::chrono::milliseconds kCancelPoll{20};
 
 // A fork or a one-shot Generate makes at least one branch.
 Status check_branch_count(int32_t n) {
@@ -730,20 +628,71 @@ const SchedulerOptions& Scheduler::options() const { return impl_->options_; }
 ServerMetrics* Scheduler::metrics() const { return impl_->metrics_; }
 const DetokenizerVocab* Scheduler::detokenizer_vocab() const { return impl_->detok_vocab_.get(); }
 
-StatusOr<CreateTreeResult> Scheduler::create_tree(std::vector<int32_t> prompt) {
+// The caller waits for the prefill, asking `cancelled` every kCancelPoll. Once it gives up,
+// the loop stops the prefill and removes the tree (cmd_abort_create); if the result was ready
+// first, the tree is removed here. Either way nothing is left that nobody can name.
+StatusOr<CreateTreeResult> Scheduler::create_tree(std::vector<int32_t> prompt,
+                                                  const CreateTreeOptions& options) {
   TS_RETURN_IF_ERROR(check_tokens_given("prompt", prompt));
-  return impl_->call<CreateTreeResult>(
-      [this, p = std::move(prompt)](std::function<void(StatusOr<CreateTreeResult>)> done) mutable {
-        impl_->cmd_create_tree(std::move(p), std::move(done));
+  if (options.lease_ms < 0) {
+    return InvalidArgument("lease_ms: must be >= 0 (0 = the default lease)");
+  }
+  const uint64_t seq = impl_->next_call_seq_.fetch_add(1);
+  auto submitted = impl_->submit<CreateTreeResult>(
+      [this, p = std::move(prompt), lease = options.lease_ms,
+       seq](std::function<void(StatusOr<CreateTreeResult>)> done) mutable {
+        impl_->cmd_create_tree(std::move(p), lease, seq, std::move(done));
       });
+  if (!submitted.ok()) return submitted.status();
+  std::future<StatusOr<CreateTreeResult>>& result = *submitted;
+  const CancelCheck& cancelled = options.cancelled;
+  bool gave_up = false;
+  if (cancelled) {
+    while (result.wait_for(kCancelPoll) != std::future_status::ready) {
+      if (!gave_up && cancelled()) {
+        gave_up = true;
+        impl_->post([this, seq] { impl_->cmd_abort_create(seq); });
+      }
+    }
+  }
+  StatusOr<CreateTreeResult> r = result.get();
+  if (r.ok() && cancelled && (gave_up || cancelled())) {
+    discard_tree(r->tree_id);
+    return Cancelled(
+        "CreateTree: the caller gave up (cancelled, or its deadline passed); the "
+        "tree was removed");
+  }
+  return r;
+}
+
+void Scheduler::discard_tree(const std::string& tree_id) {
+  (void)impl_->call<bool>([&](auto done) {
+    auto it = impl_->trees_.find(tree_id);
+    if (it != impl_->trees_.end()) {
+      int64_t freed = 0;
+      impl_->remove_tree(it->second.get(), /*retain_kv=*/false, &freed);
+      impl_->update_gauges();
+    }
+    done(true);
+  });
 }
 
 StatusOr<std::vector<std::string>> Scheduler::branch(const std::string& tree_id,
                                                      const std::string& branch_id, int32_t n,
-                                                     int32_t at_offset) {
+                                                     int32_t at_offset,
+                                                     const CancelCheck& cancelled) {
   TS_RETURN_IF_ERROR(check_branch_count(n));
-  return impl_->call<std::vector<std::string>>(
+  if (cancelled && cancelled()) return Cancelled("Branch: the caller gave up before the fork");
+  StatusOr<std::vector<std::string>> ids = impl_->call<std::vector<std::string>>(
       [&](auto done) { done(impl_->cmd_branch(tree_id, branch_id, n, at_offset)); });
+  if (ids.ok() && cancelled && cancelled()) {
+    // Nobody learns these ids: they go again (a fork holds at most one private page each).
+    (void)prune(tree_id, *ids, /*retain_kv=*/false);
+    return Cancelled(
+        "Branch: the caller gave up (cancelled, or its deadline passed); the new "
+        "branches were pruned");
+  }
+  return ids;
 }
 
 StatusOr<std::shared_ptr<GenerateStream>> Scheduler::generate(GenerateSpec spec) {
@@ -801,8 +750,27 @@ StatusOr<VerifyResult> Scheduler::verify(const std::string& tree_id, const std::
   });
 }
 
-StatusOr<TreeSummary> Scheduler::get_tree(const std::string& tree_id) {
-  return impl_->call<TreeSummary>([&](auto done) { done(impl_->cmd_get_tree(tree_id)); });
+StatusOr<TreeSummary> Scheduler::get_tree(const std::string& tree_id, const TreePage& page) {
+  return impl_->call<TreeSummary>([&](auto done) { done(impl_->cmd_get_tree(tree_id, page)); });
+}
+
+Status Scheduler::hold_tree(const std::string& tree_id) {
+  StatusOr<bool> r = impl_->call<bool>([&](auto done) {
+    Status s = impl_->cmd_hold_tree(tree_id, +1);
+    if (s.ok()) {
+      done(true);
+    } else {
+      done(s);
+    }
+  });
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+void Scheduler::release_tree(const std::string& tree_id) {
+  (void)impl_->call<bool>([&](auto done) {
+    (void)impl_->cmd_hold_tree(tree_id, -1);
+    done(true);
+  });
 }
 
 StatusOr<int64_t> Scheduler::delete_tree(const std::string& tree_id) {

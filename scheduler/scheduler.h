@@ -15,7 +15,21 @@
 // Memory. Work that cannot get KV pages (after evicting unlocked cached prefixes) waits for
 // a later step; when nothing at all can run, the waiting work is refused with
 // RESOURCE_EXHAUSTED and leaves nothing behind. A request larger than the whole pool is
-// refused at once.
+// refused at once. A tree's tables hold its live branches only: a branch that ends (Prune,
+// a dropped beam) leaves them, so memory and GetTree grow with live branches, not history.
+//
+// Ids. Tree ids ("t_...") and branch ids ("b_...") carry 128 random bits (common/random_id.h):
+// unguessable, and never reused, within a run or across restarts. A branch's sampling stream
+// key is its creation index within its tree, so seeded sampling does not depend on the ids.
+//
+// Leases. A tree that no call touches for its idle lease is deleted by the loop thread, its
+// KV kept as evictable cache (as DeleteTree). Any call naming the tree renews the lease; a
+// tree with a call in flight (Generate, Verify, its prefill, a held TreeSearch) does not
+// expire. One-shot trees have no lease.
+//
+// Cancellation. A cancelled Generate stops its branches within one step; they stay live with
+// every token they have (FINISH_CANCELLED), the tree usable. A CreateTree or Branch whose
+// caller gives up (its CancelCheck turns true) leaves nothing behind.
 #pragma once
 
 #include <chrono>
@@ -54,7 +68,13 @@ struct SchedulerOptions {
   // generation ends FINISH_LENGTH; appends and token trees that would pass it are refused).
   // 0 = unlimited.
   int64_t max_sequence_tokens = 0;
+  // A tree's idle lease when CreateTree names none (ms).
+  int64_t tree_lease_default_ms = 600'000;
 };
+
+// A caller's way to give up on a call: polled by the calling thread while it waits (at least
+// every 20 ms) and once more when the result is ready. Empty = never.
+using CancelCheck = std::function<bool()>;
 
 enum class FinishReason { kNone = 0, kLength, kStop, kEos, kPruned, kCancelled };
 
@@ -74,8 +94,9 @@ class GenerateStream {
   enum class Wait { kEvent, kEnd, kTimeout };
   // Next event, the end of the stream (*final_status set), or a timeout.
   Wait next(TokenEvent* event, Status* final_status, std::chrono::milliseconds timeout);
-  // Stops the call's unfinished branches within one step (FINISH_CANCELLED events follow;
-  // their pages are released as Prune would). Idempotent.
+  // Stops the call's unfinished branches within one step (FINISH_CANCELLED events follow).
+  // They stay live with every token they have; a one-shot call's tree goes with the call, a
+  // beam search keeps its beams (those with tokens) as live children. Idempotent.
   void cancel();
 
   // Producer side (the step loop).
@@ -97,6 +118,12 @@ struct CreateTreeResult {
   std::string root_branch_id;
   int32_t prompt_tokens = 0;
   int32_t cached_tokens = 0;
+  int64_t lease_ms = 0;  // the tree's idle lease
+};
+
+struct CreateTreeOptions {
+  int64_t lease_ms = 0;   // the idle lease; 0 = SchedulerOptions::tree_lease_default_ms
+  CancelCheck cancelled;  // true: the prefill stops and the tree is removed
 };
 
 struct GenerateSpec {
@@ -127,16 +154,28 @@ struct VerifyResult {
 
 struct BranchSummary {
   std::string branch_id;
+  // The nearest live ancestor ("" for the root): the branch it was forked from, or, once that
+  // one ended (a beam dropped by its search), that branch's own parent.
   std::string parent_branch_id;
   int32_t length = 0;
-  bool live = false;
+  bool live = false;  // always true: ended branches are not listed
+};
+
+// One page of a tree's live branches, in creation order.
+struct TreePage {
+  int32_t page_size = 0;   // 0 = every live branch
+  std::string page_token;  // "" = from the first; else a next_page_token of this tree
 };
 
 struct TreeSummary {
   std::string tree_id;
-  std::vector<BranchSummary> branches;
-  int64_t total_tokens = 0;
-  int64_t kv_pages = 0;
+  std::vector<BranchSummary> branches;  // this page
+  std::string next_page_token;          // "" on the last page
+  int32_t live_branches = 0;            // in the whole tree
+  int64_t total_tokens = 0;             // whole tree
+  int64_t kv_pages = 0;                 // whole tree
+  int64_t lease_ms = 0;                 // 0 for a one-shot tree
+  int64_t expires_at_unix_ms = 0;       // when the lease runs out unless renewed; 0: no lease
 };
 
 struct SchedulerStats {
@@ -160,18 +199,26 @@ class Scheduler {
                                                      ServerMetrics* metrics);
   ~Scheduler();  // stops the loop; in-flight work ends CANCELLED
 
-  StatusOr<CreateTreeResult> create_tree(std::vector<int32_t> prompt);
+  StatusOr<CreateTreeResult> create_tree(std::vector<int32_t> prompt,
+                                         const CreateTreeOptions& options = {});
+  // A caller that gave up (cancelled) gets CANCELLED and no new branches.
   StatusOr<std::vector<std::string>> branch(const std::string& tree_id,
                                             const std::string& branch_id, int32_t n,
-                                            int32_t at_offset);
+                                            int32_t at_offset,
+                                            const CancelCheck& cancelled = nullptr);
   StatusOr<std::shared_ptr<GenerateStream>> generate(GenerateSpec spec);
   StatusOr<PruneSummary> prune(const std::string& tree_id, const std::vector<std::string>& ids,
                                bool retain_kv);
   StatusOr<VerifyResult> verify(const std::string& tree_id, const std::string& branch_id,
                                 std::vector<int32_t> tokens, std::vector<int32_t> parents,
                                 SamplingParams sampling);
-  StatusOr<TreeSummary> get_tree(const std::string& tree_id);
+  // INVALID_ARGUMENT for a page_token that is not one of this tree's, or a negative size.
+  StatusOr<TreeSummary> get_tree(const std::string& tree_id, const TreePage& page = {});
   StatusOr<int64_t> delete_tree(const std::string& tree_id);
+  // A call driven from outside the loop (TreeSearch) holds its tree so that the lease cannot
+  // run out between its own calls; release renews the lease. NOT_FOUND for an unknown tree.
+  Status hold_tree(const std::string& tree_id);
+  void release_tree(const std::string& tree_id);
   SchedulerStats stats();
   // The options it was created with (limits a caller checks up front).
   const SchedulerOptions& options() const;
@@ -187,6 +234,9 @@ class Scheduler {
 
  private:
   explicit Scheduler(std::unique_ptr<Impl> impl);
+  // Removes a tree that no caller will ever name (its CreateTree caller gave up), freeing
+  // its pages.
+  void discard_tree(const std::string& tree_id);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -33,12 +33,20 @@ void Scheduler::Impl::loop() {
     std::deque<std::function<void()>> commands;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !commands_.empty() || has_work(); });
+      // Idle, the loop still wakes when the next lease may run out.
+      auto ready = [&] { return stopping_ || !commands_.empty() || has_work(); };
+      if (next_lease_check_ == std::chrono::steady_clock::time_point::max()) {
+        cv_.wait(lock, ready);
+      } else {
+        cv_.wait_until(lock, next_lease_check_, ready);
+      }
       if (stopping_) break;
       commands.swap(commands_);
     }
+    free_ended();
     const auto host_begin = std::chrono::steady_clock::now();
     for (auto& c : commands) c();
+    expire_leases();
     if (has_work() && step() && metrics_) {
       // The device waits for the host for everything but the forward: this iteration's
       // commands, building the batch and view, and handling the step's results.
@@ -332,6 +340,7 @@ bool Scheduler::Impl::step() {
   //    the remaining budget.
   for (auto& p : prefills_) {
     SchedBranch* b = p->branch;
+    if (!p->done || !b) continue;
     const int32_t want = static_cast<int32_t>(b->pending.size()) - 1;
     const int32_t room = entries_.empty() ? budget : std::min(budget, rows_left);
     if (want <= 0 || room <= 0) continue;
@@ -360,7 +369,7 @@ bool Scheduler::Impl::step() {
     } else {
       // Only zero-row work was listed (e.g. a one-token prompt's prefill): settle it.
       for (auto& p : prefills_) {
-        if (p->done && p->branch->pending.size() <= 1) {
+        if (p->done && p->branch && p->branch->pending.size() <= 1) {
           StepEntry e;
           e.branch = p->branch;
           after_prefill(e);
@@ -389,17 +398,23 @@ bool Scheduler::Impl::step() {
     spdlog::error("step {} failed ({} rows): {}", steps_, batch_.num_rows(), ran.message());
     const Status err = Internal("decode step failed: " + ran.message());
     for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) rollback(*it);
+    std::vector<std::string> failed_trees;  // trees whose prefill failed: they go
     for (StepEntry& e : entries_) {
       SchedBranch* b = e.branch;
+      if (!b->live) continue;
       if (b->verify) {
         b->verify->done(err);
         b->verify->done = nullptr;
+        b->verify->branch = nullptr;
         b->verify = nullptr;
         b->activity = Activity::kIdle;
       } else if (b->prefill) {
         b->prefill->done(err);
         b->prefill->done = nullptr;
+        b->prefill->branch = nullptr;
         b->prefill = nullptr;
+        b->activity = Activity::kIdle;
+        failed_trees.push_back(b->tree->id);
       } else if (b->job) {
         GenerateJob* job = b->job;
         maybe_close_job(job, err);
@@ -407,6 +422,14 @@ bool Scheduler::Impl::step() {
         finish_beam_search(b->beam_job, err);
       }
     }
+    // A CreateTree whose prefill failed leaves no tree (nor does a one-shot call's).
+    for (const std::string& id : failed_trees) {
+      auto it = trees_.find(id);
+      if (it == trees_.end()) continue;
+      int64_t freed = 0;
+      remove_tree(it->second.get(), /*retain_kv=*/false, &freed);
+    }
+    update_gauges();
     return false;
   }
   deferred_moves_.clear();
@@ -443,19 +466,21 @@ bool Scheduler::Impl::step() {
 
 void Scheduler::Impl::fail_stalled(const Status& status) {
   for (auto& v : verifies_) {
-    if (!v->done) continue;
+    if (!v->done || !v->branch) continue;
     v->branch->activity = Activity::kIdle;
     v->branch->verify = nullptr;
+    v->branch = nullptr;
     v->done(status);
     v->done = nullptr;
   }
   // New trees that cannot be prefilled leave nothing behind.
   std::vector<std::string> doomed;
   for (auto& p : prefills_) {
-    if (!p->done) continue;
+    if (!p->done || !p->branch) continue;
     SchedBranch* b = p->branch;
     auto done = std::move(p->done);
     p->done = nullptr;
+    p->branch = nullptr;
     b->prefill = nullptr;
     b->activity = Activity::kIdle;
     doomed.push_back(b->tree->id);
@@ -485,7 +510,10 @@ void Scheduler::Impl::after_prefill(StepEntry& e) {
   if (options_.prefix_sharing && b->kv) (void)kv_->commit(*b->kv);
   auto done = std::move(p->done);
   p->done = nullptr;
-  done(CreateTreeResult{b->tree->id, b->id, p->prompt_tokens, p->cached_tokens});
+  p->branch = nullptr;
+  touch(b->tree);  // the lease counts from the end of the prefill
+  done(CreateTreeResult{b->tree->id, b->id, p->prompt_tokens, p->cached_tokens,
+                        b->tree->lease.count()});
 }
 
 void Scheduler::Impl::after_generate(StepEntry& e) {
@@ -583,6 +611,8 @@ void Scheduler::Impl::after_verify(StepEntry& e) {
   b->activity = Activity::kIdle;
   auto done = std::move(v->done);
   v->done = nullptr;
+  v->branch = nullptr;
+  touch(b->tree);
   if (!accepted.ok()) {
     done(Internal("accepting the verified path failed: " + accepted.message()));
     return;

@@ -82,18 +82,28 @@ Status TreeSearch::check_spec() {
     }
   }
   if (!root) {
-    return NotFound("branch_id: unknown branch '" + spec_.branch_id + "' in tree " + spec_.tree_id);
-  }
-  if (!root->live) {
-    return FailedPrecondition("branch_id: branch " + root->branch_id + " was pruned");
+    return NotFound("branch_id: unknown branch '" + spec_.branch_id + "' in tree " + spec_.tree_id +
+                    " (never created, or pruned)");
   }
   root_ = root->branch_id;
   return Status::Ok();
 }
 
 Status TreeSearch::fail(Status why) {
-  if (!level_one_.empty()) {
-    StatusOr<PruneSummary> p = scheduler_->prune(spec_.tree_id, level_one_, /*retain_kv=*/false);
+  // Pruning the level-1 branches still live takes every descendant with them. One the search
+  // or another call pruned already is unknown (NOT_FOUND): then they go one by one.
+  std::vector<std::string> live;
+  for (const std::string& id : level_one_) {
+    if (!nodes_.at(id).pruned) live.push_back(id);
+  }
+  if (!live.empty()) {
+    StatusOr<PruneSummary> p = scheduler_->prune(spec_.tree_id, live, /*retain_kv=*/false);
+    if (!p.ok() && p.status().code() == StatusCode::kNotFound) {
+      for (const std::string& id : live) {
+        p = scheduler_->prune(spec_.tree_id, {id}, /*retain_kv=*/false);
+        if (!p.ok() && p.status().code() != StatusCode::kNotFound) break;
+      }
+    }
     if (!p.ok() && p.status().code() != StatusCode::kNotFound) {
       spdlog::warn("tree={} search from {}: pruning its branches failed: {}", spec_.tree_id, root_,
                    p.status().message());
@@ -290,6 +300,14 @@ StatusOr<SearchResult> TreeSearch::result(int32_t levels) const {
 
 StatusOr<SearchResult> TreeSearch::run() {
   TS_RETURN_IF_ERROR(check_spec());
+  // The tree's lease cannot run out between the search's own calls (while the client
+  // scores a level, say); letting go renews it.
+  TS_RETURN_IF_ERROR(scheduler_->hold_tree(spec_.tree_id));
+  struct Release {
+    Scheduler* s;
+    const std::string& tree;
+    ~Release() { s->release_tree(tree); }
+  } release{scheduler_, spec_.tree_id};
   ServerMetrics* metrics = scheduler_->metrics();
   if (metrics) metrics->tree_search_total->inc();
   frontier_ = {root_};

@@ -11,7 +11,8 @@
 //
 // Failure, cancellation or a bad score leaves the tree as it was: every branch the search
 // created is pruned (their pages released). On success the kept leaves and their ancestors
-// up to the search root stay in the tree for the caller to use.
+// up to the search root stay in the tree for the caller to use. The search holds its tree
+// (Scheduler::hold_tree), so the tree's lease cannot run out while it runs.
 #pragma once
 
 #include <cstdint>
@@ -82,7 +83,8 @@ using SearchScores = std::map<std::string, double>;
 struct TreeSearchHooks {
   // After each level's thoughts are generated. In client mode it fills *scores with one
   // finite score per candidate (anything else ends the search INVALID_ARGUMENT); an error it
-  // returns ends the search with that error. May be empty in logprob mode.
+  // returns ends the search with that error (the server's DEADLINE_EXCEEDED when the client
+  // sent no scores in time). May be empty in logprob mode.
   std::function<Status(const SearchLevel& level, SearchScores* scores)> on_level;
   // Polled while a level generates; true ends the search CANCELLED. May be empty.
   std::function<bool()> cancelled;
@@ -90,7 +92,7 @@ struct TreeSearchHooks {
 
 // Runs the search on the caller's thread (blocking); `tokenizer` is the one the scheduler was
 // created with (the leaves' text uses the scheduler's detokenizer table). Errors: NOT_FOUND for an
-// unknown tree or branch, FAILED_PRECONDITION for a pruned search root, INVALID_ARGUMENT for
+// unknown tree or branch (a pruned search root is unknown), INVALID_ARGUMENT for
 // expand/keep/ depth < 1 or expand * keep over SchedulerOptions::max_branches_per_tree, and
 // whatever the scheduler calls return (RESOURCE_EXHAUSTED when the pool cannot hold a level).
 StatusOr<SearchResult> run_tree_search(Scheduler* scheduler, const Tokenizer& tokenizer,

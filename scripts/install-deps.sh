@@ -14,12 +14,17 @@ else
 fi
 "${as_root[@]}" apt-get update -qq
 "${as_root[@]}" apt-get install -y -qq --no-install-recommends \
-  build-essential cmake ninja-build git pkg-config clang-format \
+  build-essential cmake ninja-build git pkg-config clang-format clang libclang-rt-14-dev \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-  libsentencepiece-dev sentencepiece \
+  libsentencepiece-dev sentencepiece libpcre2-dev libutf8proc-dev \
   libspdlog-dev nlohmann-json3-dev libcli11-dev \
-  libgtest-dev libgmock-dev libbenchmark-dev libcpp-httplib-dev \
+  libgtest-dev libgmock-dev libbenchmark-dev libcpp-httplib-dev libssl-dev openssl \
   python3 python3-grpcio python3-grpc-tools python3-setuptools python3-wheel python3-venv \
   python3-matplotlib \
   docker-compose >/dev/null
+# Node.js and npm for the tokenizer's reference test (tests/tokenizer_ref): Debian's, unless a
+# node is installed already.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  "${as_root[@]}" apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
 echo "treeserve dependencies installed"

@@ -2,9 +2,11 @@
 #include "server/config.h"
 
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 namespace treeserve {
 namespace {
@@ -22,6 +24,27 @@ class Section {
     seen_.insert(key);
     auto it = obj_.find(key);
     if (it == obj_.end()) return Status::Ok();
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      // nlohmann would convert 2.5, true or 2^40 into an int32 silently (and 1e30, undefined
+      // behaviour): an integer field takes a JSON integer in the field's range, nothing else.
+      // (nlohmann keeps a non-negative integer as unsigned, a negative one as signed.)
+      using Limits = std::numeric_limits<T>;
+      bool fits = false;
+      if (it->is_number_unsigned()) {
+        fits = it->template get<uint64_t>() <= uint64_t(Limits::max());
+        if (fits) *out = static_cast<T>(it->template get<uint64_t>());
+      } else if (it->is_number_integer() && std::is_signed_v<T>) {
+        const int64_t v = it->template get<int64_t>();
+        fits = v >= int64_t(Limits::min()) && v <= int64_t(Limits::max());
+        if (fits) *out = static_cast<T>(v);
+      }
+      if (!fits) {
+        return InvalidArgument(source_ + ": " + path_ + key + " must be an integer in [" +
+                               std::to_string(Limits::min()) + ", " +
+                               std::to_string(Limits::max()) + "], got " + it->dump());
+      }
+      return Status::Ok();
+    }
     try {
       *out = it->get<T>();
     } catch (const json::exception& e) {
@@ -66,7 +89,7 @@ Status merge_config_json(const std::string& json_text, const std::string& source
   json root;
   try {
     root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     return InvalidArgument(source + ": invalid JSON: " + e.what());
   }
   if (!root.is_object()) return InvalidArgument(source + ": top level must be a JSON object");
@@ -86,8 +109,13 @@ Status merge_config_json(const std::string& json_text, const std::string& source
     TS_RETURN_IF_ERROR(s.get("listen", &c->server.listen));
     TS_RETURN_IF_ERROR(s.get("metrics_listen", &c->server.metrics_listen));
     TS_RETURN_IF_ERROR(s.get("auth_token", &c->server.auth_token));
+    TS_RETURN_IF_ERROR(s.get("tls_cert_file", &c->server.tls_cert_file));
+    TS_RETURN_IF_ERROR(s.get("tls_key_file", &c->server.tls_key_file));
+    TS_RETURN_IF_ERROR(s.get("tls_client_ca_file", &c->server.tls_client_ca_file));
     TS_RETURN_IF_ERROR(s.get("max_request_bytes", &c->server.max_request_bytes));
     TS_RETURN_IF_ERROR(s.get("shutdown_grace_ms", &c->server.shutdown_grace_ms));
+    TS_RETURN_IF_ERROR(s.get("tree_lease_default_s", &c->server.tree_lease_default_s));
+    TS_RETURN_IF_ERROR(s.get("tree_lease_max_s", &c->server.tree_lease_max_s));
     TS_RETURN_IF_ERROR(s.check_unknown());
   }
   TS_RETURN_IF_ERROR(sub_object(root, "model", source, &obj));
@@ -127,6 +155,8 @@ Status merge_config_json(const std::string& json_text, const std::string& source
     TS_RETURN_IF_ERROR(s.get("max_verify_tokens", &c->limits.max_verify_tokens));
     TS_RETURN_IF_ERROR(s.get("max_stop_strings", &c->limits.max_stop_strings));
     TS_RETURN_IF_ERROR(s.get("max_live_trees", &c->limits.max_live_trees));
+    TS_RETURN_IF_ERROR(
+        s.get("tree_search_score_timeout_ms", &c->limits.tree_search_score_timeout_ms));
     TS_RETURN_IF_ERROR(s.check_unknown());
   }
   TS_RETURN_IF_ERROR(sub_object(root, "scheduler", source, &obj));
@@ -227,8 +257,34 @@ Status validate_config(const TreeserveConfig& c) {
   if (c.scheduler.default_max_tokens < 1 || c.scheduler.default_max_tokens > l.max_tokens) {
     return InvalidArgument("scheduler.default_max_tokens must be in [1, limits.max_tokens]");
   }
-  if (c.server.max_request_bytes < 1024) {
-    return InvalidArgument("server.max_request_bytes must be at least 1024");
+  if (c.server.max_request_bytes != 0 && c.server.max_request_bytes < 1024) {
+    return InvalidArgument("server.max_request_bytes must be 0 (derived) or at least 1024");
+  }
+  if (c.server.tls_cert_file.empty() != c.server.tls_key_file.empty()) {
+    return InvalidArgument(
+        "server.tls_cert_file and server.tls_key_file go together: set both (TLS) or neither");
+  }
+  if (!c.server.tls_client_ca_file.empty() && c.server.tls_cert_file.empty()) {
+    return InvalidArgument(
+        "server.tls_client_ca_file needs server.tls_cert_file and server.tls_key_file (mutual "
+        "TLS is TLS with client certificates)");
+  }
+  // Leases are carried in milliseconds: at most ~100 years keeps every sum far from overflow.
+  constexpr int64_t kLongestLeaseS = int64_t(100) * 365 * 86400;
+  if (c.server.tree_lease_max_s < 1 || c.server.tree_lease_max_s > kLongestLeaseS) {
+    return InvalidArgument("server.tree_lease_max_s must be in [1, " +
+                           std::to_string(kLongestLeaseS) + "], got " +
+                           std::to_string(c.server.tree_lease_max_s));
+  }
+  if (c.server.tree_lease_default_s < 1 ||
+      c.server.tree_lease_default_s > c.server.tree_lease_max_s) {
+    return InvalidArgument("server.tree_lease_default_s must be in [1, server.tree_lease_max_s = " +
+                           std::to_string(c.server.tree_lease_max_s) + "], got " +
+                           std::to_string(c.server.tree_lease_default_s));
+  }
+  if (c.limits.tree_search_score_timeout_ms < 1) {
+    return InvalidArgument("limits.tree_search_score_timeout_ms must be >= 1, got " +
+                           std::to_string(c.limits.tree_search_score_timeout_ms));
   }
   return Status::Ok();
 }
@@ -239,8 +295,13 @@ std::string config_to_json(const TreeserveConfig& c) {
                        {{"listen", c.server.listen},
                         {"metrics_listen", c.server.metrics_listen},
                         {"auth_token", c.server.auth_token.empty() ? "" : "<set>"},
+                        {"tls_cert_file", c.server.tls_cert_file},
+                        {"tls_key_file", c.server.tls_key_file},
+                        {"tls_client_ca_file", c.server.tls_client_ca_file},
                         {"max_request_bytes", c.server.max_request_bytes},
-                        {"shutdown_grace_ms", c.server.shutdown_grace_ms}}},
+                        {"shutdown_grace_ms", c.server.shutdown_grace_ms},
+                        {"tree_lease_default_s", c.server.tree_lease_default_s},
+                        {"tree_lease_max_s", c.server.tree_lease_max_s}}},
                       {"model", {{"dir", c.model.dir}}},
                       {"engine",
                        {{"backend", c.engine.backend},
@@ -261,7 +322,8 @@ std::string config_to_json(const TreeserveConfig& c) {
                         {"max_tokens", c.limits.max_tokens},
                         {"max_verify_tokens", c.limits.max_verify_tokens},
                         {"max_stop_strings", c.limits.max_stop_strings},
-                        {"max_live_trees", c.limits.max_live_trees}}},
+                        {"max_live_trees", c.limits.max_live_trees},
+                        {"tree_search_score_timeout_ms", c.limits.tree_search_score_timeout_ms}}},
                       {"scheduler",
                        {{"max_step_tokens", c.scheduler.max_step_tokens},
                         {"max_step_rows", c.scheduler.max_step_rows},

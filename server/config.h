@@ -12,15 +12,28 @@ namespace treeserve {
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";
   std::string metrics_listen;  // "host:port" for Prometheus text; empty = off
-  std::string auth_token;      // when set, every call needs "authorization: Bearer <token>"
-  int32_t max_request_bytes = 16 << 20;
+  // When set (or $TREESERVE_API_KEY; server/auth.h), every TreeServe and reflection call and
+  // every /metrics scrape needs "authorization: Bearer <token>".
+  std::string auth_token;
+  // TLS on the gRPC and metrics listeners (PEM files; empty = plaintext). With a client CA,
+  // clients must present a certificate it signed (mutual TLS).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  // Serialized size of one request message; 0 = derived from the limits at start (the text
+  // bound times the text fields one request can hold, plus room for ids: docs/api.md).
+  int32_t max_request_bytes = 0;
   int32_t shutdown_grace_ms = 5000;  // in-flight calls get this long after SIGTERM
+  // A tree's idle lease: deleted once no call has named it for this long. CreateTree's
+  // lease_ms picks another, up to the maximum.
+  int64_t tree_lease_default_s = 600;
+  int64_t tree_lease_max_s = 86400;
 };
 
 struct ModelOptions {
   std::string dir;  // Hugging Face checkpoint dir; empty = the built tiny model
   // >= 0: serve random weights drawn from this seed instead of the checkpoint's (the dir
-  // needs only config.json and tokenizer.model; safetensors there are ignored), for load
+  // needs only config.json and its tokenizer files; safetensors there are ignored), for load
   // tests of a model shape without its weights. -1 = off.
   int64_t random_weights_seed = -1;
 };
@@ -61,6 +74,9 @@ struct LimitOptions {
   int32_t max_verify_tokens = 256;
   int32_t max_stop_strings = 16;
   int32_t max_live_trees = 4096;
+  // TreeSearch in client-scoring mode: how long the server waits for a level's scores before
+  // ending the search DEADLINE_EXCEEDED (and pruning what it made).
+  int32_t tree_search_score_timeout_ms = 60000;
 };
 
 struct SchedulerConfig {

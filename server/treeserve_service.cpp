@@ -5,7 +5,12 @@
 // checks puts them.
 #include "server/treeserve_service.h"
 
+#include <grpc/grpc.h>
 #include <spdlog/spdlog.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "models/tokenizer.h"
 #include "scheduler/scheduler.h"
@@ -16,6 +21,11 @@ namespace treeserve {
 namespace {
 
 constexpr std::chrono::milliseconds kStreamPoll{20};
+// GetTree: live branches per page when the request says 0, and the most a page holds (a
+// request for more gets this many). 4096 is the most live branches a tree can have, so one
+// page of the maximum size is the whole tree (a few hundred KB).
+constexpr int32_t kGetTreeDefaultPageSize = 1024;
+constexpr int32_t kGetTreeMaxPageSize = 4096;
 
 v1::FinishReason to_proto(FinishReason r) {
   switch (r) {
@@ -35,6 +45,69 @@ v1::FinishReason to_proto(FinishReason r) {
   return v1::FINISH_NONE;
 }
 
+// Bounds the wait for a TreeSearch level's scores: a blocking Read cannot time out, so a
+// watcher thread ends the call with DEADLINE_EXCEEDED when the time passes (the Read then
+// returns false). grpc_call_cancel_with_status rather than ServerContext::TryCancel, which
+// would tell the client CANCELLED.
+class ScoreWatch {
+ public:
+  ScoreWatch(grpc::ServerContext* ctx, std::chrono::milliseconds timeout, std::string message)
+      : thread_([this, ctx, timeout, message = std::move(message)] {
+          std::unique_lock<std::mutex> lock(mu_);
+          if (cv_.wait_for(lock, timeout, [&] { return done_; })) return;
+          fired_ = true;
+          grpc_call_cancel_with_status(ctx->c_call(), GRPC_STATUS_DEADLINE_EXCEEDED,
+                                       message.c_str(), nullptr);
+        }) {}
+  ~ScoreWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  bool fired() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fired_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  bool fired_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+// An id the request must name: an empty one is INVALID_ARGUMENT naming the field (it names no
+// tree or branch, so NOT_FOUND would be misleading).
+grpc::Status require_id(const std::string& field, const std::string& id) {
+  if (id.empty()) return grpc_invalid(field + ": must not be empty");
+  return grpc::Status::OK;
+}
+
+grpc::Status require_ids(const std::string& field,
+                         const google::protobuf::RepeatedPtrField<std::string>& ids) {
+  for (int i = 0; i < ids.size(); ++i) {
+    if (ids[i].empty()) {
+      return grpc_invalid(field + "[" + std::to_string(i) + "]: must not be empty");
+    }
+  }
+  return grpc::Status::OK;
+}
+
+// Text is bounded in bytes before it is tokenized or matched (ServingInfo::max_text_bytes), so
+// an oversized text costs a comparison, not a tokenization.
+Status check_text_bytes(const std::string& field, size_t bytes, int64_t limit) {
+  if (limit > 0 && int64_t(bytes) > limit) {
+    return InvalidArgument(field + ": " + std::to_string(bytes) + " bytes is over the limit of " +
+                           std::to_string(limit) +
+                           " bytes (limits.max_prompt_tokens x the tokenizer's longest token)");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 // Counts a call in flight for the graceful shutdown, and refuses new ones while draining.
@@ -49,14 +122,24 @@ class CallScope {
 };
 
 TreeServeService::TreeServeService(const TreeserveConfig& config, const Tokenizer* tokenizer,
-                                   ServingInfo info, Scheduler* scheduler)
-    : config_(config), tokenizer_(tokenizer), info_(std::move(info)), scheduler_(scheduler) {}
+                                   ServingInfo info, Scheduler* scheduler, Authenticator* auth)
+    : config_(config),
+      tokenizer_(tokenizer),
+      info_(std::move(info)),
+      scheduler_(scheduler),
+      auth_(auth),
+      ready_(scheduler != nullptr) {}
 
 // Auth, then the request's size against server.max_request_bytes (the transport accepts a
 // margin more, so an oversized request gets this clear INVALID_ARGUMENT).
 grpc::Status TreeServeService::admit(const grpc::ServerContext* context,
                                      const google::protobuf::Message& request) const {
-  if (auto s = check_auth(context); !s.ok()) return s;
+  // The method is the request type's name without "Request" (CreateTreeRequest: CreateTree).
+  std::string_view method = request.GetDescriptor()->name();
+  if (method.size() > 7 && method.substr(method.size() - 7) == "Request") {
+    method.remove_suffix(7);
+  }
+  if (auto s = check_auth(context, method); !s.ok()) return s;
   const size_t bytes = request.ByteSizeLong();
   if (bytes > size_t(config_.server.max_request_bytes)) {
     return grpc_invalid("request: " + std::to_string(bytes) +
@@ -66,20 +149,28 @@ grpc::Status TreeServeService::admit(const grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status TreeServeService::check_auth(const grpc::ServerContext* context) const {
+grpc::Status TreeServeService::check_auth(const grpc::ServerContext* context,
+                                          std::string_view method, Principal* principal) const {
   if (draining_.load()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
   }
-  if (config_.server.auth_token.empty()) return grpc::Status::OK;
-  const auto& md = context->client_metadata();
-  auto it = md.find("authorization");
-  if (it == md.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing authorization metadata (expected 'Bearer <token>')");
+  if (auth_ != nullptr && auth_->enabled()) {
+    const auto& md = context->client_metadata();
+    auto it = md.find("authorization");
+    std::string_view value;
+    if (it != md.end()) value = std::string_view(it->second.data(), it->second.size());
+    StatusOr<Principal> who =
+        auth_->authenticate(it != md.end() ? &value : nullptr, context->peer(),
+                            "/treeserve.v1.TreeServe/" + std::string(method));
+    if (!who.ok()) return to_grpc(who.status());
+    if (principal != nullptr) *principal = std::move(*who);
+  } else if (principal != nullptr) {
+    *principal = Principal{};
   }
-  std::string value(it->second.data(), it->second.size());
-  if (value != "Bearer " + config_.server.auth_token) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid auth token");
+  if (!ready_.load(std::memory_order_acquire)) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the model is loading; the health service reports SERVING once it is "
+                        "loaded");
   }
   return grpc::Status::OK;
 }
@@ -107,6 +198,8 @@ StatusOr<std::vector<int32_t>> TreeServeService::resolve_prompt(const std::strin
     ids.assign(prompt.tokens().ids().begin(), prompt.tokens().ids().end());
     TS_RETURN_IF_ERROR(check_ids(field + ".tokens.ids", ids));
   } else if (!prompt.text().empty()) {
+    TS_RETURN_IF_ERROR(
+        check_text_bytes(field + ".text", prompt.text().size(), info_.max_text_bytes));
     StatusOr<std::vector<int32_t>> enc = tokenizer_->encode(prompt.text());
     if (!enc.ok()) return enc.status();
     if (bos && tokenizer_->bos_id() >= 0) ids.push_back(tokenizer_->bos_id());
@@ -151,6 +244,8 @@ StatusOr<SamplingParams> TreeServeService::resolve_sampling(const v1::SamplingPa
       if (p.stop(i).empty()) {
         return InvalidArgument("sampling.stop[" + std::to_string(i) + "]: must not be empty");
       }
+      TS_RETURN_IF_ERROR(check_text_bytes("sampling.stop[" + std::to_string(i) + "]",
+                                          p.stop(i).size(), info_.max_text_bytes));
     }
     std::vector<int32_t> stop_ids(p.stop_token_ids().begin(), p.stop_token_ids().end());
     TS_RETURN_IF_ERROR(check_ids("sampling.stop_token_ids", stop_ids));
@@ -168,12 +263,25 @@ grpc::Status TreeServeService::CreateTree(grpc::ServerContext* ctx,
   if (auto s = admit(ctx, *request); !s.ok()) return s;
   StatusOr<std::vector<int32_t>> prompt = resolve_prompt("prompt", request->prompt(), true);
   if (!prompt.ok()) return to_grpc(prompt.status());
-  StatusOr<CreateTreeResult> r = scheduler_->create_tree(std::move(*prompt));
+  const int64_t max_lease_ms = config_.server.tree_lease_max_s * 1000;
+  if (request->lease_ms() < 0 || request->lease_ms() > max_lease_ms) {
+    return grpc_invalid("lease_ms: " + std::to_string(request->lease_ms()) + " is outside [0, " +
+                        std::to_string(max_lease_ms) +
+                        "] (0 = the default; the maximum is server.tree_lease_max_s = " +
+                        std::to_string(config_.server.tree_lease_max_s) + " s)");
+  }
+  CreateTreeOptions options;
+  options.lease_ms =
+      request->lease_ms() > 0 ? request->lease_ms() : config_.server.tree_lease_default_s * 1000;
+  // A client that gives up (cancel, deadline, disconnect) stops the prefill: no orphan tree.
+  options.cancelled = [ctx] { return ctx->IsCancelled(); };
+  StatusOr<CreateTreeResult> r = scheduler_->create_tree(std::move(*prompt), options);
   if (!r.ok()) return to_grpc(r.status());
   response->set_tree_id(r->tree_id);
   response->set_root_branch_id(r->root_branch_id);
   response->set_prompt_tokens(r->prompt_tokens);
   response->set_cached_tokens(r->cached_tokens);
+  response->set_lease_ms(r->lease_ms);
   spdlog::debug("tree={} created: {} prompt tokens, {} cached", r->tree_id, r->prompt_tokens,
                 r->cached_tokens);
   return grpc::Status::OK;
@@ -183,21 +291,24 @@ grpc::Status TreeServeService::Branch(grpc::ServerContext* ctx, const v1::Branch
                                       v1::BranchResponse* response) {
   CallScope scope(this);
   if (auto s = admit(ctx, *request); !s.ok()) return s;
+  if (auto s = require_id("tree_id", request->tree_id()); !s.ok()) return s;
+  if (auto s = require_id("branch_id", request->branch_id()); !s.ok()) return s;
   if (request->n() < 1 || request->n() > config_.limits.max_n) {
     return grpc_invalid("n: " + std::to_string(request->n()) + " is outside [1, " +
                         std::to_string(config_.limits.max_n) + "]");
   }
   if (request->at_offset() < 0) return grpc_invalid("at_offset: must be >= 0");
-  StatusOr<std::vector<std::string>> ids = scheduler_->branch(
-      request->tree_id(), request->branch_id(), request->n(), request->at_offset());
+  StatusOr<std::vector<std::string>> ids =
+      scheduler_->branch(request->tree_id(), request->branch_id(), request->n(),
+                         request->at_offset(), [ctx] { return ctx->IsCancelled(); });
   if (!ids.ok()) return to_grpc(ids.status());
   for (const std::string& id : *ids) response->add_branch_ids(id);
   return grpc::Status::OK;
 }
 
-grpc::Status TreeServeService::Generate(grpc::ServerContext* ctx,
-                                        const v1::GenerateRequest* request,
-                                        grpc::ServerWriter<v1::GenerateResponse>* writer) {
+grpc::Status TreeServeService::generate_stream(
+    grpc::ServerContext* ctx, const v1::GenerateRequest* request,
+    grpc::internal::WriterInterface<v1::GenerateResponse>* writer) {
   CallScope scope(this);
   if (auto s = admit(ctx, *request); !s.ok()) return s;
   GenerateSpec spec;
@@ -230,6 +341,7 @@ grpc::Status TreeServeService::Generate(grpc::ServerContext* ctx,
     if (request->branch_ids_size() > config_.limits.max_n) {
       return grpc_invalid("branch_ids: at most " + std::to_string(config_.limits.max_n));
     }
+    if (auto s = require_ids("branch_ids", request->branch_ids()); !s.ok()) return s;
     if (request->has_append()) {
       StatusOr<std::vector<int32_t>> append = resolve_prompt("append", request->append(), false);
       if (!append.ok()) return to_grpc(append.status());
@@ -249,8 +361,9 @@ grpc::Status TreeServeService::Generate(grpc::ServerContext* ctx,
   StatusOr<std::shared_ptr<GenerateStream>> stream = scheduler_->generate(std::move(spec));
   if (!stream.ok()) return to_grpc(stream.status());
 
-  // Relay events until the stream ends. A dropped client or a passed deadline cancels the
-  // call's branches; their FINISH_CANCELLED events are drained before returning.
+  // Relay events until the stream ends. A dropped client or a passed deadline stops the
+  // call's branches (they stay live with their tokens); their FINISH_CANCELLED events are
+  // drained before returning.
   bool cancelled = false;
   bool writable = true;
   TokenEvent ev;
@@ -280,8 +393,8 @@ grpc::Status TreeServeService::Generate(grpc::ServerContext* ctx,
   }
   if (cancelled) {
     return grpc::Status(grpc::StatusCode::CANCELLED,
-                        "the client cancelled the call or its "
-                        "deadline passed; its branches stopped");
+                        "the client cancelled the call or its deadline passed; its branches "
+                        "stopped and keep their tokens");
   }
   return to_grpc(final_status);
 }
@@ -290,6 +403,8 @@ grpc::Status TreeServeService::Prune(grpc::ServerContext* ctx, const v1::PruneRe
                                      v1::PruneResponse* response) {
   CallScope scope(this);
   if (auto s = admit(ctx, *request); !s.ok()) return s;
+  if (auto s = require_id("tree_id", request->tree_id()); !s.ok()) return s;
+  if (auto s = require_ids("branch_ids", request->branch_ids()); !s.ok()) return s;
   std::vector<std::string> ids(request->branch_ids().begin(), request->branch_ids().end());
   StatusOr<PruneSummary> r = scheduler_->prune(request->tree_id(), ids, request->retain_kv());
   if (!r.ok()) return to_grpc(r.status());
@@ -302,6 +417,8 @@ grpc::Status TreeServeService::Verify(grpc::ServerContext* ctx, const v1::Verify
                                       v1::VerifyResponse* response) {
   CallScope scope(this);
   if (auto s = admit(ctx, *request); !s.ok()) return s;
+  if (auto s = require_id("tree_id", request->tree_id()); !s.ok()) return s;
+  if (auto s = require_id("branch_id", request->branch_id()); !s.ok()) return s;
   std::vector<int32_t> tokens(request->tokens().begin(), request->tokens().end());
   std::vector<int32_t> parents(request->parents().begin(), request->parents().end());
   if (Status s = check_tokens_given("tokens", tokens); !s.ok()) return to_grpc(s);
@@ -324,7 +441,13 @@ grpc::Status TreeServeService::GetTree(grpc::ServerContext* ctx, const v1::GetTr
                                        v1::TreeInfo* response) {
   CallScope scope(this);
   if (auto s = admit(ctx, *request); !s.ok()) return s;
-  StatusOr<TreeSummary> r = scheduler_->get_tree(request->tree_id());
+  if (auto s = require_id("tree_id", request->tree_id()); !s.ok()) return s;
+  if (request->page_size() < 0) return grpc_invalid("page_size: must be >= 0 (0 = 1024)");
+  TreePage page;
+  page.page_size = request->page_size() == 0 ? kGetTreeDefaultPageSize
+                                             : std::min(request->page_size(), kGetTreeMaxPageSize);
+  page.page_token = request->page_token();
+  StatusOr<TreeSummary> r = scheduler_->get_tree(request->tree_id(), page);
   if (!r.ok()) return to_grpc(r.status());
   response->set_tree_id(r->tree_id);
   for (const BranchSummary& b : r->branches) {
@@ -336,6 +459,10 @@ grpc::Status TreeServeService::GetTree(grpc::ServerContext* ctx, const v1::GetTr
   }
   response->set_total_tokens(r->total_tokens);
   response->set_kv_pages(r->kv_pages);
+  response->set_next_page_token(r->next_page_token);
+  response->set_live_branches(r->live_branches);
+  response->set_lease_ms(r->lease_ms);
+  response->set_expires_at_unix_ms(r->expires_at_unix_ms);
   return grpc::Status::OK;
 }
 
@@ -344,6 +471,7 @@ grpc::Status TreeServeService::DeleteTree(grpc::ServerContext* ctx,
                                           v1::DeleteTreeResponse* response) {
   CallScope scope(this);
   if (auto s = admit(ctx, *request); !s.ok()) return s;
+  if (auto s = require_id("tree_id", request->tree_id()); !s.ok()) return s;
   StatusOr<int64_t> freed = scheduler_->delete_tree(request->tree_id());
   if (!freed.ok()) return to_grpc(freed.status());
   response->set_freed_tokens(*freed);
@@ -356,6 +484,9 @@ grpc::Status TreeServeService::Tokenize(grpc::ServerContext* ctx,
   CallScope scope(this);
   if (auto s = admit(ctx, *request); !s.ok()) return s;
   if (request->text().empty()) return grpc_invalid("text: must not be empty");
+  if (Status s = check_text_bytes("text", request->text().size(), info_.max_text_bytes); !s.ok()) {
+    return to_grpc(s);
+  }
   auto ids = tokenizer_->encode(request->text());
   if (!ids.ok()) return to_grpc(ids.status());
   response->mutable_ids()->Add(ids->begin(), ids->end());
@@ -379,7 +510,7 @@ grpc::Status TreeServeService::GetServerInfo(grpc::ServerContext* ctx,
                                              const v1::GetServerInfoRequest*,
                                              v1::ServerInfo* response) {
   CallScope scope(this);
-  if (auto s = check_auth(ctx); !s.ok()) return s;
+  if (auto s = check_auth(ctx, "GetServerInfo"); !s.ok()) return s;
   response->set_model(info_.model_name);
   response->set_backend(info_.backend);
   response->set_tensor_parallel(info_.tensor_parallel);
@@ -449,18 +580,20 @@ StatusOr<TreeSearchSpec> TreeServeService::resolve_search(const v1::TreeSearchSt
 }
 
 // The search runs on this handler thread (run_tree_search); each level message is written
-// here and, in CLIENT mode, the scores read back before the search goes on. A dropped client
-// or a passed deadline cancels it: the generating level stops within a step, a pending Read
-// returns, and every branch the search made is pruned.
+// here and, in CLIENT mode, the scores read back before the search goes on, waiting at most
+// limits.tree_search_score_timeout_ms (then DEADLINE_EXCEEDED). A dropped client or a passed
+// deadline cancels it: the generating level stops within a step, a pending Read returns, and
+// every branch the search made is pruned.
 grpc::Status TreeServeService::TreeSearch(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<v1::TreeSearchResponse, v1::TreeSearchRequest>* stream) {
   CallScope scope(this);
-  if (auto s = check_auth(ctx); !s.ok()) return s;
+  if (auto s = check_auth(ctx, "TreeSearch"); !s.ok()) return s;
   v1::TreeSearchRequest first;
+  before_read();
   if (!stream->Read(&first)) {
-    return grpc::Status(grpc::StatusCode::CANCELLED,
-                        "the client closed the stream before its start message");
+    // Also a message that does not parse (INVALID_ARGUMENT naming the field) or too large.
+    return failed_read("the client closed the stream before its start message");
   }
   if (auto s = admit(ctx, first); !s.ok()) return s;
   if (!first.has_start()) return grpc_invalid("start: the first message must be a start");
@@ -487,8 +620,26 @@ grpc::Status TreeServeService::TreeSearch(
     if (!stream->Write(out)) return Cancelled("the client went away");
     if (!by_client) return Status::Ok();
     const std::string which = "level " + std::to_string(level.level);
+    const int32_t timeout_ms = config_.limits.tree_search_score_timeout_ms;
+    const std::string late = "scores: none for " + which + " within " + std::to_string(timeout_ms) +
+                             " ms (limits.tree_search_score_timeout_ms); the search's branches "
+                             "are pruned";
     v1::TreeSearchRequest msg;
-    if (!stream->Read(&msg)) {
+    bool got = false;
+    bool timed_out = false;
+    {
+      ScoreWatch watch(ctx, std::chrono::milliseconds(timeout_ms), late);
+      before_read();
+      got = stream->Read(&msg);
+      timed_out = watch.fired();
+    }
+    if (timed_out) return Status(StatusCode::kDeadlineExceeded, late);
+    if (!got) {
+      // A scores message that does not parse is INVALID_ARGUMENT naming the field.
+      const grpc::Status why = failed_read("");
+      if (why.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+        return InvalidArgument(why.error_message());
+      }
       return Cancelled(ctx->IsCancelled()
                            ? "the client cancelled the call or its deadline passed"
                            : "the client closed the stream before the scores of " + which);
@@ -507,7 +658,7 @@ grpc::Status TreeServeService::TreeSearch(
                 by_client ? "client" : "logprob");
   StatusOr<SearchResult> r = run_tree_search(scheduler_, *tokenizer_, *spec, hooks);
   if (!r.ok()) {
-    if (ctx->IsCancelled()) {
+    if (ctx->IsCancelled() && r.status().code() != StatusCode::kDeadlineExceeded) {
       return grpc::Status(grpc::StatusCode::CANCELLED,
                           "the client cancelled the call or its deadline passed; the search's "
                           "branches were pruned");

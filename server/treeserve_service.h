@@ -1,5 +1,6 @@
 // The TreeServe gRPC service: validates every request at the boundary (docs/api.md, Errors),
-// authenticates when a token is configured, and forwards to the components below.
+// authenticates when a key is configured (server/auth.h), answers UNAVAILABLE while the model
+// loads, and forwards to the components below.
 #pragma once
 
 #include <atomic>
@@ -9,7 +10,9 @@
 #include "proto/treeserve.grpc.pb.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/tree_search.h"
+#include "server/auth.h"
 #include "server/config.h"
+#include "server/parsed_service.h"
 
 namespace treeserve {
 
@@ -24,18 +27,25 @@ struct ServingInfo {
   int32_t page_size = 16;
   int64_t kv_pages_total = 0;
   int64_t max_sequence_tokens = 0;  // the model's context; 0 = unlimited
+  // Bytes of one text field (a text prompt or append, Tokenize's text, a stop string), checked
+  // before any tokenizing; 0 = unbounded. The server derives it from limits.max_prompt_tokens
+  // and the tokenizer's longest piece (app.cpp).
+  int64_t max_text_bytes = 0;
 };
 
-class TreeServeService final : public treeserve::v1::TreeServe::Service {
+class TreeServeService final : public ParsedRequestsService {
  public:
+  // `scheduler` null: the model is still loading, and every call gets UNAVAILABLE until
+  // set_ready. `auth` null: no authentication (every call is the default principal).
   TreeServeService(const TreeserveConfig& config, const Tokenizer* tokenizer, ServingInfo info,
-                   Scheduler* scheduler);
+                   Scheduler* scheduler, Authenticator* auth = nullptr);
 
   grpc::Status CreateTree(grpc::ServerContext*, const v1::CreateTreeRequest*,
                           v1::CreateTreeResponse*) override;
   grpc::Status Branch(grpc::ServerContext*, const v1::BranchRequest*, v1::BranchResponse*) override;
-  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest*,
-                        grpc::ServerWriter<v1::GenerateResponse>*) override;
+  // Generate (ParsedRequestsService reads its request and calls this).
+  grpc::Status generate_stream(grpc::ServerContext*, const v1::GenerateRequest*,
+                               grpc::internal::WriterInterface<v1::GenerateResponse>*) override;
   grpc::Status Prune(grpc::ServerContext*, const v1::PruneRequest*, v1::PruneResponse*) override;
   grpc::Status Verify(grpc::ServerContext*, const v1::VerifyRequest*, v1::VerifyResponse*) override;
   grpc::Status GetTree(grpc::ServerContext*, const v1::GetTreeRequest*, v1::TreeInfo*) override;
@@ -53,11 +63,20 @@ class TreeServeService final : public treeserve::v1::TreeServe::Service {
 
   // Graceful shutdown: from now on new calls get UNAVAILABLE; in-flight ones go on.
   void begin_drain() { draining_ = true; }
+  // The model is loaded: calls from now on go to `scheduler`.
+  void set_ready(Scheduler* scheduler) {
+    scheduler_ = scheduler;
+    ready_.store(true, std::memory_order_release);
+  }
   int active_calls() const { return active_calls_.load(); }
 
  private:
   // UNAUTHENTICATED unless auth is off or the call carries "authorization: Bearer <token>".
-  grpc::Status check_auth(const grpc::ServerContext* context) const;
+  // Then UNAVAILABLE while the model loads (scheduler_ is read only after this check passed).
+  // `principal` (may be null) gets who the call acts for.
+  // `method` ("CreateTree") names the call in the failed-authentication log.
+  grpc::Status check_auth(const grpc::ServerContext* context, std::string_view method,
+                          Principal* principal = nullptr) const;
   grpc::Status admit(const grpc::ServerContext* context,
                      const google::protobuf::Message& request) const;
   Status check_ids(const std::string& field, const std::vector<int32_t>& ids) const;
@@ -71,6 +90,8 @@ class TreeServeService final : public treeserve::v1::TreeServe::Service {
   const Tokenizer* tokenizer_;
   const ServingInfo info_;
   Scheduler* scheduler_;
+  Authenticator* auth_;
+  std::atomic<bool> ready_{false};
   std::atomic<bool> draining_{false};
   std::atomic<int> active_calls_{0};
   friend class CallScope;

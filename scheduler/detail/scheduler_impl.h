@@ -2,16 +2,20 @@
 // Everything here is owned and touched by the loop thread only, except the command queue.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -33,10 +37,11 @@ struct VerifyJob;
 enum class Activity { kIdle, kPrefill, kGenerate, kVerify, kBeam };
 
 struct SchedBranch {
-  std::string id;      // "b<index>"
-  int32_t index = 0;   // within its tree: the sampling stream key
-  std::string parent;  // "" for the root
-  int32_t fork_offset = 0;
+  std::string id;           // "b_" + random (common/random_id.h)
+  int32_t index = 0;        // within its tree: creation order and the sampling stream key
+  std::string parent;       // the nearest live ancestor; "" for the root
+  int32_t fork_offset = 0;  // tokens shared with `parent` (a prefix of both)
+  int32_t children = 0;     // live branches whose parent this is
   Tree* tree = nullptr;
   bool live = true;
   std::optional<BranchId> kv;    // absent while the branch has no KV tokens yet
@@ -51,27 +56,36 @@ struct SchedBranch {
   int32_t length() const { return kv_len + static_cast<int32_t>(pending.size()); }
 };
 
+// A tree's tables hold its live branches only (scheduler/tree_table.cpp): a branch that
+// ends leaves both at once (its record is kept until the loop is between steps, so pointers
+// taken during a step stay valid), and a live branch's parent is always live.
 struct Tree {
-  std::string id;
+  std::string id;  // "t_" + random
   bool one_shot = false;
   int32_t next_index = 0;
-  std::vector<std::unique_ptr<SchedBranch>> branches;  // index order
-  std::map<std::string, SchedBranch*> by_id;
-  int32_t live_branches = 0;
+  std::map<int32_t, std::unique_ptr<SchedBranch>> branches;  // by index: creation order
+  std::unordered_map<std::string, SchedBranch*> by_id;
+  int32_t live_branches() const { return static_cast<int32_t>(branches.size()); }
+  // Idle lease (none for one-shot trees): the loop deletes the tree once `expires` passes
+  // with no call in flight on it. Calls naming the tree move `expires` to now + lease.
+  std::chrono::milliseconds lease{0};
+  std::chrono::steady_clock::time_point expires;
+  int32_t holds = 0;  // Scheduler::hold_tree
 };
 
 // CreateTree: computes KV of prompt[0, L-1) in chunks; completes when only the last token
 // remains pending.
 struct PrefillJob {
-  SchedBranch* branch = nullptr;
+  uint64_t seq = 0;               // identifies the job to a caller that gives up
+  SchedBranch* branch = nullptr;  // null once the branch ended
   int32_t prompt_tokens = 0;
   int32_t cached_tokens = 0;
   std::function<void(StatusOr<CreateTreeResult>)> done;
 };
 
 struct GenerateBranchState {
-  SchedBranch* branch = nullptr;
-  std::string branch_id;  // kept after the branch is pruned
+  SchedBranch* branch = nullptr;  // null once finished (or its branch ended)
+  std::string branch_id;          // kept after the branch is pruned
   int32_t generated = 0;
   bool finished = false;
   std::unique_ptr<IncrementalDetokenizer> detok;
@@ -108,13 +122,12 @@ struct GenerateJob {
   // Beam search (beam_width > 0): `branches` is empty; the beams live here.
   int32_t beam_width = 0;
   float length_penalty = 0;
-  SchedBranch* beam_root = nullptr;
   std::vector<Beam> beams;
   int32_t beam_steps = 0;
 };
 
 struct VerifyJob {
-  SchedBranch* branch = nullptr;
+  SchedBranch* branch = nullptr;  // null once the call ended
   std::vector<int32_t> tokens;
   std::vector<int32_t> parents;
   SamplingParams sampling;
@@ -143,15 +156,22 @@ class Scheduler::Impl {
        ServerMetrics* metrics, std::unique_ptr<KvCache> kv);
   ~Impl();
 
-  // Runs fn on the loop thread and waits for the result it reports through `done`.
+  // Queues fn for the loop thread; the future gets the result it reports through `done`.
+  // UNAVAILABLE once the loop is stopping.
+  template <typename T>
+  StatusOr<std::future<StatusOr<T>>> submit(
+      std::function<void(std::function<void(StatusOr<T>)>)> fn);
+  // submit, then wait for the result.
   template <typename T>
   StatusOr<T> call(std::function<void(std::function<void(StatusOr<T>)>)> fn);
   void post(std::function<void()> fn);
   void stop();
 
   // Commands (loop thread).
-  void cmd_create_tree(std::vector<int32_t> prompt,
+  void cmd_create_tree(std::vector<int32_t> prompt, int64_t lease_ms, uint64_t seq,
                        std::function<void(StatusOr<CreateTreeResult>)> done);
+  // The caller of CreateTree `seq` gave up: its prefill stops and its tree goes.
+  void cmd_abort_create(uint64_t seq);
   StatusOr<std::vector<std::string>> cmd_branch(const std::string& tree_id,
                                                 const std::string& branch_id, int32_t n,
                                                 int32_t at_offset);
@@ -161,21 +181,34 @@ class Scheduler::Impl {
   void cmd_verify(const std::string& tree_id, const std::string& branch_id,
                   std::vector<int32_t> tokens, std::vector<int32_t> parents,
                   SamplingParams sampling, std::function<void(StatusOr<VerifyResult>)> done);
-  StatusOr<TreeSummary> cmd_get_tree(const std::string& tree_id);
+  StatusOr<TreeSummary> cmd_get_tree(const std::string& tree_id, const TreePage& page);
   StatusOr<int64_t> cmd_delete_tree(const std::string& tree_id);
+  Status cmd_hold_tree(const std::string& tree_id, int32_t delta);
   SchedulerStats cmd_stats();
   void cmd_cancel(uint64_t job_seq);
   // Makes `b` one of the job's generating branches.
   void attach_branch(GenerateJob* job, SchedBranch* b);
   void start_one_shot(GenerateJob* job, Tree* tree, SchedBranch* root, int32_t n, Status status);
 
-  // Helpers (loop thread).
+  // Tree tables and leases (tree_table.cpp; loop thread).
+  // A new tree under a fresh random id; lease_ms 0 = no lease (one-shot).
+  Tree* add_tree(bool one_shot, int64_t lease_ms);
+  // The tree, its lease renewed (any call naming a tree renews it).
   StatusOr<Tree*> find_tree(const std::string& id);
   StatusOr<SchedBranch*> find_branch(Tree* tree, const std::string& id);
-  SchedBranch* add_branch(Tree* tree, const std::string& parent, int32_t fork_offset);
-  // Ends a branch: its job (if any) gets `reason`, its KV is released or kept as cache.
-  // Returns the tokens it gave up.
+  SchedBranch* add_branch(Tree* tree, SchedBranch* parent, int32_t fork_offset);
+  // Ends a branch: its job (if any) gets `reason`, its KV is released or kept as cache, and
+  // it leaves its tree's tables (its live children, if any, move up to its parent). Returns
+  // the tokens it gave up.
   int64_t end_branch(SchedBranch* b, bool retain_kv, FinishReason reason);
+  // Renews the tree's lease (now + lease).
+  void touch(Tree* tree);
+  // Deletes the trees whose lease ran out with no call in flight; renews busy ones.
+  void expire_leases();
+  // Frees the records of ended branches and removed trees (between steps).
+  void free_ended();
+  // Forgets deferred page copies whose destination page was freed (its branch ended).
+  void drop_dead_copies();
   void finish_job_branch(GenerateJob* job, GenerateBranchState& st, FinishReason reason,
                          const TokenEvent* last);
   void maybe_close_job(GenerateJob* job, Status status);
@@ -224,9 +257,16 @@ class Scheduler::Impl {
   size_t rotation_ = 0;  // which generate job goes first in the next step  // ids sampled:
                          // min(model vocab_size, tokenizer vocabulary)
 
-  std::map<std::string, std::unique_ptr<Tree>> trees_;
-  int64_t next_tree_ = 0;
+  std::unordered_map<std::string, std::unique_ptr<Tree>> trees_;
+  // Ended branches and removed trees, freed by free_ended() at the top of the next loop
+  // iteration: a step or command that ended them may still hold their pointers.
+  std::vector<std::unique_ptr<SchedBranch>> ended_branches_;
+  std::vector<std::unique_ptr<Tree>> ended_trees_;
+  // The earliest time a lease may run out (expire_leases looks no earlier).
+  std::chrono::steady_clock::time_point next_lease_check_ =
+      std::chrono::steady_clock::time_point::max();
   uint64_t next_job_seq_ = 1;
+  std::atomic<uint64_t> next_call_seq_{1};  // CreateTree calls, numbered by their caller
   std::vector<std::unique_ptr<PrefillJob>> prefills_;
   std::vector<std::unique_ptr<GenerateJob>> jobs_;
   std::vector<std::unique_ptr<VerifyJob>> verifies_;

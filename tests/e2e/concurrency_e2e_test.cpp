@@ -73,7 +73,8 @@ void client_thread(int id, std::shared_ptr<grpc::Channel> channel, Shared* share
       "You are a careful assistant. Think step by step about the puzzle below.",
       "Few-shot examples: apple is a fruit; carrot is a vegetable; tomato is",
       "Document one: the harbour was quiet. Document two: the ships came back at dawn."};
-  auto rand_branch = [&](const std::string& tree) -> std::string {
+  // A random listed branch of the tree; *root says whether it is the root (no parent).
+  auto rand_branch = [&](const std::string& tree, bool* root = nullptr) -> std::string {
     grpc::ClientContext ctx;
     v1::GetTreeRequest req;
     req.set_tree_id(tree);
@@ -81,7 +82,9 @@ void client_thread(int id, std::shared_ptr<grpc::Channel> channel, Shared* share
     grpc::Status s = stub->GetTree(&ctx, req, &info);
     shared->check(s, "GetTree");
     if (!s.ok() || info.branches_size() == 0) return "";
-    return info.branches(rng() % info.branches_size()).branch_id();
+    const v1::BranchInfo& b = info.branches(rng() % info.branches_size());
+    if (root) *root = b.parent_branch_id().empty();
+    return b.branch_id();
   };
   while (std::chrono::steady_clock::now() < end) {
     const int op = rng() % 100;
@@ -188,8 +191,9 @@ void client_thread(int id, std::shared_ptr<grpc::Channel> channel, Shared* share
     } else if (op < 75) {  // Prune (sometimes retaining KV)
       std::string tree = shared->pick(rng);
       if (tree.empty()) continue;
-      std::string b = rand_branch(tree);
-      if (b.empty() || b == "b0") continue;
+      bool root = false;
+      std::string b = rand_branch(tree, &root);
+      if (b.empty() || root) continue;
       grpc::ClientContext ctx;
       v1::PruneRequest req;
       req.set_tree_id(tree);

@@ -18,6 +18,26 @@ for _ in $(seq 1 300); do
 done
 export TREESERVE_PY_STUBS=$tmp/stubs
 "$py" "$src/clients/example.py" --target 127.0.0.1:$port
+# The client's lease and GetTree paging parameters, and the old call forms.
+PYTHONPATH="$src/clients/python" "$py" - 127.0.0.1:$port <<'PY'
+import sys
+from treeserve import TreeServeClient
+c = TreeServeClient(sys.argv[1])
+t = c.create_tree("Once upon a time", lease_ms=30000)
+assert t.lease_ms == 30000, t
+kids = c.branch(t.tree_id, t.root_branch_id, 5)
+first = c.get_tree(t.tree_id, page_size=2)
+assert len(first.branches) == 2 and first.next_page_token and first.live_branches == 6, first
+assert first.expires_at_unix_ms > 0
+ids = [b.branch_id for b in c.tree_branches(t.tree_id, page_size=2)]
+assert ids == [t.root_branch_id] + kids, ids
+assert len(c.get_tree(t.tree_id).branches) == 6
+d = c.create_tree("Once upon a time")
+assert d.lease_ms == 600000, d
+for tree in (t, d):
+    c.delete_tree(tree.tree_id)
+print("lease and paging ok")
+PY
 kill -TERM $pid
 wait $pid
 echo "server exited cleanly"

@@ -132,14 +132,16 @@ RunResult run_treeserve_to_exit(const std::vector<std::string>& args, int timeou
   return r;
 }
 
-ServerProcess::ServerProcess(std::vector<std::string> args) {
+ServerProcess::ServerProcess(std::vector<std::string> args,
+                             std::shared_ptr<grpc::ChannelCredentials> credentials) {
   args = with_carried_model(std::move(args));
   address_ = "127.0.0.1:" + std::to_string(pick_free_port());
   args.push_back("--listen");
   args.push_back(address_);
   log_path_ = temp_log_path();
   pid_ = spawn(args, log_path_);
-  channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  channel_ = grpc::CreateChannel(
+      address_, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials());
 }
 
 ServerProcess::~ServerProcess() {

@@ -34,8 +34,10 @@ RunResult run_treeserve_to_exit(const std::vector<std::string>& args, int timeou
 
 class ServerProcess {
  public:
-  // Starts treeserve with `args` plus --listen 127.0.0.1:<free port>.
-  explicit ServerProcess(std::vector<std::string> args);
+  // Starts treeserve with `args` plus --listen 127.0.0.1:<free port>. channel() and wait_ready
+  // use `credentials` (null: plaintext), e.g. grpc::SslCredentials for a server with TLS.
+  explicit ServerProcess(std::vector<std::string> args,
+                         std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
   ~ServerProcess();
 
   // Waits until the health service answers SERVING; false on timeout or early exit.
@@ -45,6 +47,7 @@ class ServerProcess {
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
   std::string address() const { return address_; }
   std::string output() const;  // what the server printed so far
+  pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = -1;

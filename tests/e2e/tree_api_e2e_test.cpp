@@ -30,6 +30,25 @@ struct Streamed {
   std::map<std::string, std::string> text;
   std::vector<v1::GenerateResponse> all;
   grpc::Status status;
+  // A one-branch call's tokens and finish reason (one-shot n = 1: the branch id is random).
+  std::vector<int32_t> only_tokens() const {
+    EXPECT_EQ(tokens.size(), 1u);
+    return tokens.empty() ? std::vector<int32_t>{} : tokens.begin()->second;
+  }
+  v1::FinishReason only_finish() const {
+    EXPECT_EQ(finish.size(), 1u);
+    return finish.empty() ? v1::FINISH_NONE : finish.begin()->second;
+  }
+  // Each branch's tokens, branches in the order the stream first named them (their creation
+  // order): comparable between calls, whose branch ids differ.
+  std::vector<std::vector<int32_t>> in_order() const {
+    std::vector<std::vector<int32_t>> out;
+    std::set<std::string> seen;
+    for (const v1::GenerateResponse& r : all) {
+      if (seen.insert(r.branch_id()).second) out.push_back(tokens.at(r.branch_id()));
+    }
+    return out;
+  }
 };
 
 class Client {
@@ -218,7 +237,8 @@ class TreeApi : public SharedServerTest<Client> {};
 TEST_F(TreeApi, CreateTreeReusesTheRadixCacheAcrossTrees) {
   auto first = client_->create_tree(kPromptText);
   EXPECT_FALSE(first.tree_id().empty());
-  EXPECT_EQ(first.root_branch_id(), "b0");
+  EXPECT_EQ(first.root_branch_id().substr(0, 2), "b_");
+  EXPECT_EQ(first.tree_id().substr(0, 2), "t_");
   EXPECT_GT(first.prompt_tokens(), 16);
   EXPECT_EQ(first.cached_tokens(), 0);
   auto second = client_->create_tree(kPromptText);
@@ -266,13 +286,13 @@ TEST_F(TreeApi, ForkedBranchesDecodeExactlyLikeIndependentSequences) {
     // The same sequence alone, as a one-shot request (greedy).
     Streamed alone = client_->generate(one_shot(Client::token_prompt(full[id]), 1, 8));
     ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
-    EXPECT_EQ(alone.tokens["b0"], together.tokens[id]) << "branch " << id;
+    EXPECT_EQ(alone.only_tokens(), together.tokens[id]) << "branch " << id;
   }
   auto info = client_->get_tree(tree.tree_id());
   EXPECT_EQ(info.branches_size(), 4);
   for (const auto& b : info.branches()) {
-    if (b.branch_id() == "b0") continue;
-    EXPECT_EQ(b.parent_branch_id(), "b0");
+    if (b.branch_id() == tree.root_branch_id()) continue;
+    EXPECT_EQ(b.parent_branch_id(), tree.root_branch_id());
     EXPECT_TRUE(b.live());
   }
   EXPECT_TRUE(client_->delete_tree(tree.tree_id()).ok());
@@ -290,8 +310,8 @@ TEST_F(TreeApi, OneShotGenerateWithNBranchesIsSeeded) {
     EXPECT_EQ(toks.size(), 6u) << id;
     EXPECT_EQ(a.finish[id], v1::FINISH_LENGTH) << id;
   }
-  EXPECT_EQ(a.tokens, b.tokens);  // same seed, same tree: same tokens
-  EXPECT_NE(a.tokens, c.tokens);
+  EXPECT_EQ(a.in_order(), b.in_order());  // same seed, same tree: same tokens
+  EXPECT_NE(a.in_order(), c.in_order());
   // Branches of one request draw independently.
   std::set<std::vector<int32_t>> distinct;
   for (auto& [id, toks] : a.tokens) distinct.insert(toks);
@@ -301,13 +321,13 @@ TEST_F(TreeApi, OneShotGenerateWithNBranchesIsSeeded) {
 TEST_F(TreeApi, StopConditionsAndLogprobs) {
   // Greedy: the first token is known, so stopping on it ends after one token.
   Streamed probe = client_->generate(one_shot(Client::text_prompt(kPromptText), 1, 3));
-  ASSERT_EQ(probe.tokens["b0"].size(), 3u);
+  ASSERT_EQ(probe.only_tokens().size(), 3u);
   auto req = one_shot(Client::text_prompt(kPromptText), 1, 50);
-  req.mutable_sampling()->add_stop_token_ids(probe.tokens["b0"][1]);
+  req.mutable_sampling()->add_stop_token_ids(probe.only_tokens()[1]);
   Streamed stopped = client_->generate(req);
   ASSERT_TRUE(stopped.status.ok());
-  EXPECT_EQ(stopped.tokens["b0"].size(), 2u);
-  EXPECT_EQ(stopped.finish["b0"], v1::FINISH_STOP);
+  EXPECT_EQ(stopped.only_tokens().size(), 2u);
+  EXPECT_EQ(stopped.only_finish(), v1::FINISH_STOP);
 
   auto lp = one_shot(Client::text_prompt(kPromptText), 1, 4);
   lp.mutable_sampling()->set_logprobs(3);
@@ -330,8 +350,8 @@ TEST_F(TreeApi, GenerationStopsAtTheModelContext) {
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = 3 + int32_t(i * 29 % 500);
   Streamed s = client_->generate(one_shot(Client::token_prompt(prompt), 1, 50));
   ASSERT_TRUE(s.status.ok()) << s.status.error_message();
-  EXPECT_EQ(s.finish["b0"], v1::FINISH_LENGTH);
-  EXPECT_EQ(s.tokens["b0"].size(), 8u);  // 2040 + 8 = 2048 positions
+  EXPECT_EQ(s.only_finish(), v1::FINISH_LENGTH);
+  EXPECT_EQ(s.only_tokens().size(), 8u);  // 2040 + 8 = 2048 positions
 }
 
 TEST_F(TreeApi, PruneMidStreamStopsOnlyThatBranch) {
@@ -355,19 +375,22 @@ TEST_F(TreeApi, PruneMidStreamStopsOnlyThatBranch) {
   EXPECT_EQ(s.finish[ids[1]], v1::FINISH_LENGTH);
   EXPECT_EQ(s.tokens[ids[1]].size(), 60u);
   auto info = client_->get_tree(tree.tree_id());
+  // The pruned branch has left the tree; the others are listed, live.
+  EXPECT_EQ(info.branches_size(), 2);
   for (const auto& b : info.branches()) {
-    EXPECT_EQ(b.live(), b.branch_id() != ids[0]) << b.branch_id();
+    EXPECT_NE(b.branch_id(), ids[0]);
+    EXPECT_TRUE(b.live()) << b.branch_id();
   }
-  // Generating on the pruned branch is refused; the other continues.
+  // Its id is unknown now; the other branch continues.
   grpc::Status st;
   Streamed again = client_->generate(on_branches(tree.tree_id(), {ids[0]}, 2));
-  EXPECT_EQ(again.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(again.status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_TRUE(client_->delete_tree(tree.tree_id()).ok());
 }
 
 TEST_F(TreeApi, PruneTakesDescendantsAndFreesPrivatePages) {
   auto tree = client_->create_tree(kPromptText);
-  auto kids = client_->branch(tree.tree_id(), "b0", 2);
+  auto kids = client_->branch(tree.tree_id(), tree.root_branch_id(), 2);
   ASSERT_TRUE(client_->generate(on_branches(tree.tree_id(), kids, 40)).status.ok());
   auto grandkids = client_->branch(tree.tree_id(), kids[0], 2);
   ASSERT_TRUE(client_->generate(on_branches(tree.tree_id(), grandkids, 40)).status.ok());
@@ -379,68 +402,85 @@ TEST_F(TreeApi, PruneTakesDescendantsAndFreesPrivatePages) {
   auto info = client_->get_tree(tree.tree_id());
   int live = 0;
   for (const auto& b : info.branches()) live += b.live();
-  EXPECT_EQ(live, 2);  // b0 and kids[1]
+  EXPECT_EQ(live, 2);  // the root and kids[1]
+  EXPECT_EQ(info.branches_size(), 2) << "pruned branches leave the tree";
   grpc::Status st;
   client_->branch(tree.tree_id(), kids[0], 1, 0, &st);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_TRUE(client_->delete_tree(tree.tree_id()).ok());
 }
 
-TEST_F(TreeApi, CancellingTheStreamStopsAndReleasesBranches) {
+// A Generate the server stops (its client cancelled, or its deadline passed) loses no work:
+// the branches stay live with every token they got, and once the server has noticed (within
+// a step) they decode on where they stopped.
+void expect_stopped_and_usable(Client& c, const v1::CreateTreeResponse& tree,
+                               const std::vector<std::string>& ids, const Streamed& seen) {
+  grpc::Status last;
+  Streamed next;
+  for (int i = 0; i < 300; ++i) {
+    next = c.generate(on_branches(tree.tree_id(), ids, 2));
+    last = next.status;
+    // FAILED_PRECONDITION (busy) until the server has stopped the call.
+    if (last.error_code() != grpc::StatusCode::FAILED_PRECONDITION) break;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_TRUE(last.ok()) << last.error_message();
+  auto info = c.get_tree(tree.tree_id());
+  std::map<std::string, v1::BranchInfo> by_id;
+  for (const auto& b : info.branches()) by_id[b.branch_id()] = b;
+  for (const std::string& id : ids) {
+    ASSERT_TRUE(by_id.count(id)) << id << " is gone";
+    EXPECT_TRUE(by_id[id].live());
+    EXPECT_EQ(next.tokens[id].size(), 2u) << id;
+    // Its tokens: the prompt, at least what the client saw, the 2 just generated; the
+    // context (2048) was never reached.
+    const auto got = seen.tokens.count(id) ? seen.tokens.at(id).size() : 0;
+    EXPECT_GE(by_id[id].length(), tree.prompt_tokens() + int32_t(got) + 2) << id;
+    EXPECT_LT(by_id[id].length(), 2047) << id;
+  }
+}
+
+TEST_F(TreeApi, CancelledGenerateKeepsItsBranchesAndTokens) {
   auto tree = client_->create_tree(kPromptText);
-  auto ids = client_->branch(tree.tree_id(), "b0", 2);
+  auto ids = client_->branch(tree.tree_id(), tree.root_branch_id(), 2);
   int events = 0;
   Streamed s = client_->generate(on_branches(tree.tree_id(), ids, 4000),
                                  [&](const v1::GenerateResponse&) { return ++events < 4; });
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::CANCELLED);
-  // The server notices within a step: the branches end (as Prune would) and stay listed.
-  bool ended = false;
-  for (int i = 0; i < 200 && !ended; ++i) {
-    auto info = client_->get_tree(tree.tree_id());
-    ended = true;
-    for (const auto& b : info.branches()) {
-      if (b.branch_id() != "b0") ended &= !b.live();
-    }
-    if (!ended) std::this_thread::sleep_for(milliseconds(10));
-  }
-  EXPECT_TRUE(ended);
+  expect_stopped_and_usable(*client_, tree, ids, s);
   EXPECT_TRUE(client_->delete_tree(tree.tree_id()).ok());
 }
 
-TEST_F(TreeApi, DeadlineStopsTheBranches) {
+TEST_F(TreeApi, DeadlineKeepsTheBranchesAndTheirTokens) {
   auto tree = client_->create_tree(kPromptText);
   // Up to the end of the tiny model's 2048-position context; the deadline must come first on
   // any backend (the CUDA one with graphs decodes the whole context in ~0.2 s, so the deadline
   // is short; the branch must stop early whether it ran a few steps or none).
+  const std::vector<std::string> root = {tree.root_branch_id()};
   Streamed s =
-      client_->generate(on_branches(tree.tree_id(), {"b0"}, 4000), nullptr, milliseconds(40));
+      client_->generate(on_branches(tree.tree_id(), root, 4000), nullptr, milliseconds(40));
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  bool ended = false;
-  for (int i = 0; i < 200 && !ended; ++i) {
-    ended = !client_->get_tree(tree.tree_id()).branches(0).live();
-    if (!ended) std::this_thread::sleep_for(milliseconds(10));
-  }
-  EXPECT_TRUE(ended);
-  EXPECT_LT(client_->get_tree(tree.tree_id()).branches(0).length(), 2047);
+  expect_stopped_and_usable(*client_, tree, root, s);
   EXPECT_TRUE(client_->delete_tree(tree.tree_id()).ok());
 }
 
 TEST_F(TreeApi, BranchAtOffsetRewinds) {
   auto tree = client_->create_tree(kPromptText);
-  ASSERT_TRUE(client_->generate(on_branches(tree.tree_id(), {"b0"}, 10)).status.ok());
+  const std::string root = tree.root_branch_id();
+  ASSERT_TRUE(client_->generate(on_branches(tree.tree_id(), {root}, 10)).status.ok());
   const int32_t len = client_->get_tree(tree.tree_id()).branches(0).length();
   EXPECT_EQ(len, tree.prompt_tokens() + 10);
   // Rewinding to the prompt and decoding greedily again repeats the same 10 tokens.
-  auto ids = client_->branch(tree.tree_id(), "b0", 1, tree.prompt_tokens());
+  auto ids = client_->branch(tree.tree_id(), root, 1, tree.prompt_tokens());
   auto info = client_->get_tree(tree.tree_id());
   EXPECT_EQ(info.branches(1).length(), tree.prompt_tokens());
   EXPECT_EQ(info.total_tokens(), len);  // the rewound branch shares everything it has
   Streamed a = client_->generate(on_branches(tree.tree_id(), ids, 10));
   ASSERT_TRUE(a.status.ok());
   Streamed ref = client_->generate(one_shot(Client::text_prompt(kPromptText), 1, 10));
-  EXPECT_EQ(a.tokens[ids[0]], ref.tokens["b0"]);
+  EXPECT_EQ(a.tokens[ids[0]], ref.only_tokens());
   grpc::Status st;
-  client_->branch(tree.tree_id(), "b0", 1, len + 1, &st);
+  client_->branch(tree.tree_id(), root, 1, len + 1, &st);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(client_->delete_tree(tree.tree_id()).ok());
 }
@@ -448,7 +488,8 @@ TEST_F(TreeApi, BranchAtOffsetRewinds) {
 TEST_F(TreeApi, VerifyAcceptsTheGreedyPathAndAppendsIt) {
   auto tree = client_->create_tree(kPromptText);
   // What greedy decoding would produce next, from a copy of the branch.
-  auto probe = client_->branch(tree.tree_id(), "b0", 1);
+  const std::string root = tree.root_branch_id();
+  auto probe = client_->branch(tree.tree_id(), root, 1);
   Streamed g = client_->generate(on_branches(tree.tree_id(), probe, 5));
   const std::vector<int32_t> greedy = g.tokens[probe[0]];
   ASSERT_EQ(greedy.size(), 5u);
@@ -460,7 +501,7 @@ TEST_F(TreeApi, VerifyAcceptsTheGreedyPathAndAppendsIt) {
   const int32_t wrong2 = (greedy[1] + 7) % 512;
   v1::VerifyResponse r;
   grpc::Status s =
-      client_->verify(tree.tree_id(), "b0", {greedy[0], wrong, greedy[1], wrong2, greedy[2]},
+      client_->verify(tree.tree_id(), root, {greedy[0], wrong, greedy[1], wrong2, greedy[2]},
                       {-1, -1, 0, 0, 2}, &r);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(std::vector<int32_t>(r.accepted_tokens().begin(), r.accepted_tokens().end()),
@@ -469,11 +510,11 @@ TEST_F(TreeApi, VerifyAcceptsTheGreedyPathAndAppendsIt) {
   auto info = client_->get_tree(tree.tree_id());
   EXPECT_EQ(info.branches(0).length(), tree.prompt_tokens() + 4);
   // Decoding on after the accepted path continues the greedy sequence.
-  Streamed after = client_->generate(on_branches(tree.tree_id(), {"b0"}, 1));
-  EXPECT_EQ(after.tokens["b0"].at(0), greedy[4]);
+  Streamed after = client_->generate(on_branches(tree.tree_id(), {root}, 1));
+  EXPECT_EQ(after.tokens[root].at(0), greedy[4]);
   // A tree with no right token accepts nothing and returns the model's token as bonus.
   v1::VerifyResponse none;
-  ASSERT_TRUE(client_->verify(tree.tree_id(), "b0", {wrong}, {-1}, &none).ok());
+  ASSERT_TRUE(client_->verify(tree.tree_id(), root, {wrong}, {-1}, &none).ok());
   EXPECT_EQ(none.accepted_tokens_size(), 0);
   EXPECT_TRUE(client_->delete_tree(tree.tree_id()).ok());
 }
@@ -496,7 +537,7 @@ TEST_F(TreeApi, BeamSearchStreamsTheBestBeams) {
   Streamed b1 = client_->generate(one);
   Streamed greedy = client_->generate(one_shot(Client::text_prompt(kPromptText), 1, 5));
   ASSERT_EQ(b1.tokens.size(), 1u);
-  EXPECT_EQ(b1.tokens.begin()->second, greedy.tokens["b0"]);
+  EXPECT_EQ(b1.tokens.begin()->second, greedy.only_tokens());
   auto bad = one_shot(Client::text_prompt(kPromptText), 2, 5);
   bad.mutable_beam_search()->set_beam_width(2);
   EXPECT_EQ(client_->generate(bad).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -507,20 +548,21 @@ TEST_F(TreeApi, BeamSearchStreamsTheBestBeams) {
 
 TEST_F(TreeApi, ErrorTable) {
   auto tree = client_->create_tree(kPromptText);
+  const std::string root = tree.root_branch_id();
   grpc::Status st;
   // NOT_FOUND: unknown tree / branch, on every method that takes them.
-  client_->branch("nope", "b0", 1, 0, &st);
+  client_->branch("nope", root, 1, 0, &st);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
-  client_->branch(tree.tree_id(), "b99", 1, 0, &st);
+  client_->branch(tree.tree_id(), "b_unknown", 1, 0, &st);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(client_->generate(on_branches("nope", {"b0"}, 1)).status.error_code(),
+  EXPECT_EQ(client_->generate(on_branches("nope", {root}, 1)).status.error_code(),
             grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(client_->generate(on_branches(tree.tree_id(), {"b7"}, 1)).status.error_code(),
             grpc::StatusCode::NOT_FOUND);
-  client_->prune("nope", {"b0"}, false, &st);
+  client_->prune("nope", {root}, false, &st);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
   v1::VerifyResponse vr;
-  EXPECT_EQ(client_->verify("nope", "b0", {1}, {-1}, &vr).error_code(),
+  EXPECT_EQ(client_->verify("nope", root, {1}, {-1}, &vr).error_code(),
             grpc::StatusCode::NOT_FOUND);
   client_->get_tree("nope", &st);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
@@ -541,47 +583,47 @@ TEST_F(TreeApi, ErrorTable) {
   client_->create_tree(Client::token_prompt(std::vector<int32_t>(2048, 5)), &st);
   expect_invalid(st, "prompt");
   EXPECT_NE(st.error_message().find("context"), std::string::npos) << st.error_message();
-  client_->branch(tree.tree_id(), "b0", 0, 0, &st);
+  client_->branch(tree.tree_id(), root, 0, 0, &st);
   expect_invalid(st, "n");
-  client_->branch(tree.tree_id(), "b0", 100000, 0, &st);
+  client_->branch(tree.tree_id(), root, 100000, 0, &st);
   expect_invalid(st, "n");
-  auto bad = on_branches(tree.tree_id(), {"b0"}, 1);
+  auto bad = on_branches(tree.tree_id(), {root}, 1);
   bad.mutable_sampling()->set_temperature(-1);
   expect_invalid(client_->generate(bad).status, "temperature");
   bad.mutable_sampling()->set_temperature(std::nanf(""));
   expect_invalid(client_->generate(bad).status, "temperature");
-  bad = on_branches(tree.tree_id(), {"b0"}, 1);
+  bad = on_branches(tree.tree_id(), {root}, 1);
   bad.mutable_sampling()->set_top_p(1.5f);
   expect_invalid(client_->generate(bad).status, "top_p");
-  bad = on_branches(tree.tree_id(), {"b0"}, 1);
+  bad = on_branches(tree.tree_id(), {root}, 1);
   bad.mutable_sampling()->set_top_k(-3);
   expect_invalid(client_->generate(bad).status, "top_k");
-  bad = on_branches(tree.tree_id(), {"b0"}, 1);
+  bad = on_branches(tree.tree_id(), {root}, 1);
   bad.mutable_sampling()->set_logprobs(21);
   expect_invalid(client_->generate(bad).status, "logprobs");
-  bad = on_branches(tree.tree_id(), {"b0"}, -2);
+  bad = on_branches(tree.tree_id(), {root}, -2);
   expect_invalid(client_->generate(bad).status, "max_tokens");
-  bad = on_branches(tree.tree_id(), {"b0"}, 1);
+  bad = on_branches(tree.tree_id(), {root}, 1);
   bad.mutable_sampling()->add_stop("");
   expect_invalid(client_->generate(bad).status, "stop[0]");
-  bad = on_branches(tree.tree_id(), {"b0", "b0"}, 1);
+  bad = on_branches(tree.tree_id(), {root, root}, 1);
   expect_invalid(client_->generate(bad).status, "branch_ids");
   expect_invalid(client_->generate(one_shot(Client::text_prompt(""), 1, 1)).status, "prompt");
   expect_invalid(client_->generate(one_shot(Client::text_prompt("x"), -1, 1)).status, "n");
-  expect_invalid(client_->verify(tree.tree_id(), "b0", {1, 2}, {-1, 1}, &vr), "parents[1]");
-  expect_invalid(client_->verify(tree.tree_id(), "b0", {1, 2}, {-1}, &vr), "parents");
-  expect_invalid(client_->verify(tree.tree_id(), "b0", {}, {}, &vr), "tokens");
-  expect_invalid(client_->verify(tree.tree_id(), "b0", {600}, {-1}, &vr), "tokens[0]");
+  expect_invalid(client_->verify(tree.tree_id(), root, {1, 2}, {-1, 1}, &vr), "parents[1]");
+  expect_invalid(client_->verify(tree.tree_id(), root, {1, 2}, {-1}, &vr), "parents");
+  expect_invalid(client_->verify(tree.tree_id(), root, {}, {}, &vr), "tokens");
+  expect_invalid(client_->verify(tree.tree_id(), root, {600}, {-1}, &vr), "tokens[0]");
 
-  // FAILED_PRECONDITION: pruned branches.
-  auto kid = client_->branch(tree.tree_id(), "b0", 1);
+  // NOT_FOUND: pruned branches (they leave the tree).
+  auto kid = client_->branch(tree.tree_id(), root, 1);
   client_->prune(tree.tree_id(), kid);
   EXPECT_EQ(client_->generate(on_branches(tree.tree_id(), kid, 1)).status.error_code(),
-            grpc::StatusCode::FAILED_PRECONDITION);
+            grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(client_->verify(tree.tree_id(), kid[0], {1}, {-1}, &vr).error_code(),
-            grpc::StatusCode::FAILED_PRECONDITION);
+            grpc::StatusCode::NOT_FOUND);
   // Nothing above harmed the tree: it still decodes.
-  Streamed ok = client_->generate(on_branches(tree.tree_id(), {"b0"}, 2));
+  Streamed ok = client_->generate(on_branches(tree.tree_id(), {root}, 2));
   EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
   EXPECT_TRUE(client_->delete_tree(tree.tree_id()).ok());
   EXPECT_EQ(client_->delete_tree(tree.tree_id()).error_code(), grpc::StatusCode::NOT_FOUND);
@@ -619,14 +661,14 @@ TEST(TreeApiSmallPool, ExhaustionRefusesOrQueues) {
       });
   creator.join();
   ASSERT_TRUE(s.status.ok()) << s.status.error_message();
-  EXPECT_EQ(s.tokens["b0"].size(), 30u);
+  EXPECT_EQ(s.only_tokens().size(), 30u);
   EXPECT_TRUE(queued_status.ok()) << queued_status.error_message();
   EXPECT_EQ(queued.prompt_tokens(), 40);
   // With that tree holding 3 pages, another 6-page request cannot run (nothing running will
   // free pages): refused, and the existing tree is unharmed.
   c.create_tree(Client::token_prompt(std::vector<int32_t>(96, 11)), &st);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
-  Streamed more = c.generate(on_branches(queued.tree_id(), {"b0"}, 5));
+  Streamed more = c.generate(on_branches(queued.tree_id(), {queued.root_branch_id()}, 5));
   EXPECT_TRUE(more.status.ok()) << more.status.error_message();
   EXPECT_TRUE(c.delete_tree(queued.tree_id()).ok());
   c.expect_idle();

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -263,16 +264,17 @@ TEST_F(TreeSearchApi, ClientScoresDecideAndStopStringsEndThoughts) {
 TEST_F(TreeSearchApi, ErrorTable) {
   auto tree = client_->create_tree(kPrompt);
   const std::string t = tree.tree_id();
+  const std::set<std::string> root = {tree.root_branch_id()};
   auto code = [&](const v1::TreeSearchRequest& first, Scorer scorer = nullptr) {
     SearchRun run = client_->search(first, scorer);
     EXPECT_FALSE(run.done.has_value());
-    EXPECT_EQ(client_->live(t), std::set<std::string>{"b0"}) << "the tree is as it was";
+    EXPECT_EQ(client_->live(t), root) << "the tree is as it was";
     return run.status.error_code();
   };
-  v1::TreeSearchRequest req = start("t999999", 2, 1, 1, 4);
+  v1::TreeSearchRequest req = start("t_unknown", 2, 1, 1, 4);
   EXPECT_EQ(code(req), grpc::StatusCode::NOT_FOUND);
   req = start(t, 2, 1, 1, 4);
-  req.mutable_start()->set_branch_id("b999");
+  req.mutable_start()->set_branch_id("b_unknown");
   EXPECT_EQ(code(req), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(code(start(t, 0, 1, 1, 4)), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(code(start(t, 2, 0, 1, 4)), grpc::StatusCode::INVALID_ARGUMENT);
@@ -305,7 +307,7 @@ TEST_F(TreeSearchApi, ErrorTable) {
                  })),
             grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(code(client_mode, at_level_two([](auto&, v1::TreeSearchRequest* r) {
-                   (*r->mutable_scores()->mutable_scores())["b0"] = 1;
+                   (*r->mutable_scores()->mutable_scores())["b_stranger"] = 1;
                  })),
             grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(code(client_mode, at_level_two([](auto& level, v1::TreeSearchRequest* r) {
@@ -314,7 +316,7 @@ TEST_F(TreeSearchApi, ErrorTable) {
                  })),
             grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(code(client_mode, at_level_two([](auto&, v1::TreeSearchRequest* r) {
-                   *r = start("t0", 1, 1, 1, 1);
+                   *r = start("t_other", 1, 1, 1, 1);
                  })),
             grpc::StatusCode::INVALID_ARGUMENT);
   client_->delete_tree(t);
@@ -323,6 +325,7 @@ TEST_F(TreeSearchApi, ErrorTable) {
 TEST_F(TreeSearchApi, CancelAndDeadlinePruneWhatTheSearchMade) {
   auto tree = client_->create_tree(kPrompt);
   const std::string t = tree.tree_id();
+  const std::set<std::string> root = {tree.root_branch_id()};
   // Cancelled mid-search: the client scores level 1, keeping a thought that did not end (so
   // level 2 must generate), and cancels at once. The server is then reading those scores or
   // generating level 2, and depth 3 makes it wait for level 2's scores, which never come, so
@@ -347,7 +350,7 @@ TEST_F(TreeSearchApi, CancelAndDeadlinePruneWhatTheSearchMade) {
   }
   ASSERT_GT(unfinished, 0) << "every level-1 thought ended with EOS: nothing to cancel";
   EXPECT_FALSE(cancelled.done.has_value());
-  EXPECT_EQ(client_->live_settled(t, 1), std::set<std::string>{"b0"});
+  EXPECT_EQ(client_->live_settled(t, 1), root);
   // The deadline passes while the server waits for the client's scores of level 2.
   SearchRun late = client_->search(
       start(t, 2, 1, 3, 4, v1::SCORE_CLIENT),
@@ -359,7 +362,7 @@ TEST_F(TreeSearchApi, CancelAndDeadlinePruneWhatTheSearchMade) {
   EXPECT_EQ(late.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
       << late.status.error_message();
   EXPECT_EQ(late.levels.size(), 2u);
-  EXPECT_EQ(client_->live_settled(t, 1), std::set<std::string>{"b0"});
+  EXPECT_EQ(client_->live_settled(t, 1), root);
   // The tree is still usable.
   SearchRun again = client_->search(start(t, 2, 1, 1, 3));
   EXPECT_TRUE(again.status.ok()) << again.status.error_message();
@@ -377,9 +380,46 @@ TEST(TreeSearchSmallPool, ExhaustionPrunesTheSearch) {
   SearchRun run = c.search(start(tree.tree_id(), 4, 2, 3, 60));
   EXPECT_EQ(run.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << run.status.error_message();
-  EXPECT_EQ(c.live(tree.tree_id()), std::set<std::string>{"b0"});
+  EXPECT_EQ(c.live(tree.tree_id()), std::set<std::string>{tree.root_branch_id()});
   SearchRun small = c.search(start(tree.tree_id(), 2, 1, 2, 4));
   EXPECT_TRUE(small.status.ok()) << small.status.error_message();
+  c.delete_tree(tree.tree_id());
+  c.expect_idle();
+  EXPECT_EQ(server.terminate(), 0) << server.output();
+}
+
+// A client that never sends a level's scores: the server waits
+// limits.tree_search_score_timeout_ms, then ends the search DEADLINE_EXCEEDED (naming the
+// key) and prunes what it made; the tree is as it was and usable.
+TEST(TreeSearchScoreTimeout, WaitsTheConfiguredTimeThenPrunes) {
+  const std::string config = ::testing::TempDir() + "/score_timeout.json";
+  std::ofstream(config) << R"({"limits": {"tree_search_score_timeout_ms": 500}})";
+  std::vector<std::string> args = backend_args();
+  args.insert(args.end(), {"--config", config});
+  ServerProcess server(args);
+  ASSERT_TRUE(server.wait_ready()) << server.output();
+  Client c(server.channel());
+  auto tree = c.create_tree(kPrompt);
+  const auto begin = std::chrono::steady_clock::now();
+  SearchRun run =
+      c.search(start(tree.tree_id(), 2, 1, 3, 4, v1::SCORE_CLIENT),
+               [](const v1::TreeSearchLevel& level) -> std::optional<v1::TreeSearchRequest> {
+                 if (level.level() == 2) return std::nullopt;  // never scores level 2
+                 return scores_by(level, [](auto&, int i) { return float(i); });
+               });
+  const auto waited = std::chrono::steady_clock::now() - begin;
+  EXPECT_EQ(run.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << run.status.error_message();
+  EXPECT_NE(run.status.error_message().find("limits.tree_search_score_timeout_ms"),
+            std::string::npos)
+      << run.status.error_message();
+  EXPECT_EQ(run.levels.size(), 2u);
+  EXPECT_FALSE(run.done.has_value());
+  EXPECT_GE(waited, milliseconds(500));
+  EXPECT_LT(waited, milliseconds(20000));
+  EXPECT_EQ(c.live_settled(tree.tree_id(), 1), std::set<std::string>{tree.root_branch_id()});
+  SearchRun again = c.search(start(tree.tree_id(), 2, 1, 1, 3));
+  EXPECT_TRUE(again.status.ok()) << again.status.error_message();
   c.delete_tree(tree.tree_id());
   c.expect_idle();
   EXPECT_EQ(server.terminate(), 0) << server.output();

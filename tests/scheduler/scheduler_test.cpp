@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <set>
@@ -21,34 +22,14 @@
 namespace treeserve {
 namespace {
 
+using testing::drain;
+using testing::Drained;
 using testing::expect_idle;
 using testing::prompt;
 using testing::serve;
 using testing::Served;
 
 using std::chrono::milliseconds;
-
-struct Drained {
-  std::map<std::string, std::vector<int32_t>> tokens;
-  std::map<std::string, FinishReason> finish;
-  Status status;
-};
-
-Drained drain(GenerateStream& stream, int cancel_after = -1) {
-  Drained d;
-  TokenEvent ev;
-  int events = 0;
-  for (;;) {
-    GenerateStream::Wait w = stream.next(&ev, &d.status, milliseconds(5000));
-    if (w == GenerateStream::Wait::kEnd) break;
-    EXPECT_NE(w, GenerateStream::Wait::kTimeout);
-    if (w == GenerateStream::Wait::kTimeout) break;
-    if (ev.token_id >= 0) d.tokens[ev.branch_id].push_back(ev.token_id);
-    if (ev.finish != FinishReason::kNone) d.finish[ev.branch_id] = ev.finish;
-    if (++events == cancel_after) stream.cancel();
-  }
-  return d;
-}
 
 TEST(Scheduler, TreeLifecycle) {
   Served sv = serve(256);
@@ -85,9 +66,9 @@ TEST(Scheduler, TreeLifecycle) {
   auto pruned = s.prune(tree->tree_id, {(*kids)[1]}, false);
   ASSERT_TRUE(pruned.ok());
   EXPECT_EQ(pruned->pruned_branches, 1);
-  EXPECT_EQ(s.branch(tree->tree_id, (*kids)[1], 1, 0).status().code(),
-            StatusCode::kFailedPrecondition);
-  EXPECT_EQ(s.branch("nope", "b0", 1, 0).status().code(), StatusCode::kNotFound);
+  // A pruned branch has left the tree: its id is unknown.
+  EXPECT_EQ(s.branch(tree->tree_id, (*kids)[1], 1, 0).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(s.branch("nope", tree->root_branch_id, 1, 0).status().code(), StatusCode::kNotFound);
   ASSERT_TRUE(s.delete_tree(tree->tree_id).ok());
   expect_idle(s);
 }
@@ -110,7 +91,8 @@ TEST(Scheduler, ChunkedPrefillOneShotAndCancel) {
   EXPECT_EQ(d.tokens.size(), 4u);
   expect_idle(s);
 
-  // A long generation cancelled after a few events: its branches end CANCELLED.
+  // A long generation cancelled after a few events: its branch stops CANCELLED (and stays
+  // live with its tokens: scheduler_lifecycle_test.cpp).
   auto tree = s.create_tree(prompt(40, 2));
   ASSERT_TRUE(tree.ok());
   GenerateSpec g;
@@ -153,11 +135,15 @@ TEST(Scheduler, StepRowCapQueuesWorkWithoutChangingIt) {
     auto bs = s.generate(beam);
     EXPECT_TRUE(bs.ok());
     streams.push_back(std::move(*bs));
-    std::vector<std::map<std::string, std::vector<int32_t>>> out;
+    // Per stream, its branches' tokens (sorted: branch ids are random).
+    std::vector<std::vector<std::vector<int32_t>>> out;
     for (auto& st : streams) {
       Drained d = drain(*st);
       EXPECT_TRUE(d.status.ok()) << d.status.ToString();
-      out.push_back(d.tokens);
+      std::vector<std::vector<int32_t>> tokens;
+      for (auto& [id, t] : d.tokens) tokens.push_back(t);
+      std::sort(tokens.begin(), tokens.end());
+      out.push_back(tokens);
     }
     *steps = s.stats().steps;
     expect_idle(s);
@@ -217,6 +203,8 @@ TEST(Scheduler, ExhaustionAndShutdownLeaveNothingBehind) {
 namespace treeserve {
 namespace {
 
+using testing::beam_spec;
+
 struct BeamResult {
   std::vector<std::string> order;  // beams as streamed, best first
   std::map<std::string, std::vector<int32_t>> tokens;
@@ -247,22 +235,12 @@ BeamResult drain_beams(GenerateStream& stream, int cancel_after_ms = -1) {
   return r;
 }
 
-GenerateSpec beam_spec(const std::string& tree, const std::string& branch, int width,
-                       int max_tokens) {
-  GenerateSpec g;
-  g.tree_id = tree;
-  g.branch_ids = {branch};
-  g.beam_width = width;
-  g.max_tokens = max_tokens;
-  return g;
-}
-
 TEST(SchedulerBeamSearch, WidthOneIsGreedy) {
   Served sv = serve(256);
   Scheduler& s = *sv.scheduler;
   auto tree = s.create_tree(prompt(30, 6));
   ASSERT_TRUE(tree.ok());
-  auto copy = s.branch(tree->tree_id, "b0", 1, 0);
+  auto copy = s.branch(tree->tree_id, tree->root_branch_id, 1, 0);
   ASSERT_TRUE(copy.ok());
   GenerateSpec greedy;
   greedy.tree_id = tree->tree_id;
@@ -270,7 +248,7 @@ TEST(SchedulerBeamSearch, WidthOneIsGreedy) {
   greedy.sampling.temperature = 0;
   greedy.max_tokens = 8;
   Drained g = drain(**s.generate(greedy));
-  BeamResult b = drain_beams(**s.generate(beam_spec(tree->tree_id, "b0", 1, 8)));
+  BeamResult b = drain_beams(**s.generate(beam_spec(tree->tree_id, tree->root_branch_id, 1, 8)));
   ASSERT_TRUE(b.status.ok()) << b.status.message();
   ASSERT_EQ(b.order.size(), 1u);
   EXPECT_EQ(b.tokens[b.order[0]], g.tokens[(*copy)[0]]);
@@ -284,7 +262,7 @@ TEST(SchedulerBeamSearch, KeepsTheBestBeamsAsBranches) {
   Scheduler& s = *sv.scheduler;
   auto tree = s.create_tree(prompt(25, 7));
   ASSERT_TRUE(tree.ok());
-  BeamResult b = drain_beams(**s.generate(beam_spec(tree->tree_id, "b0", 4, 6)));
+  BeamResult b = drain_beams(**s.generate(beam_spec(tree->tree_id, tree->root_branch_id, 4, 6)));
   ASSERT_TRUE(b.status.ok()) << b.status.message();
   ASSERT_EQ(b.order.size(), 4u);
   std::set<std::vector<int32_t>> distinct;
@@ -304,7 +282,7 @@ TEST(SchedulerBeamSearch, KeepsTheBestBeamsAsBranches) {
   ASSERT_TRUE(info.ok());
   int live = 0;
   for (const BranchSummary& br : info->branches) live += br.live;
-  EXPECT_EQ(live, 5);  // b0 + 4 beams
+  EXPECT_EQ(live, 5);  // the root + 4 beams
   // A beam can be generated from like any branch.
   GenerateSpec more;
   more.tree_id = tree->tree_id;
@@ -321,17 +299,18 @@ TEST(SchedulerBeamSearch, CancelPruneAndBadArguments) {
   Scheduler& s = *sv.scheduler;
   auto tree = s.create_tree(prompt(20, 8));
   ASSERT_TRUE(tree.ok());
-  BeamResult c = drain_beams(**s.generate(beam_spec(tree->tree_id, "b0", 3, 1500)), 30);
+  const std::string root = tree->root_branch_id;
+  BeamResult c = drain_beams(**s.generate(beam_spec(tree->tree_id, root, 3, 1500)), 30);
   EXPECT_EQ(c.status.code(), StatusCode::kCancelled) << c.status.message();
-  // Pruning the searched branch takes its beams: the search ends.
-  auto stream = s.generate(beam_spec(tree->tree_id, "b0", 2, 1500));
+  // Pruning the searched branch takes its beams (the cancelled search's too): the search ends.
+  auto stream = s.generate(beam_spec(tree->tree_id, root, 2, 1500));
   ASSERT_TRUE(stream.ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  ASSERT_TRUE(s.prune(tree->tree_id, {"b0"}, false).ok());
+  ASSERT_TRUE(s.prune(tree->tree_id, {root}, false).ok());
   BeamResult p = drain_beams(**stream);
   EXPECT_EQ(p.status.code(), StatusCode::kFailedPrecondition) << p.status.message();
-  GenerateSpec bad = beam_spec(tree->tree_id, "b0", 2, 4);
-  bad.branch_ids = {"b0", "b1"};
+  GenerateSpec bad = beam_spec(tree->tree_id, root, 2, 4);
+  bad.branch_ids = {root, "b_other"};
   EXPECT_EQ(s.generate(bad).status().code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(s.delete_tree(tree->tree_id).ok());
   // One-shot beam search: the tree goes with the call.
@@ -352,7 +331,7 @@ TEST(SchedulerBeamSearch, PoolExhaustionEndsTheSearchCleanly) {
   Scheduler& s = *sv.scheduler;
   auto tree = s.create_tree(prompt(40, 10));
   ASSERT_TRUE(tree.ok());
-  BeamResult b = drain_beams(**s.generate(beam_spec(tree->tree_id, "b0", 4, 200)));
+  BeamResult b = drain_beams(**s.generate(beam_spec(tree->tree_id, tree->root_branch_id, 4, 200)));
   EXPECT_EQ(b.status.code(), StatusCode::kResourceExhausted) << b.status.message();
   auto info = s.get_tree(tree->tree_id);
   ASSERT_TRUE(info.ok());
@@ -361,7 +340,7 @@ TEST(SchedulerBeamSearch, PoolExhaustionEndsTheSearchCleanly) {
   EXPECT_EQ(live, 1);  // the searched branch survives; the beams are gone
   GenerateSpec more;
   more.tree_id = tree->tree_id;
-  more.branch_ids = {"b0"};
+  more.branch_ids = {tree->root_branch_id};
   more.sampling.temperature = 0;
   more.max_tokens = 2;
   EXPECT_TRUE(drain(**s.generate(more)).status.ok());

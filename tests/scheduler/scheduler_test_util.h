@@ -1,9 +1,11 @@
 // Helpers shared by the scheduler tests: a scheduler over the CPU backend and the tiny
-// model, deterministic prompts, and the idle-pool check every test ends with.
+// model, deterministic prompts, draining a stream, and the idle-pool check every test ends with.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +53,41 @@ inline std::vector<int32_t> prompt(int n, int salt = 0) {
   std::vector<int32_t> p;
   for (int i = 0; i < n; ++i) p.push_back(3 + (i * 31 + salt * 7) % 500);
   return p;
+}
+
+// What a Generate stream carried, per branch.
+struct Drained {
+  std::map<std::string, std::vector<int32_t>> tokens;
+  std::map<std::string, FinishReason> finish;
+  Status status;
+};
+
+// Reads the stream to its end; cancels it after `cancel_after` events (-1: never).
+inline Drained drain(GenerateStream& stream, int cancel_after = -1) {
+  Drained d;
+  TokenEvent ev;
+  int events = 0;
+  for (;;) {
+    GenerateStream::Wait w = stream.next(&ev, &d.status, std::chrono::milliseconds(5000));
+    if (w == GenerateStream::Wait::kEnd) break;
+    EXPECT_NE(w, GenerateStream::Wait::kTimeout);
+    if (w == GenerateStream::Wait::kTimeout) break;
+    if (ev.token_id >= 0) d.tokens[ev.branch_id].push_back(ev.token_id);
+    if (ev.finish != FinishReason::kNone) d.finish[ev.branch_id] = ev.finish;
+    if (++events == cancel_after) stream.cancel();
+  }
+  return d;
+}
+
+// A beam search of `width` from one branch, up to `max_tokens` steps.
+inline GenerateSpec beam_spec(const std::string& tree, const std::string& branch, int width,
+                              int max_tokens) {
+  GenerateSpec g;
+  g.tree_id = tree;
+  g.branch_ids = {branch};
+  g.beam_width = width;
+  g.max_tokens = max_tokens;
+  return g;
 }
 
 // No trees, no branches, every page free or evictable cache.

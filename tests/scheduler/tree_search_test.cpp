@@ -12,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "common/metrics.h"
 #include "engine/backend.h"
@@ -97,7 +98,8 @@ TEST(SchedulerTreeSearch, LogprobModeKeepsTheBestAndPrunesTheRest) {
   Scheduler& s = *sv.scheduler;
   auto tree = s.create_tree(prompt(30, 1));
   ASSERT_TRUE(tree.ok());
-  const int32_t root_len = lengths(s, tree->tree_id).at("b0");
+  const std::string root = tree->root_branch_id;
+  const int32_t root_len = lengths(s, tree->tree_id).at(root);
   Recorder rec;
   auto r = run_tree_search(&s, *sv.tokenizer, sampled_spec(tree->tree_id, 3, 2, 3, 5), rec.hooks());
   ASSERT_TRUE(r.ok()) << r.status().message();
@@ -120,7 +122,7 @@ TEST(SchedulerTreeSearch, LogprobModeKeepsTheBestAndPrunesTheRest) {
   // Level 1: three children of the root. Each later level: `expand` children of each node
   // the previous level kept, and a path score that is the path's mean token logprob.
   std::map<std::string, const SearchCandidate*> by_id;
-  std::vector<std::string> kept = {"b0"};
+  std::vector<std::string> kept = {root};
   for (const SearchLevel& level : rec.levels) {
     ASSERT_EQ(level.candidates.size(), 3 * kept.size());
     std::map<std::string, int> per_parent;
@@ -147,14 +149,14 @@ TEST(SchedulerTreeSearch, LogprobModeKeepsTheBestAndPrunesTheRest) {
   EXPECT_EQ(r->leaves[1].branch_id, kept[1]);
   EXPECT_GE(r->leaves[0].score, r->leaves[1].score);
   const auto len = lengths(s, tree->tree_id);
-  std::set<std::string> expect_live = {"b0"};
+  std::set<std::string> expect_live = {root};
   for (const SearchLeaf& leaf : r->leaves) {
     EXPECT_EQ(leaf.score, by_id.at(leaf.branch_id)->logprob_score);
     EXPECT_EQ(leaf.level, 3);
     EXPECT_EQ(len.at(leaf.branch_id), root_len + leaf.tokens);
     EXPECT_FALSE(leaf.text.empty());
     // Losers are pruned; the leaves and their ancestors stay.
-    for (std::string id = leaf.branch_id; id != "b0"; id = by_id.at(id)->parent_branch_id) {
+    for (std::string id = leaf.branch_id; id != root; id = by_id.at(id)->parent_branch_id) {
       expect_live.insert(id);
     }
   }
@@ -181,7 +183,7 @@ TEST(SchedulerTreeSearch, ClientModeKeepsWhatTheClientScoresBest) {
   Scheduler& s = *sv.scheduler;
   auto tree = s.create_tree(prompt(20, 2));
   ASSERT_TRUE(tree.ok());
-  auto first = s.branch(tree->tree_id, "b0", 1, 0);  // search below a non-root branch
+  auto first = s.branch(tree->tree_id, tree->root_branch_id, 1, 0);  // below a non-root branch
   ASSERT_TRUE(first.ok());
   TreeSearchSpec spec = sampled_spec(tree->tree_id, 3, 1, 3, 4);
   spec.branch_id = first->front();
@@ -202,7 +204,7 @@ TEST(SchedulerTreeSearch, ClientModeKeepsWhatTheClientScoresBest) {
   ASSERT_EQ(r->leaves.size(), 1u);
   EXPECT_EQ(r->leaves[0].branch_id, rec.levels[2].candidates.back().branch_id);
   EXPECT_EQ(r->leaves[0].score, 2.0);
-  EXPECT_EQ(live_branches(s, tree->tree_id).size(), 5u);  // b0, the search root, 3 kept
+  EXPECT_EQ(live_branches(s, tree->tree_id).size(), 5u);  // root, search root, 3 kept
   ASSERT_TRUE(s.delete_tree(tree->tree_id).ok());
   expect_idle(s);
 }
@@ -268,14 +270,15 @@ TEST(SchedulerTreeSearch, BadArgumentsAndBadScoresLeaveTheTreeAsItWas) {
   ASSERT_TRUE(tree.ok());
   const SchedulerStats before = s.stats();
   const std::string t = tree->tree_id;
+  const std::set<std::string> just_root = {tree->root_branch_id};
   auto code = [&](TreeSearchSpec spec, TreeSearchHooks hooks = {}) {
     return run_tree_search(&s, *sv.tokenizer, spec, hooks).status().code();
   };
   TreeSearchSpec spec = sampled_spec(t, 2, 2, 2, 3);
-  spec.tree_id = "t999";
+  spec.tree_id = "t_unknown";
   EXPECT_EQ(code(spec), StatusCode::kNotFound);
   spec = sampled_spec(t, 2, 2, 2, 3);
-  spec.branch_id = "b77";
+  spec.branch_id = "b_unknown";
   EXPECT_EQ(code(spec), StatusCode::kNotFound);
   EXPECT_EQ(code(sampled_spec(t, 0, 2, 2, 3)), StatusCode::kInvalidArgument);
   EXPECT_EQ(code(sampled_spec(t, 2, 0, 2, 3)), StatusCode::kInvalidArgument);
@@ -290,7 +293,7 @@ TEST(SchedulerTreeSearch, BadArgumentsAndBadScoresLeaveTheTreeAsItWas) {
       [](const SearchLevel& l, SearchScores* sc) { (*sc)[l.candidates[0].branch_id] = 1; },
       [](const SearchLevel& l, SearchScores* sc) {
         for (const SearchCandidate& c : l.candidates) (*sc)[c.branch_id] = 1;
-        (*sc)["b0"] = 2;
+        (*sc)["b_stranger"] = 2;
       },
       [](const SearchLevel& l, SearchScores* sc) {
         for (const SearchCandidate& c : l.candidates) {
@@ -305,7 +308,7 @@ TEST(SchedulerTreeSearch, BadArgumentsAndBadScoresLeaveTheTreeAsItWas) {
       return Status::Ok();
     };
     EXPECT_EQ(code(spec, hooks), StatusCode::kInvalidArgument);
-    EXPECT_EQ(live_branches(s, t), std::set<std::string>{"b0"});
+    EXPECT_EQ(live_branches(s, t), just_root);
   }
   // Failing at level 2, after level 1 kept a branch: that one goes too.
   TreeSearchHooks late;
@@ -314,18 +317,27 @@ TEST(SchedulerTreeSearch, BadArgumentsAndBadScoresLeaveTheTreeAsItWas) {
     return l.level == 2 ? Cancelled("the scorer gave up") : Status::Ok();
   };
   EXPECT_EQ(code(spec, late), StatusCode::kCancelled);
-  EXPECT_EQ(live_branches(s, t), std::set<std::string>{"b0"});
+  EXPECT_EQ(live_branches(s, t), just_root);
+  // The server's scorer gave up waiting for the client (DEADLINE_EXCEEDED): the same.
+  TreeSearchHooks slow;
+  slow.on_level = [](const SearchLevel& l, SearchScores* sc) {
+    for (const SearchCandidate& c : l.candidates) (*sc)[c.branch_id] = 0;
+    return l.level == 2 ? Status(StatusCode::kDeadlineExceeded, "scores: none in time")
+                        : Status::Ok();
+  };
+  EXPECT_EQ(code(spec, slow), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(live_branches(s, t), just_root);
   const SchedulerStats after = s.stats();
   EXPECT_EQ(after.kv_pages_free + after.kv_pages_evictable,
             before.kv_pages_free + before.kv_pages_evictable);
 
-  // A pruned search root.
-  auto kid = s.branch(t, "b0", 1, 0);
+  // A pruned search root has left the tree: unknown.
+  auto kid = s.branch(t, tree->root_branch_id, 1, 0);
   ASSERT_TRUE(kid.ok());
   ASSERT_TRUE(s.prune(t, *kid, false).ok());
   spec = sampled_spec(t, 2, 1, 1, 3);
   spec.branch_id = kid->front();
-  EXPECT_EQ(code(spec), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(code(spec), StatusCode::kNotFound);
   ASSERT_TRUE(s.delete_tree(t).ok());
   expect_idle(s);
 }
@@ -351,7 +363,7 @@ TEST(SchedulerTreeSearch, CancelMidLevelPrunesEverythingItMade) {
     auto r = run_tree_search(&s, *sv.tokenizer, spec, hooks);
     EXPECT_EQ(r.status().code(), StatusCode::kCancelled) << r.status().message();
     EXPECT_EQ(levels, at_level - 1);
-    EXPECT_EQ(live_branches(s, tree->tree_id), std::set<std::string>{"b0"});
+    EXPECT_EQ(live_branches(s, tree->tree_id), std::set<std::string>{tree->root_branch_id});
     const SchedulerStats after = s.stats();
     EXPECT_EQ(after.kv_pages_free + after.kv_pages_evictable,
               before.kv_pages_free + before.kv_pages_evictable);
@@ -372,10 +384,35 @@ TEST(SchedulerTreeSearch, PoolExhaustionEndsTheSearchCleanly) {
   ASSERT_TRUE(tree.ok());
   auto r = run_tree_search(&s, *sv.tokenizer, sampled_spec(tree->tree_id, 4, 2, 3, 60), {});
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().message();
-  EXPECT_EQ(live_branches(s, tree->tree_id), std::set<std::string>{"b0"});
+  EXPECT_EQ(live_branches(s, tree->tree_id), std::set<std::string>{tree->root_branch_id});
   auto ok = run_tree_search(&s, *sv.tokenizer, sampled_spec(tree->tree_id, 2, 1, 2, 4), {});
   ASSERT_TRUE(ok.ok()) << ok.status().message();
   ASSERT_TRUE(s.delete_tree(tree->tree_id).ok());
+  expect_idle(s);
+}
+
+// The search holds its tree: a client that takes longer to score than the tree's lease does
+// not lose the tree mid-search; once the search ends, the lease runs again.
+TEST(SchedulerTreeSearch, TheSearchHoldsItsTreeAgainstTheLease) {
+  SchedulerOptions options;
+  options.tree_lease_default_ms = 150;
+  Served sv = serve(256, options);
+  Scheduler& s = *sv.scheduler;
+  auto tree = s.create_tree(prompt(20, 8));
+  ASSERT_TRUE(tree.ok());
+  TreeSearchSpec spec = sampled_spec(tree->tree_id, 2, 1, 2, 3);
+  spec.score_mode = SearchScoreMode::kClient;
+  TreeSearchHooks hooks;
+  hooks.on_level = [](const SearchLevel& l, SearchScores* sc) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    for (const SearchCandidate& c : l.candidates) (*sc)[c.branch_id] = 0;
+    return Status::Ok();
+  };
+  auto r = run_tree_search(&s, *sv.tokenizer, spec, hooks);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(s.stats().live_trees, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(s.stats().live_trees, 0) << "the lease runs again after the search";
   expect_idle(s);
 }
 
@@ -389,7 +426,9 @@ TEST(SchedulerTreeSearch, SameSeedSameSearch) {
     auto r = run_tree_search(&s, *sv.tokenizer, sampled_spec(tree->tree_id, 3, 2, 2, 6), {});
     ASSERT_TRUE(r.ok()) << r.status().message();
     std::vector<std::string> t;
-    for (const SearchLeaf& leaf : r->leaves) t.push_back(leaf.branch_id + ":" + leaf.text);
+    for (const SearchLeaf& leaf : r->leaves) {
+      t.push_back(std::to_string(leaf.tokens) + ":" + std::to_string(leaf.score) + ":" + leaf.text);
+    }
     texts.push_back(t);
     ASSERT_TRUE(s.delete_tree(tree->tree_id).ok());
   }

@@ -43,6 +43,38 @@ TEST(Config, SchedulerSection) {
   EXPECT_NE(s.message().find("scheduler.chunk"), std::string::npos) << s.message();
 }
 
+// Tree leases (server.tree_lease_*_s) and the TreeSearch score wait: defaults, parsing, and
+// ranges named by key.
+TEST(Config, LeasesAndScoreTimeout) {
+  TreeserveConfig c;
+  EXPECT_EQ(c.server.tree_lease_default_s, 600);
+  EXPECT_EQ(c.server.tree_lease_max_s, 86400);
+  EXPECT_EQ(c.limits.tree_search_score_timeout_ms, 60000);
+  ASSERT_TRUE(merge_config_json(R"({"server": {"tree_lease_default_s": 5, "tree_lease_max_s": 60},
+                                    "limits": {"tree_search_score_timeout_ms": 250}})",
+                                "l.json", &c)
+                  .ok());
+  EXPECT_EQ(c.server.tree_lease_default_s, 5);
+  EXPECT_EQ(c.server.tree_lease_max_s, 60);
+  EXPECT_EQ(c.limits.tree_search_score_timeout_ms, 250);
+  EXPECT_TRUE(validate_config(c).ok());
+  TreeserveConfig back;
+  ASSERT_TRUE(merge_config_json(config_to_json(c), "dump", &back).ok());
+  EXPECT_EQ(back.server.tree_lease_max_s, 60);
+  EXPECT_EQ(back.limits.tree_search_score_timeout_ms, 250);
+  c.server.tree_lease_default_s = 61;  // over the maximum
+  EXPECT_NE(validate_config(c).message().find("server.tree_lease_default_s"), std::string::npos);
+  c.server.tree_lease_default_s = 0;
+  EXPECT_NE(validate_config(c).message().find("server.tree_lease_default_s"), std::string::npos);
+  c.server.tree_lease_default_s = 5;
+  c.server.tree_lease_max_s = 0;
+  EXPECT_NE(validate_config(c).message().find("server.tree_lease_max_s"), std::string::npos);
+  c.server.tree_lease_max_s = 60;
+  c.limits.tree_search_score_timeout_ms = 0;
+  EXPECT_NE(validate_config(c).message().find("limits.tree_search_score_timeout_ms"),
+            std::string::npos);
+}
+
 TEST(Config, ErrorsNameTheKeyAndSource) {
   TreeserveConfig c;
   Status s = merge_config_json(R"({"limits": {"max_n": "many"}})", "a.json", &c);
@@ -58,6 +90,35 @@ TEST(Config, ErrorsNameTheKeyAndSource) {
 
   s = merge_config_json("[1, 2", "d.json", &c);
   EXPECT_NE(s.message().find("invalid JSON"), std::string::npos) << s.message();
+}
+
+// Found by tests/fuzz (fuzz_server_config): a number too large for a double escaped as an
+// uncaught exception (the server aborted), and an integer field took a fraction, a boolean or an
+// out-of-range value by converting it (1e21 into an int32: undefined behaviour).
+TEST(Config, IntegerFieldsTakeOnlyIntegersInRange) {
+  TreeserveConfig c;
+  Status s = merge_config_json(R"({"kv_cache": {"page_size": 1e999}})", "e.json", &c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("e.json: invalid JSON"), std::string::npos) << s.message();
+  for (const char* value : {"1844674407370955161516", "2.5", "true", "4294967312", "-2147483649",
+                            "18446744073709551615"}) {
+    c = TreeserveConfig{};
+    s = merge_config_json(std::string(R"({"kv_cache": {"page_size": )") + value + "}}", "f.json",
+                          &c);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << value;
+    EXPECT_NE(s.message().find("f.json: kv_cache.page_size must be an integer in "
+                               "[-2147483648, 2147483647], got"),
+              std::string::npos)
+        << s.message();
+    EXPECT_EQ(c.kv_cache.page_size, TreeserveConfig{}.kv_cache.page_size) << value;
+  }
+  ASSERT_TRUE(merge_config_json(R"({"kv_cache": {"page_size": 32, "memory_bytes": 8589934592},
+                                    "model": {"random_weights_seed": -1}})",
+                                "g.json", &c)
+                  .ok());
+  EXPECT_EQ(c.kv_cache.page_size, 32);
+  EXPECT_EQ(c.kv_cache.memory_bytes, int64_t{8} << 30);
+  EXPECT_EQ(c.model.random_weights_seed, -1);
 }
 
 TEST(Config, ValidationCatchesRanges) {

@@ -34,8 +34,11 @@ class TreeServeClient:
     def server_info(self):
         return self._call(self.stub.GetServerInfo, pb.GetServerInfoRequest())
 
-    def create_tree(self, prompt):
-        return self._call(self.stub.CreateTree, pb.CreateTreeRequest(prompt=self.prompt(prompt)))
+    def create_tree(self, prompt, lease_ms=0):
+        """A new tree. lease_ms: its idle lease (the server deletes a tree no call has named for
+        that long); 0 = the server's default (server.tree_lease_default_s)."""
+        return self._call(self.stub.CreateTree, pb.CreateTreeRequest(
+            prompt=self.prompt(prompt), lease_ms=lease_ms))
 
     def branch(self, tree_id, branch_id, n, at_offset=0):
         r = self._call(self.stub.Branch, pb.BranchRequest(
@@ -103,8 +106,21 @@ class TreeServeClient:
             tree_id=tree_id, branch_id=branch_id, tokens=list(tokens), parents=list(parents),
             sampling=pb.SamplingParams(**sampling)))
 
-    def get_tree(self, tree_id):
-        return self._call(self.stub.GetTree, pb.GetTreeRequest(tree_id=tree_id))
+    def get_tree(self, tree_id, page_size=0, page_token=""):
+        """One page of the tree's live branches (TreeInfo; page_size 0 = the server's default of
+        1024; next_page_token is "" on the last page). tree_branches() walks every page."""
+        return self._call(self.stub.GetTree, pb.GetTreeRequest(
+            tree_id=tree_id, page_size=page_size, page_token=page_token))
+
+    def tree_branches(self, tree_id, page_size=0):
+        """Yields every live BranchInfo of the tree, in creation order, page by page."""
+        token = ""
+        while True:
+            info = self.get_tree(tree_id, page_size=page_size, page_token=token)
+            yield from info.branches
+            token = info.next_page_token
+            if not token:
+                return
 
     def delete_tree(self, tree_id):
         return self._call(self.stub.DeleteTree, pb.DeleteTreeRequest(tree_id=tree_id))
