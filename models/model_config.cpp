@@ -165,6 +165,15 @@ Status parse_rope(const json& root, const std::string& file, ModelConfig* config
   return Status::Ok();
 }
 
+// Qwen2 is Llama's shape plus biases on the q, k and v projections, which the engines' GEMMs
+// do not add: refused by name rather than served without them.
+Status qwen2_refused(const std::string& file) {
+  return InvalidArgument(file +
+                         ": architecture Qwen2ForCausalLM is not supported: its attention adds "
+                         "biases to the q, k and v projections, which treeserve's engines do "
+                         "not implement (supported: LlamaForCausalLM, MistralForCausalLM)");
+}
+
 Status parse_architecture(const FieldReader& r, const json& root, const std::string& file,
                           ModelConfig* config) {
   TS_RETURN_IF_ERROR(r.get_string("model_type", &config->model_type));
@@ -179,6 +188,7 @@ Status parse_architecture(const FieldReader& r, const json& root, const std::str
         config->architecture = name;
         return Status::Ok();
       }
+      if (name == "Qwen2ForCausalLM") return qwen2_refused(file);
       seen += (seen.empty() ? "" : ", ") + name;
     }
     return InvalidArgument(file + ": field 'architectures' [" + seen +
@@ -189,6 +199,8 @@ Status parse_architecture(const FieldReader& r, const json& root, const std::str
     config->architecture = "LlamaForCausalLM";
   } else if (config->model_type == "mistral") {
     config->architecture = "MistralForCausalLM";
+  } else if (config->model_type == "qwen2") {
+    return qwen2_refused(file);
   } else {
     return InvalidArgument(file + ": missing field 'architectures' and model_type '" +
                            config->model_type + "' is not llama or mistral");
@@ -284,6 +296,17 @@ StatusOr<ModelConfig> parse_model_config(const std::string& json_text, const std
                            std::to_string(c.rope_theta));
   }
   TS_RETURN_IF_ERROR(r.get_bool("tie_word_embeddings", &c.tie_word_embeddings));
+  // Llama-architecture checkpoints with biases (attention_bias, mlp_bias) would load without
+  // them and compute something else: refused, as Qwen2 is.
+  for (const char* bias : {"attention_bias", "mlp_bias"}) {
+    bool has_bias = false;
+    TS_RETURN_IF_ERROR(r.get_bool(bias, &has_bias));
+    if (has_bias) {
+      return InvalidArgument(file + ": " + bias +
+                             " is true: treeserve's engines do not add biases to the "
+                             "projections (only bias-free Llama and Mistral checkpoints load)");
+    }
+  }
   std::vector<int32_t> bos;
   TS_RETURN_IF_ERROR(r.get_token_ids("bos_token_id", &bos));
   if (bos.size() > 1) return r.ill_typed("bos_token_id", "a single integer token id");
@@ -337,6 +360,14 @@ StatusOr<ModelConfig> load_model_config(const std::string& model_dir) {
   for (int32_t id : config->eos_token_ids) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
   spdlog::info("model {}: generation ends on EOS ids [{}] ({})", model_dir, ids,
                config->eos_token_ids.empty() ? "none given" : config->eos_token_ids_source);
+  if (config->max_sequence_tokens() < config->max_position_embeddings) {
+    spdlog::info(
+        "model {}: sliding_window {} (max_position_embeddings {}): treeserve attends over whole "
+        "sequences, which equals sliding-window attention only within the window, so sequences "
+        "are capped at {} tokens (longer prompts and appends are refused, generation stops there)",
+        model_dir, config->sliding_window, config->max_position_embeddings,
+        config->max_sequence_tokens());
+  }
   return config;
 }
 

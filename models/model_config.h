@@ -39,8 +39,9 @@ struct ModelConfig {
   int64_t num_key_value_heads = 0;  // defaults to num_attention_heads (no GQA)
   int64_t head_dim = 0;             // defaults to hidden_size / num_attention_heads
   int64_t max_position_embeddings = 2048;
-  // Mistral v0.1 attends to only the last sliding_window positions; 0: full attention.
-  // Engines that implement full attention only must refuse a sequence longer than this.
+  // Mistral v0.1 attends to only the last sliding_window positions; 0 (or null in the
+  // file): full attention. treeserve's attention is full, so it caps sequences at the window
+  // (max_sequence_tokens()).
   int64_t sliding_window = 0;
 
   double rms_norm_eps = 1e-6;
@@ -55,6 +56,14 @@ struct ModelConfig {
   std::vector<int32_t> eos_token_ids;
   std::string eos_token_ids_source;  // "generation_config.json", "config.json" or "" (none)
   std::string torch_dtype;           // "float32", "bfloat16", ... (informational)
+
+  // The longest sequence treeserve serves: max_position_embeddings, or sliding_window when
+  // that is smaller. The engine attends over whole sequences, which equals sliding-window
+  // attention only while a sequence fits in the window, so longer ones are refused.
+  int64_t max_sequence_tokens() const {
+    return sliding_window > 0 && sliding_window < max_position_embeddings ? sliding_window
+                                                                          : max_position_embeddings;
+  }
 
   int64_t q_size() const { return num_attention_heads * head_dim; }
   int64_t kv_size() const { return num_key_value_heads * head_dim; }

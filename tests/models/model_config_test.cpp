@@ -131,6 +131,51 @@ TEST(ModelConfigTest, Mistral) {
   EXPECT_EQ(c->head_dim, 128);
   EXPECT_EQ(c->sliding_window, 4096);
   EXPECT_EQ(c->max_position_embeddings, 32768);
+  // Full attention equals the window's only within it: sequences stop at the window.
+  EXPECT_EQ(c->max_sequence_tokens(), 4096);
+}
+
+TEST(ModelConfigTest, SlidingWindowCapsSequencesOnlyWhenSmaller) {
+  auto c = parse_model_config(
+      minimal(R"(, "max_position_embeddings": 512, "sliding_window": 4096)"), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->max_sequence_tokens(), 512);
+  c = parse_model_config(minimal(R"(, "max_position_embeddings": 512, "sliding_window": 100)"),
+                         "config.json");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->max_sequence_tokens(), 100);
+  c = parse_model_config(kMistralNemo, "config.json");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->max_sequence_tokens(), c->max_position_embeddings);
+}
+
+// Qwen2 adds biases to q/k/v, which the engines do not: refused by name, whether the file
+// names the architecture or only the model type.
+TEST(ModelConfigErrorTest, Qwen2IsRefusedByName) {
+  const char* kQwen25_05b = R"({
+    "architectures": ["Qwen2ForCausalLM"], "bos_token_id": 151643, "eos_token_id": 151645,
+    "hidden_act": "silu", "hidden_size": 896, "intermediate_size": 4864,
+    "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2",
+    "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_sliding_window": false,
+    "vocab_size": 151936})";
+  EXPECT_TRUE(status_is(parse_model_config(kQwen25_05b, "qwen/config.json").status(),
+                        StatusCode::kInvalidArgument,
+                        {"qwen/config.json", "Qwen2ForCausalLM is not supported",
+                         "biases to the q, k and v projections"}));
+  EXPECT_TRUE(status_is(
+      parse_model_config(R"({"model_type": "qwen2", "vocab_size": 8})", "c.json").status(),
+      StatusCode::kInvalidArgument, {"c.json", "Qwen2ForCausalLM is not supported"}));
+  // Llama-architecture files with biases, likewise (false, as Llama's own say, loads).
+  EXPECT_TRUE(
+      status_is(parse_model_config(minimal(R"(, "attention_bias": true)"), "c.json").status(),
+                StatusCode::kInvalidArgument, {"c.json", "attention_bias is true"}));
+  EXPECT_TRUE(status_is(parse_model_config(minimal(R"(, "mlp_bias": true)"), "c.json").status(),
+                        StatusCode::kInvalidArgument, {"c.json", "mlp_bias is true"}));
+  EXPECT_TRUE(
+      parse_model_config(minimal(R"(, "attention_bias": false, "mlp_bias": false)"), "c.json")
+          .ok());
 }
 
 TEST(ModelConfigTest, HeadDimNotHiddenOverHeads) {
