@@ -1,8 +1,11 @@
-"""treeserve: Python client for treeserve's gRPC API (treeserve.v1.TreeServe).
+"""treeserve: Python clients for treeserve's gRPC API (treeserve.v1.TreeServe) and its HTTP
+API (OpenAI's completions and the tree API as JSON; treeserve.http, standard library only).
 
-    from treeserve import TreeServeClient
+    from treeserve import TreeServeClient, TreeServeHTTPClient
     c = TreeServeClient("127.0.0.1:50051")
     print(c.server_info())
+    h = TreeServeHTTPClient("http://127.0.0.1:8000")
+    print(h.completions("Once upon a time", max_tokens=16)["choices"][0]["text"])
 
 The gRPC stubs are the modules treeserve.treeserve_pb2 and treeserve.treeserve_pb2_grpc
 (also `treeserve.pb`, `treeserve.pb_grpc`). An installed package carries them, generated
@@ -33,6 +36,8 @@ _find_stubs()
 
 from .client import (BranchStream, TreeServeClient, collect_stream,  # noqa: E402
                      finish_reason_name, is_idle, kv_pages_in_use, pb, pb_grpc)
+from .http import TreeServeHTTPClient, TreeServeHTTPError  # noqa: E402
 
-__all__ = ["TreeServeClient", "BranchStream", "collect_stream", "finish_reason_name",
-           "is_idle", "kv_pages_in_use", "pb", "pb_grpc", "__version__"]
+__all__ = ["TreeServeClient", "TreeServeHTTPClient", "TreeServeHTTPError", "BranchStream",
+           "collect_stream", "finish_reason_name", "is_idle", "kv_pages_in_use", "pb", "pb_grpc",
+           "__version__"]
