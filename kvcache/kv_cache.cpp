@@ -379,6 +379,21 @@ Status KvCache::branch_page_table(BranchId id, std::vector<int32_t>* out) const 
   return Status::Ok();
 }
 
+StatusOr<int32_t> KvCache::branch_shared_pages(BranchId id) const {
+  StatusOr<const Branch*> found = find(id);
+  if (!found.ok()) return found.status();
+  std::vector<int32_t> table;
+  TS_RETURN_IF_ERROR(branch_page_table(id, &table));
+  // Page indices below base_len / ps are whole pages of radix nodes; the page holding
+  // base_len is the tail's own unless the node lists it too (then its count is above 1).
+  const int32_t whole_path_pages = (*found)->base_len() / pool_.page_size();
+  int32_t shared = 0;
+  for (int32_t k = 0; k < static_cast<int32_t>(table.size()); ++k) {
+    if (k < whole_path_pages || pool_.ref_count(table[k]) > 1) ++shared;
+  }
+  return shared;
+}
+
 int32_t KvCache::match_prefix_length(std::span<const int32_t> tokens, CacheNamespace ns) const {
   const int32_t slot = find_namespace(ns);
   if (slot < 0) return 0;

@@ -176,6 +176,10 @@ class KvCache {
   Status branch_tokens(BranchId branch, std::vector<int32_t>* out) const;
   // Physical page of every page index of the branch (see the page rule above).
   Status branch_page_table(BranchId branch, std::vector<int32_t>* out) const;
+  // Of the branch's page table, the pages another reader may also read: whole pages of its
+  // radix path (the cache holds them for any branch or prompt that matches) and pages listed
+  // elsewhere too (a tail's first page shared with its node).
+  StatusOr<int32_t> branch_shared_pages(BranchId branch) const;
   // Length of the cached prefix create_branch(tokens, ns) would reuse. Changes nothing.
   int32_t match_prefix_length(std::span<const int32_t> tokens,
                               CacheNamespace ns = kDefaultCacheNamespace) const;

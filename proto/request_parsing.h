@@ -61,6 +61,7 @@ TREESERVE_PARSED_REQUEST(TokenizeRequest);
 TREESERVE_PARSED_REQUEST(DetokenizeRequest);
 TREESERVE_PARSED_REQUEST(GetServerInfoRequest);
 TREESERVE_PARSED_REQUEST(TreeSearchRequest);
+TREESERVE_PARSED_REQUEST(ListTreesRequest);
 }  // namespace grpc
 
 #undef TREESERVE_PARSED_REQUEST

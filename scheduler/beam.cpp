@@ -22,7 +22,8 @@ double Scheduler::Impl::beam_score(const GenerateJob& job, const Beam& beam) con
 }
 
 Status Scheduler::Impl::start_beam_search(GenerateJob* job, SchedBranch* root) {
-  StatusOr<std::vector<std::string>> ids = cmd_branch(root->tree->id, root->id, 1, 0);
+  StatusOr<std::vector<std::string>> ids =
+      cmd_branch(root->tree->id, root->id, 1, 0, root->tree->owner->limits.tenant);
   if (!ids.ok()) return ids.status();
   SchedBranch* b = root->tree->by_id[ids->front()];
   b->activity = Activity::kBeam;
@@ -87,9 +88,12 @@ void Scheduler::Impl::after_beam_step(GenerateJob* job) {
     std::vector<SchedBranch*> holders = {b};
     if (kept[i].size() > 1) {
       const int32_t extra = int32_t(kept[i].size()) - 1;
-      StatusOr<ForkResult> forked = kv_->fork(*b->kv, extra, 0);
+      const Status quota = check_branch_quota(*b->tree->owner, extra);
+      StatusOr<ForkResult> forked =
+          quota.ok() ? kv_->fork(*b->kv, extra, 0) : StatusOr<ForkResult>(quota);
       if (!forked.ok()) {
-        // No pages for the extra continuations: keep only the best one of this beam.
+        // No pages (or no branches left in the tenant's quota) for the extra continuations:
+        // keep only the best one of this beam.
         kept[i].resize(1);
       } else {
         for (const PageCopy& c : forked->copies) {

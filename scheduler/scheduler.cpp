@@ -166,6 +166,7 @@ void Scheduler::Impl::finish_job_branch(GenerateJob* job, GenerateBranchState& s
     if (rest.ok()) ev.text += *rest;
   }
   job->stream->push(std::move(ev));
+  if (st.branch) st.branch->last_finish = reason;
   if (st.branch && st.branch->job == job) {
     st.branch->job = nullptr;
     if (st.branch->activity == Activity::kGenerate) st.branch->activity = Activity::kIdle;
@@ -214,7 +215,11 @@ void Scheduler::Impl::close_finished_jobs() {
 // ---------------------------------------------------------------- commands
 
 void Scheduler::Impl::cmd_create_tree(std::vector<int32_t> prompt, int64_t lease_ms, uint64_t seq,
+                                      const std::string& tenant,
                                       std::function<void(StatusOr<CreateTreeResult>)> done) {
+  TenantState* owner = tenant_state(tenant);
+  if (Status s = check_tree_quota(*owner); !s.ok()) return done(s);
+  if (Status s = check_branch_quota(*owner, 1); !s.ok()) return done(s);
   if (static_cast<int32_t>(trees_.size()) >= options_.max_live_trees) {
     return done(ResourceExhausted("too many live trees (limit " +
                                   std::to_string(options_.max_live_trees) +
@@ -225,7 +230,13 @@ void Scheduler::Impl::cmd_create_tree(std::vector<int32_t> prompt, int64_t lease
     return done(ResourceExhausted("prompt of " + std::to_string(length) +
                                   " tokens needs more KV pages than the whole pool holds"));
   }
-  Tree* t = add_tree(/*one_shot=*/false, lease_ms > 0 ? lease_ms : options_.tree_lease_default_ms);
+  if (Status s = check_page_quota(*owner, pages_for(length),
+                                  "a prompt of " + std::to_string(length) + " tokens");
+      !s.ok()) {
+    return done(s);
+  }
+  Tree* t =
+      add_tree(/*one_shot=*/false, lease_ms > 0 ? lease_ms : options_.tree_lease_default_ms, owner);
   SchedBranch* root = add_branch(t, nullptr, 0);
   root->pending = std::move(prompt);
   if (metrics_) metrics_->prompt_tokens_total->inc(length);
@@ -258,8 +269,9 @@ void Scheduler::Impl::cmd_abort_create(uint64_t seq) {
 
 StatusOr<std::vector<std::string>> Scheduler::Impl::cmd_branch(const std::string& tree_id,
                                                                const std::string& branch_id,
-                                                               int32_t n, int32_t at_offset) {
-  StatusOr<Tree*> tree = find_tree(tree_id);
+                                                               int32_t n, int32_t at_offset,
+                                                               const std::string& tenant) {
+  StatusOr<Tree*> tree = find_tree(tree_id, tenant);
   if (!tree.ok()) return tree.status();
   StatusOr<SchedBranch*> found = find_branch(*tree, branch_id);
   if (!found.ok()) return found.status();
@@ -276,6 +288,7 @@ StatusOr<std::vector<std::string>> Scheduler::Impl::cmd_branch(const std::string
     return ResourceExhausted("tree " + tree_id + " would exceed " +
                              std::to_string(options_.max_branches_per_tree) + " live branches");
   }
+  TS_RETURN_IF_ERROR(check_branch_quota(*(*tree)->owner, n));
   const int32_t keep = at_offset == 0 ? length : at_offset;  // tokens the children start with
   // Children keep KV for tokens [0, kv_keep) and the rest as pending (always >= 1 token).
   std::vector<int32_t> child_pending;
@@ -331,21 +344,28 @@ Status Scheduler::Impl::cmd_generate(GenerateSpec spec, std::shared_ptr<Generate
                                std::to_string(options_.max_live_trees) + ")");
     }
     const int64_t need = int64_t(spec.prompt.size()) + int64_t(spec.n) * job->max_tokens;
-    if (pages_for(int64_t(spec.prompt.size())) + spec.n * pages_for(job->max_tokens + 1) >
-        kv_->pool().num_pages()) {
+    const int64_t need_pages =
+        pages_for(int64_t(spec.prompt.size())) + spec.n * pages_for(job->max_tokens + 1);
+    if (need_pages > kv_->pool().num_pages()) {
       return ResourceExhausted("prompt plus n x max_tokens (" + std::to_string(need) +
                                " tokens) needs more KV pages than the whole pool holds");
     }
-    Tree* t = add_tree(/*one_shot=*/true, /*lease_ms=*/0);
+    TenantState* owner = tenant_state(spec.tenant);
+    TS_RETURN_IF_ERROR(check_branch_quota(*owner, spec.n == 1 ? 1 : 1 + int64_t(spec.n)));
+    TS_RETURN_IF_ERROR(check_page_quota(
+        *owner, need_pages, "prompt plus n x max_tokens (" + std::to_string(need) + " tokens)"));
+    Tree* t = add_tree(/*one_shot=*/true, /*lease_ms=*/0, owner);
     SchedBranch* root = add_branch(t, nullptr, 0);
     root->pending = std::move(spec.prompt);
     if (metrics_) metrics_->prompt_tokens_total->inc(static_cast<double>(root->pending.size()));
     job->tree = t;
     job->one_shot = true;
+    job->prompt_tokens = static_cast<int32_t>(root->pending.size());
     if (spec.n == 1) {
       targets.push_back(root);
     } else if (root->pending.size() == 1) {
-      StatusOr<std::vector<std::string>> ids = cmd_branch(t->id, root->id, spec.n, 0);
+      StatusOr<std::vector<std::string>> ids =
+          cmd_branch(t->id, root->id, spec.n, 0, owner->limits.tenant);
       if (!ids.ok()) {
         int64_t freed = 0;
         remove_tree(t, false, &freed);
@@ -360,6 +380,7 @@ Status Scheduler::Impl::cmd_generate(GenerateSpec spec, std::shared_ptr<Generate
       pj->branch = root;
       pj->prompt_tokens = static_cast<int32_t>(root->pending.size());
       pj->done = [this, raw, t, root, n = spec.n](StatusOr<CreateTreeResult> r) {
+        if (r.ok()) raw->cached_tokens = r->cached_tokens;
         start_one_shot(raw, t, root, n, r.status());
       };
       root->activity = Activity::kPrefill;
@@ -368,7 +389,7 @@ Status Scheduler::Impl::cmd_generate(GenerateSpec spec, std::shared_ptr<Generate
       job->waiting_prefill = true;
     }
   } else {
-    StatusOr<Tree*> tree = find_tree(spec.tree_id);
+    StatusOr<Tree*> tree = find_tree(spec.tree_id, spec.tenant);
     if (!tree.ok()) return tree.status();
     std::set<std::string> seen;
     for (const std::string& id : spec.branch_ids) {
@@ -403,7 +424,9 @@ Status Scheduler::Impl::cmd_generate(GenerateSpec spec, std::shared_ptr<Generate
     // children; the target itself does not run.
     job->beam_width = spec.beam_width;
     job->length_penalty = spec.length_penalty;
-    if (Status s = start_beam_search(job.get(), targets.front()); !s.ok()) {
+    Status s = check_branch_quota(*targets.front()->tree->owner, spec.beam_width);
+    if (s.ok()) s = start_beam_search(job.get(), targets.front());
+    if (!s.ok()) {
       if (job->one_shot) {
         int64_t freed = 0;
         remove_tree(job->tree, false, &freed);
@@ -440,7 +463,8 @@ void Scheduler::Impl::start_one_shot(GenerateJob* job, Tree* tree, SchedBranch* 
                                      Status status) {
   job->waiting_prefill = false;
   if (status.ok()) {
-    StatusOr<std::vector<std::string>> ids = cmd_branch(tree->id, root->id, n, 0);
+    StatusOr<std::vector<std::string>> ids =
+        cmd_branch(tree->id, root->id, n, 0, tree->owner->limits.tenant);
     if (ids.ok()) {
       for (const std::string& id : *ids) attach_branch(job, tree->by_id[id]);
       return;
@@ -493,8 +517,8 @@ void Scheduler::Impl::cmd_cancel(uint64_t job_seq) {
 
 StatusOr<PruneSummary> Scheduler::Impl::cmd_prune(const std::string& tree_id,
                                                   const std::vector<std::string>& ids,
-                                                  bool retain_kv) {
-  StatusOr<Tree*> tree = find_tree(tree_id);
+                                                  bool retain_kv, const std::string& tenant) {
+  StatusOr<Tree*> tree = find_tree(tree_id, tenant);
   if (!tree.ok()) return tree.status();
   std::vector<SchedBranch*> roots;
   for (const std::string& id : ids) {
@@ -528,9 +552,9 @@ StatusOr<PruneSummary> Scheduler::Impl::cmd_prune(const std::string& tree_id,
 
 void Scheduler::Impl::cmd_verify(const std::string& tree_id, const std::string& branch_id,
                                  std::vector<int32_t> tokens, std::vector<int32_t> parents,
-                                 SamplingParams sampling,
+                                 SamplingParams sampling, const std::string& tenant,
                                  std::function<void(StatusOr<VerifyResult>)> done) {
-  StatusOr<Tree*> tree = find_tree(tree_id);
+  StatusOr<Tree*> tree = find_tree(tree_id, tenant);
   if (!tree.ok()) return done(tree.status());
   StatusOr<SchedBranch*> found = find_branch(*tree, branch_id);
   if (!found.ok()) return done(found.status());
@@ -546,6 +570,11 @@ void Scheduler::Impl::cmd_verify(const std::string& tree_id, const std::string& 
   if (pages_for(b->length() + int64_t(tokens.size())) > kv_->pool().num_pages()) {
     return done(ResourceExhausted("the token tree does not fit in the KV pool"));
   }
+  if (Status s = check_page_quota(*(*tree)->owner, pages_for(b->length() + int64_t(tokens.size())),
+                                  "the branch plus its token tree");
+      !s.ok()) {
+    return done(s);
+  }
   auto job = std::make_unique<VerifyJob>();
   job->branch = b;
   job->tokens = std::move(tokens);
@@ -557,8 +586,9 @@ void Scheduler::Impl::cmd_verify(const std::string& tree_id, const std::string& 
   verifies_.push_back(std::move(job));
 }
 
-StatusOr<int64_t> Scheduler::Impl::cmd_delete_tree(const std::string& tree_id) {
-  StatusOr<Tree*> found = find_tree(tree_id);
+StatusOr<int64_t> Scheduler::Impl::cmd_delete_tree(const std::string& tree_id,
+                                                   const std::string& tenant) {
+  StatusOr<Tree*> found = find_tree(tree_id, tenant);
   if (!found.ok()) return found.status();
   if ((*found)->one_shot) {
     return FailedPrecondition("tree_id: tree " + tree_id +
@@ -618,6 +648,16 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::create(Backend* backend, const T
   StatusOr<std::unique_ptr<KvCache>> kv = KvCache::create(kc);
   if (!kv.ok()) return kv.status();
   auto impl = std::make_unique<Impl>(backend, tokenizer, options, metrics, std::move(*kv));
+  // On the loop thread, as every other touch of the KV cache.
+  StatusOr<bool> configured = impl->call<bool>([&](auto done) {
+    Status s = impl->configure_tenants(options.tenants);
+    if (s.ok()) {
+      done(true);
+    } else {
+      done(s);
+    }
+  });
+  if (!configured.ok()) return configured.status();
   return std::unique_ptr<Scheduler>(new Scheduler(std::move(impl)));
 }
 
@@ -639,9 +679,9 @@ StatusOr<CreateTreeResult> Scheduler::create_tree(std::vector<int32_t> prompt,
   }
   const uint64_t seq = impl_->next_call_seq_.fetch_add(1);
   auto submitted = impl_->submit<CreateTreeResult>(
-      [this, p = std::move(prompt), lease = options.lease_ms,
-       seq](std::function<void(StatusOr<CreateTreeResult>)> done) mutable {
-        impl_->cmd_create_tree(std::move(p), lease, seq, std::move(done));
+      [this, p = std::move(prompt), lease = options.lease_ms, seq,
+       tenant = options.tenant](std::function<void(StatusOr<CreateTreeResult>)> done) mutable {
+        impl_->cmd_create_tree(std::move(p), lease, seq, tenant, std::move(done));
       });
   if (!submitted.ok()) return submitted.status();
   std::future<StatusOr<CreateTreeResult>>& result = *submitted;
@@ -680,14 +720,15 @@ void Scheduler::discard_tree(const std::string& tree_id) {
 StatusOr<std::vector<std::string>> Scheduler::branch(const std::string& tree_id,
                                                      const std::string& branch_id, int32_t n,
                                                      int32_t at_offset,
-                                                     const CancelCheck& cancelled) {
+                                                     const CancelCheck& cancelled,
+                                                     const std::string& tenant) {
   TS_RETURN_IF_ERROR(check_branch_count(n));
   if (cancelled && cancelled()) return Cancelled("Branch: the caller gave up before the fork");
   StatusOr<std::vector<std::string>> ids = impl_->call<std::vector<std::string>>(
-      [&](auto done) { done(impl_->cmd_branch(tree_id, branch_id, n, at_offset)); });
+      [&](auto done) { done(impl_->cmd_branch(tree_id, branch_id, n, at_offset, tenant)); });
   if (ids.ok() && cancelled && cancelled()) {
     // Nobody learns these ids: they go again (a fork holds at most one private page each).
-    (void)prune(tree_id, *ids, /*retain_kv=*/false);
+    (void)prune(tree_id, *ids, /*retain_kv=*/false, tenant);
     return Cancelled(
         "Branch: the caller gave up (cancelled, or its deadline passed); the new "
         "branches were pruned");
@@ -724,15 +765,16 @@ StatusOr<std::shared_ptr<GenerateStream>> Scheduler::generate(GenerateSpec spec)
 }
 
 StatusOr<PruneSummary> Scheduler::prune(const std::string& tree_id,
-                                        const std::vector<std::string>& ids, bool retain_kv) {
+                                        const std::vector<std::string>& ids, bool retain_kv,
+                                        const std::string& tenant) {
   if (ids.empty()) return InvalidArgument("branch_ids: name at least one branch");
   return impl_->call<PruneSummary>(
-      [&](auto done) { done(impl_->cmd_prune(tree_id, ids, retain_kv)); });
+      [&](auto done) { done(impl_->cmd_prune(tree_id, ids, retain_kv, tenant)); });
 }
 
 StatusOr<VerifyResult> Scheduler::verify(const std::string& tree_id, const std::string& branch_id,
                                          std::vector<int32_t> tokens, std::vector<int32_t> parents,
-                                         SamplingParams sampling) {
+                                         SamplingParams sampling, const std::string& tenant) {
   TS_RETURN_IF_ERROR(check_tokens_given("tokens", tokens));
   if (parents.size() != tokens.size()) {
     return InvalidArgument("parents: needs one entry per token (" + std::to_string(tokens.size()) +
@@ -745,18 +787,42 @@ StatusOr<VerifyResult> Scheduler::verify(const std::string& tree_id, const std::
     }
   }
   return impl_->call<VerifyResult>([&](std::function<void(StatusOr<VerifyResult>)> done) {
-    impl_->cmd_verify(tree_id, branch_id, std::move(tokens), std::move(parents), sampling,
+    impl_->cmd_verify(tree_id, branch_id, std::move(tokens), std::move(parents), sampling, tenant,
                       std::move(done));
   });
 }
 
-StatusOr<TreeSummary> Scheduler::get_tree(const std::string& tree_id, const TreePage& page) {
-  return impl_->call<TreeSummary>([&](auto done) { done(impl_->cmd_get_tree(tree_id, page)); });
+StatusOr<TreeSummary> Scheduler::get_tree(const std::string& tree_id, const TreePage& page,
+                                          const std::string& tenant) {
+  std::vector<std::vector<int32_t>> ids;  // written by the loop thread before `done`
+  StatusOr<TreeSummary> r = impl_->call<TreeSummary>(
+      [&](auto done) { done(impl_->cmd_get_tree(tree_id, page, tenant, &ids)); });
+  if (!r.ok() || !page.detail) return r;
+  // Each branch's text from its fork offset, decoded here rather than on the loop thread. A
+  // fork's text is decoded behind the anchor piece, so its first piece keeps its leading
+  // space as in the whole sequence's decode (models/detokenizer.h).
+  const DetokenizerVocab* vocab = impl_->detok_vocab_.get();
+  for (size_t i = 0; i < r->branches.size() && i < ids.size(); ++i) {
+    BranchSummary& b = r->branches[i];
+    std::vector<int32_t>& text_ids = ids[i];
+    const bool anchored = b.fork_offset > 0 && vocab != nullptr && vocab->anchor() >= 0;
+    if (anchored) text_ids.insert(text_ids.begin(), vocab->anchor());
+    StatusOr<std::string> text = impl_->tokenizer_->decode(text_ids);
+    if (!text.ok()) continue;
+    const size_t cut = anchored ? std::min(vocab->anchor_text().size(), text->size()) : 0;
+    b.text = text->substr(cut);
+  }
+  return r;
 }
 
-Status Scheduler::hold_tree(const std::string& tree_id) {
+StatusOr<TreeList> Scheduler::list_trees(const std::string& tenant, const TreePage& page) {
+  if (page.page_size < 0) return InvalidArgument("page_size: must be >= 0");
+  return impl_->call<TreeList>([&](auto done) { done(impl_->cmd_list_trees(tenant, page)); });
+}
+
+Status Scheduler::hold_tree(const std::string& tree_id, const std::string& tenant) {
   StatusOr<bool> r = impl_->call<bool>([&](auto done) {
-    Status s = impl_->cmd_hold_tree(tree_id, +1);
+    Status s = impl_->cmd_hold_tree(tree_id, +1, tenant);
     if (s.ok()) {
       done(true);
     } else {
@@ -766,15 +832,15 @@ Status Scheduler::hold_tree(const std::string& tree_id) {
   return r.ok() ? Status::Ok() : r.status();
 }
 
-void Scheduler::release_tree(const std::string& tree_id) {
+void Scheduler::release_tree(const std::string& tree_id, const std::string& tenant) {
   (void)impl_->call<bool>([&](auto done) {
-    (void)impl_->cmd_hold_tree(tree_id, -1);
+    (void)impl_->cmd_hold_tree(tree_id, -1, tenant);
     done(true);
   });
 }
 
-StatusOr<int64_t> Scheduler::delete_tree(const std::string& tree_id) {
-  return impl_->call<int64_t>([&](auto done) { done(impl_->cmd_delete_tree(tree_id)); });
+StatusOr<int64_t> Scheduler::delete_tree(const std::string& tree_id, const std::string& tenant) {
+  return impl_->call<int64_t>([&](auto done) { done(impl_->cmd_delete_tree(tree_id, tenant)); });
 }
 
 SchedulerStats Scheduler::stats() {

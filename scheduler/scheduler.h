@@ -30,6 +30,16 @@
 // Cancellation. A cancelled Generate stops its branches within one step; they stay live with
 // every token they have (FINISH_CANCELLED), the tree usable. A CreateTree or Branch whose
 // caller gives up (its CancelCheck turns true) leaves nothing behind.
+//
+// Tenants (scheduler/tenants.cpp). Every call names the tenant it acts for (`tenant`; callers
+// without tenants, such as tests and tools, leave it ""). A tree belongs to the tenant whose
+// call made it: another tenant's call naming it gets NOT_FOUND with the message an unknown id
+// gets, and renews nothing. Each tenant's trees create their branches in its cache namespace
+// (kvcache/kv_cache.h), so a prefix is reused, and counted in cached_tokens, only between
+// trees of tenants with the same cache salt. A tenant's quotas (SchedulerOptions::tenants)
+// bound its live trees, its live branches and its namespace's KV pages; a refusal is
+// RESOURCE_EXHAUSTED naming the tenant, its usage and the quota. A tenant the scheduler was not
+// configured with has no quotas and shares the default namespace with the other such tenants.
 #pragma once
 
 #include <chrono>
@@ -53,6 +63,21 @@ class Backend;
 class Tokenizer;
 struct ServerMetrics;
 
+// One tenant's quotas and cache partition (SchedulerOptions::tenants). 0 = no limit.
+struct TenantLimits {
+  std::string tenant;
+  // Tenants with the same non-empty salt share one cache namespace (and its KV page limit: the
+  // sum of theirs, none when one of them has none); "" = a namespace of the tenant's own.
+  std::string cache_salt;
+  int32_t max_live_trees = 0;     // trees made by CreateTree
+  int32_t max_live_branches = 0;  // branches of all its trees, one-shot Generates' included
+  // KV pages its cache namespace may hold: kv_pages, else kv_share of the pool (at least 1).
+  // Its live branches' pages count, and so does its evictable cache, which the namespace
+  // recycles (LRU) before it takes a page from the pool.
+  int32_t kv_pages = 0;
+  double kv_share = 0;  // in (0, 1]
+};
+
 struct SchedulerOptions {
   int32_t max_step_tokens = 512;  // prefill tokens per step
   // Rows per step (decode rows, speculative trees, prefill chunks): work past it waits for a
@@ -70,6 +95,8 @@ struct SchedulerOptions {
   int64_t max_sequence_tokens = 0;
   // A tree's idle lease when CreateTree names none (ms).
   int64_t tree_lease_default_ms = 600'000;
+  // Tenants with quotas or a cache partition; each name at most once.
+  std::vector<TenantLimits> tenants;
 };
 
 // A caller's way to give up on a call: polled by the calling thread while it waits (at least
@@ -77,6 +104,9 @@ struct SchedulerOptions {
 using CancelCheck = std::function<bool()>;
 
 enum class FinishReason { kNone = 0, kLength, kStop, kEos, kPruned, kCancelled };
+// What a branch is doing: idle, its CreateTree prefill, a Generate, a Verify, or running
+// beams (a beam search from it).
+enum class BranchState { kIdle = 0, kPrefill, kGenerating, kVerifying, kBeam };
 
 struct TokenEvent {
   std::string branch_id;
@@ -86,6 +116,10 @@ struct TokenEvent {
   std::vector<TokenLogprob> top_logprobs;
   FinishReason finish = FinishReason::kNone;
   float score = 0;  // beam search: the beam's score, on its last event
+  // One-shot calls, on each branch's first token: the prompt's tokens, and how many of them
+  // were reused from the radix cache (0 elsewhere).
+  int32_t prompt_tokens = 0;
+  int32_t cached_tokens = 0;
 };
 
 // The events of one Generate call, produced by the step loop and consumed by one reader.
@@ -124,9 +158,11 @@ struct CreateTreeResult {
 struct CreateTreeOptions {
   int64_t lease_ms = 0;   // the idle lease; 0 = SchedulerOptions::tree_lease_default_ms
   CancelCheck cancelled;  // true: the prefill stops and the tree is removed
+  std::string tenant;     // who the tree belongs to
 };
 
 struct GenerateSpec {
+  std::string tenant;   // who the call acts for
   std::string tree_id;  // empty: one-shot
   std::vector<std::string> branch_ids;
   std::vector<int32_t> append;  // appended to every listed branch first
@@ -159,12 +195,22 @@ struct BranchSummary {
   std::string parent_branch_id;
   int32_t length = 0;
   bool live = false;  // always true: ended branches are not listed
+  // With TreePage::detail only (else zero / empty):
+  int32_t fork_offset = 0;  // tokens shared with the parent
+  BranchState state = BranchState::kIdle;
+  FinishReason finish_reason = FinishReason::kNone;  // of its last Generate
+  std::string text;          // its tokens from fork_offset to its end, detokenized
+  int32_t kv_pages = 0;      // pages its whole path reads (its page table)
+  int32_t shared_pages = 0;  // of those, pages the radix cache or another branch holds too
 };
 
 // One page of a tree's live branches, in creation order.
 struct TreePage {
   int32_t page_size = 0;   // 0 = every live branch
   std::string page_token;  // "" = from the first; else a next_page_token of this tree
+  // Also each branch's state, last finish reason, text and page counts (the text is
+  // detokenized on the calling thread, not the step loop's).
+  bool detail = false;
 };
 
 struct TreeSummary {
@@ -176,6 +222,22 @@ struct TreeSummary {
   int64_t kv_pages = 0;                 // whole tree
   int64_t lease_ms = 0;                 // 0 for a one-shot tree
   int64_t expires_at_unix_ms = 0;       // when the lease runs out unless renewed; 0: no lease
+};
+
+// One of a tenant's live trees (Scheduler::list_trees).
+struct TreeListing {
+  std::string tree_id;
+  int32_t live_branches = 0;
+  int64_t total_tokens = 0;  // counting shared tokens once
+  int64_t kv_pages = 0;
+  int64_t lease_ms = 0;
+  int64_t expires_at_unix_ms = 0;
+  int64_t created_at_unix_ms = 0;
+};
+
+struct TreeList {
+  std::vector<TreeListing> trees;  // this page, oldest first
+  std::string next_page_token;     // "" on the last page
 };
 
 struct SchedulerStats {
@@ -199,26 +261,32 @@ class Scheduler {
                                                      ServerMetrics* metrics);
   ~Scheduler();  // stops the loop; in-flight work ends CANCELLED
 
+  // Every call naming a tree takes the tenant it acts for last (see "Tenants" above).
   StatusOr<CreateTreeResult> create_tree(std::vector<int32_t> prompt,
                                          const CreateTreeOptions& options = {});
   // A caller that gave up (cancelled) gets CANCELLED and no new branches.
   StatusOr<std::vector<std::string>> branch(const std::string& tree_id,
                                             const std::string& branch_id, int32_t n,
                                             int32_t at_offset,
-                                            const CancelCheck& cancelled = nullptr);
+                                            const CancelCheck& cancelled = nullptr,
+                                            const std::string& tenant = "");
   StatusOr<std::shared_ptr<GenerateStream>> generate(GenerateSpec spec);
   StatusOr<PruneSummary> prune(const std::string& tree_id, const std::vector<std::string>& ids,
-                               bool retain_kv);
+                               bool retain_kv, const std::string& tenant = "");
   StatusOr<VerifyResult> verify(const std::string& tree_id, const std::string& branch_id,
                                 std::vector<int32_t> tokens, std::vector<int32_t> parents,
-                                SamplingParams sampling);
+                                SamplingParams sampling, const std::string& tenant = "");
   // INVALID_ARGUMENT for a page_token that is not one of this tree's, or a negative size.
-  StatusOr<TreeSummary> get_tree(const std::string& tree_id, const TreePage& page = {});
-  StatusOr<int64_t> delete_tree(const std::string& tree_id);
+  StatusOr<TreeSummary> get_tree(const std::string& tree_id, const TreePage& page = {},
+                                 const std::string& tenant = "");
+  StatusOr<int64_t> delete_tree(const std::string& tree_id, const std::string& tenant = "");
+  // The tenant's live trees made by CreateTree, oldest first, `page.page_size` a page (0 =
+  // all). INVALID_ARGUMENT for a page_token that no list_trees returned. Renews no lease.
+  StatusOr<TreeList> list_trees(const std::string& tenant, const TreePage& page = {});
   // A call driven from outside the loop (TreeSearch) holds its tree so that the lease cannot
   // run out between its own calls; release renews the lease. NOT_FOUND for an unknown tree.
-  Status hold_tree(const std::string& tree_id);
-  void release_tree(const std::string& tree_id);
+  Status hold_tree(const std::string& tree_id, const std::string& tenant = "");
+  void release_tree(const std::string& tree_id, const std::string& tenant = "");
   SchedulerStats stats();
   // The options it was created with (limits a caller checks up front).
   const SchedulerOptions& options() const;
@@ -254,5 +322,9 @@ Status check_branch_ids_given(const std::string& tree_id,
                               const std::vector<std::string>& branch_ids);
 // A beam search's length penalty is a finite number.
 Status check_length_penalty(float length_penalty);
+
+// True for a tenant quota's refusal: RESOURCE_EXHAUSTED whose message starts "tenant '<name>':"
+// (the scheduler's and the server's quota messages all do), for the refusal metric.
+bool is_tenant_quota_refusal(const Status& status);
 
 }  // namespace treeserve

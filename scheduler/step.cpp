@@ -153,7 +153,7 @@ bool Scheduler::Impl::add_rows(SchedBranch* b, int32_t count, bool want_logits, 
     // most count - 1 tokens). Without prefix sharing only the first token is passed, so
     // nothing can match, and the rest is appended.
     const size_t first = options_.prefix_sharing ? tokens.size() : 1;
-    StatusOr<NewBranch> nb = kv_->create_branch(tokens.first(first));
+    StatusOr<NewBranch> nb = kv_->create_branch(tokens.first(first), b->tree->owner->ns);
     if (!nb.ok()) return false;
     if (first < tokens.size()) {
       std::vector<KvSlot> more;
@@ -171,6 +171,7 @@ bool Scheduler::Impl::add_rows(SchedBranch* b, int32_t count, bool want_logits, 
       batch_.page_copies.push_back({c.src_page, c.dst_page, c.num_slots});
     }
     if (b->prefill) b->prefill->cached_tokens = cached;
+    if (b->job && b->job->one_shot) b->job->cached_tokens = cached;  // one-shot, n = 1
     if (metrics_ && cached > 0) metrics_->prefix_cache_hit_tokens_total->inc(cached);
   } else if (!kv_->append(*b->kv, tokens, &slots_).ok()) {
     return false;
@@ -198,7 +199,7 @@ bool Scheduler::Impl::add_pending_rows(SchedBranch* b, int32_t* budget, StepEntr
   const int32_t want = static_cast<int32_t>(b->pending.size());
   int32_t skip = 0;
   if (!b->kv && options_.prefix_sharing && want > 1) {
-    skip = kv_->match_prefix_length(b->pending);
+    skip = kv_->match_prefix_length(b->pending, b->tree->owner->ns);
   }
   const int32_t count = want - skip <= 1 ? want : std::min(want, skip + std::max(1, *budget));
   if (count - skip > 1) *budget -= count - skip;
@@ -249,6 +250,15 @@ bool Scheduler::Impl::step() {
   batch_.page_copies = deferred_copies_;
   int32_t budget = options_.max_step_tokens;
   bool stalled = false;
+  // Namespaces whose work could not get KV pages this step.
+  std::vector<CacheNamespace> stalled_ns;
+  auto stall = [&](const SchedBranch* b) {
+    stalled = true;
+    const CacheNamespace ns = b->tree->owner->ns;
+    if (std::find(stalled_ns.begin(), stalled_ns.end(), ns) == stalled_ns.end()) {
+      stalled_ns.push_back(ns);
+    }
+  };
   // Rows of this step (max_step_rows): work past it waits for the next step (a step always
   // takes its first piece of work, whatever its size).
   int32_t rows_left = options_.max_step_rows;
@@ -260,7 +270,7 @@ bool Scheduler::Impl::step() {
     if (!fits(static_cast<int32_t>(b->pending.size() + v->tokens.size()))) continue;
     StepEntry e;
     if (!add_rows(b, static_cast<int32_t>(b->pending.size()), true, &e)) {
-      stalled = true;
+      stall(b);
       continue;
     }
     e.samples = true;
@@ -273,7 +283,7 @@ bool Scheduler::Impl::step() {
       batch_.kv_slots.resize(e.first_row);
       batch_.logit_rows.pop_back();
       view_queries_.pop_back();
-      stalled = true;
+      stall(b);
       continue;
     }
     std::vector<int32_t> depth(v->tokens.size(), 0);
@@ -303,7 +313,7 @@ bool Scheduler::Impl::step() {
         if (!fits(1)) break;
         StepEntry e;
         if (!add_pending_rows(st.branch, &budget, &e)) {
-          stalled = true;
+          stall(st.branch);
           continue;
         }
         e.samples = true;
@@ -325,7 +335,7 @@ bool Scheduler::Impl::step() {
       if (beam.ended || !beam.branch) continue;
       StepEntry e;
       if (!add_pending_rows(beam.branch, &budget, &e)) {
-        stalled = true;
+        stall(beam.branch);
         continue;
       }
       e.samples = true;
@@ -346,19 +356,29 @@ bool Scheduler::Impl::step() {
     if (want <= 0 || room <= 0) continue;
     int32_t skip = 0;
     if (!b->kv && options_.prefix_sharing && want > 1) {
-      skip = kv_->match_prefix_length(std::span(b->pending.data(), want));
+      skip = kv_->match_prefix_length(std::span(b->pending.data(), want), b->tree->owner->ns);
     }
     const int32_t count = std::min(want, skip + room);
     budget -= count - skip;
     StepEntry e;
     if (!add_rows(b, count, false, &e)) {
-      stalled = true;
+      stall(b);
       continue;
     }
     rows_left -= e.num_rows;
     entries_.push_back(std::move(e));
   }
 
+  // A namespace at its page limit (a tenant's KV quota) with none of its work running frees no
+  // page of its own: its waiting work is refused now, naming the quota, while other tenants'
+  // work goes on. (Work short of pool pages waits while anything runs, as below.)
+  for (const CacheNamespace ns : stalled_ns) {
+    const bool ran = std::any_of(entries_.begin(), entries_.end(), [&](const StepEntry& e) {
+      return e.branch->tree->owner->ns == ns;
+    });
+    if (ran) continue;
+    if (Status refusal = namespace_limit_refusal(ns); !refusal.ok()) fail_stalled(refusal, &ns);
+  }
   if (entries_.empty()) {
     // Nothing could run. Everything active is waiting for KV pages that only idle trees
     // hold (nothing running will free them): refuse the waiting work.
@@ -464,9 +484,12 @@ bool Scheduler::Impl::step() {
   return true;
 }
 
-void Scheduler::Impl::fail_stalled(const Status& status) {
+void Scheduler::Impl::fail_stalled(const Status& status, const CacheNamespace* only) {
+  auto chosen = [&](const Tree* t) {
+    return only == nullptr || (t != nullptr && t->owner->ns == *only);
+  };
   for (auto& v : verifies_) {
-    if (!v->done || !v->branch) continue;
+    if (!v->done || !v->branch || !chosen(v->branch->tree)) continue;
     v->branch->activity = Activity::kIdle;
     v->branch->verify = nullptr;
     v->branch = nullptr;
@@ -476,7 +499,7 @@ void Scheduler::Impl::fail_stalled(const Status& status) {
   // New trees that cannot be prefilled leave nothing behind.
   std::vector<std::string> doomed;
   for (auto& p : prefills_) {
-    if (!p->done || !p->branch) continue;
+    if (!p->done || !p->branch || !chosen(p->branch->tree)) continue;
     SchedBranch* b = p->branch;
     auto done = std::move(p->done);
     p->done = nullptr;
@@ -494,7 +517,7 @@ void Scheduler::Impl::fail_stalled(const Status& status) {
   }
   std::vector<GenerateJob*> jobs;
   for (auto& j : jobs_) {
-    if (j->unfinished > 0) jobs.push_back(j.get());
+    if (j->unfinished > 0 && chosen(j->tree)) jobs.push_back(j.get());
   }
   for (GenerateJob* j : jobs) maybe_close_job(j, status);
   update_gauges();
@@ -550,6 +573,10 @@ void Scheduler::Impl::after_generate(StepEntry& e) {
   ev.token_id = t.token;
   ev.logprob = t.logprob;
   ev.top_logprobs = t.top;
+  if (st->generated == 1 && job->prompt_tokens > 0) {
+    ev.prompt_tokens = job->prompt_tokens;
+    ev.cached_tokens = job->cached_tokens;
+  }
   StatusOr<std::string> piece = st->detok->push(t.token);
   if (piece.ok()) ev.text = *piece;
   const size_t before = st->text.size();

@@ -72,7 +72,7 @@ Status TreeSearch::check_spec() {
                            " candidates per level is over the limit of " + std::to_string(limit) +
                            " branches per tree");
   }
-  StatusOr<TreeSummary> tree = scheduler_->get_tree(spec_.tree_id);
+  StatusOr<TreeSummary> tree = scheduler_->get_tree(spec_.tree_id, {}, spec_.tenant);
   if (!tree.ok()) return tree.status();
   const BranchSummary* root = nullptr;
   for (const BranchSummary& b : tree->branches) {
@@ -97,10 +97,11 @@ Status TreeSearch::fail(Status why) {
     if (!nodes_.at(id).pruned) live.push_back(id);
   }
   if (!live.empty()) {
-    StatusOr<PruneSummary> p = scheduler_->prune(spec_.tree_id, live, /*retain_kv=*/false);
+    StatusOr<PruneSummary> p =
+        scheduler_->prune(spec_.tree_id, live, /*retain_kv=*/false, spec_.tenant);
     if (!p.ok() && p.status().code() == StatusCode::kNotFound) {
       for (const std::string& id : live) {
-        p = scheduler_->prune(spec_.tree_id, {id}, /*retain_kv=*/false);
+        p = scheduler_->prune(spec_.tree_id, {id}, /*retain_kv=*/false, spec_.tenant);
         if (!p.ok() && p.status().code() != StatusCode::kNotFound) break;
       }
     }
@@ -117,7 +118,8 @@ StatusOr<std::vector<std::string>> TreeSearch::fork_frontier(int32_t level) {
   std::vector<std::string> children;
   for (const std::string& parent : frontier_) {
     StatusOr<std::vector<std::string>> ids =
-        scheduler_->branch(spec_.tree_id, parent, spec_.expand, /*at_offset=*/0);
+        scheduler_->branch(spec_.tree_id, parent, spec_.expand, /*at_offset=*/0,
+                           /*cancelled=*/nullptr, spec_.tenant);
     if (!ids.ok()) return ids.status();
     const SearchNode* from = parent == root_ ? nullptr : &nodes_.at(parent);
     for (const std::string& id : *ids) {
@@ -141,6 +143,7 @@ StatusOr<std::vector<std::string>> TreeSearch::fork_frontier(int32_t level) {
 StatusOr<SearchLevel> TreeSearch::generate_level(int32_t level,
                                                  const std::vector<std::string>& children) {
   GenerateSpec g;
+  g.tenant = spec_.tenant;
   g.tree_id = spec_.tree_id;
   g.branch_ids = children;
   g.sampling = spec_.sampling;
@@ -265,7 +268,8 @@ Status TreeSearch::prune_unneeded() {
     doomed.push_back(id);
   }
   if (doomed.empty()) return Status::Ok();
-  StatusOr<PruneSummary> p = scheduler_->prune(spec_.tree_id, doomed, /*retain_kv=*/false);
+  StatusOr<PruneSummary> p =
+      scheduler_->prune(spec_.tree_id, doomed, /*retain_kv=*/false, spec_.tenant);
   return p.ok() ? Status::Ok() : p.status();
 }
 
@@ -302,12 +306,13 @@ StatusOr<SearchResult> TreeSearch::run() {
   TS_RETURN_IF_ERROR(check_spec());
   // The tree's lease cannot run out between the search's own calls (while the client
   // scores a level, say); letting go renews it.
-  TS_RETURN_IF_ERROR(scheduler_->hold_tree(spec_.tree_id));
+  TS_RETURN_IF_ERROR(scheduler_->hold_tree(spec_.tree_id, spec_.tenant));
   struct Release {
     Scheduler* s;
     const std::string& tree;
-    ~Release() { s->release_tree(tree); }
-  } release{scheduler_, spec_.tree_id};
+    const std::string& tenant;
+    ~Release() { s->release_tree(tree, tenant); }
+  } release{scheduler_, spec_.tree_id, spec_.tenant};
   ServerMetrics* metrics = scheduler_->metrics();
   if (metrics) metrics->tree_search_total->inc();
   frontier_ = {root_};

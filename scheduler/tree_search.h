@@ -31,6 +31,7 @@ class Tokenizer;
 enum class SearchScoreMode { kLogprob, kClient };
 
 struct TreeSearchSpec {
+  std::string tenant;  // who the search acts for (scheduler.h, "Tenants")
   std::string tree_id;
   std::string branch_id;  // the search root; empty = the tree's root branch
   int32_t expand = 2;     // k: children per kept node per level

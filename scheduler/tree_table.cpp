@@ -25,12 +25,19 @@ namespace treeserve {
 
 using Clock = std::chrono::steady_clock;
 
-Tree* Scheduler::Impl::add_tree(bool one_shot, int64_t lease_ms) {
+Tree* Scheduler::Impl::add_tree(bool one_shot, int64_t lease_ms, TenantState* owner) {
   auto tree = std::make_unique<Tree>();
   do {
     tree->id = random_id("t_");
   } while (trees_.count(tree->id));
+  tree->owner = owner;
   tree->one_shot = one_shot;
+  tree->counted = !one_shot;
+  if (tree->counted) ++owner->live_trees;
+  tree->seq = owner->next_tree_seq++;
+  tree->created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count();
   tree->lease = std::chrono::milliseconds(lease_ms);
   Tree* t = tree.get();
   trees_[t->id] = std::move(tree);
@@ -38,9 +45,12 @@ Tree* Scheduler::Impl::add_tree(bool one_shot, int64_t lease_ms) {
   return t;
 }
 
-StatusOr<Tree*> Scheduler::Impl::find_tree(const std::string& id) {
+StatusOr<Tree*> Scheduler::Impl::find_tree(const std::string& id, const std::string& tenant) {
   auto it = trees_.find(id);
-  if (it == trees_.end()) return NotFound("tree_id: unknown tree '" + id + "'");
+  // Another tenant's tree: the same answer as for an id never issued, after the same lookup.
+  if (it == trees_.end() || it->second->owner->limits.tenant != tenant) {
+    return NotFound("tree_id: unknown tree '" + id + "'");
+  }
   touch(it->second.get());
   return it->second.get();
 }
@@ -66,6 +76,7 @@ SchedBranch* Scheduler::Impl::add_branch(Tree* tree, SchedBranch* parent, int32_
   }
   b->fork_offset = fork_offset;
   b->tree = tree;
+  ++tree->owner->live_branches;
   SchedBranch* raw = b.get();
   tree->by_id[raw->id] = raw;
   tree->branches.emplace(raw->index, std::move(b));
@@ -138,6 +149,7 @@ int64_t Scheduler::Impl::end_branch(SchedBranch* b, bool retain_kv, FinishReason
     b->children = 0;
   }
   t->by_id.erase(b->id);
+  --t->owner->live_branches;
   auto it = t->branches.find(b->index);
   ended_branches_.push_back(std::move(it->second));
   t->branches.erase(it);
@@ -161,6 +173,8 @@ void Scheduler::Impl::remove_tree(Tree* tree, bool retain_kv, int64_t* freed) {
       job->one_shot = false;
     }
   }
+  if (tree->counted) --tree->owner->live_trees;
+  tree->counted = false;
   auto it = trees_.find(tree->id);
   ended_trees_.push_back(std::move(it->second));
   trees_.erase(it);
@@ -229,9 +243,68 @@ void Scheduler::Impl::expire_leases() {
   if (!expired.empty()) update_gauges();
 }
 
+// A tree's totals: tokens (each live branch owns [fork_offset, length): its parent, live,
+// holds the prefix), distinct KV pages, and its lease's expiry.
+void Scheduler::Impl::tree_totals(const Tree& tree, TreeListing* out) {
+  out->tree_id = tree.id;
+  out->live_branches = tree.live_branches();
+  std::vector<int32_t> pages, table;
+  for (auto& [index, b] : tree.branches) {
+    out->total_tokens += std::max(0, b->length() - b->fork_offset);
+    if (b->kv && kv_->branch_page_table(*b->kv, &table).ok()) {
+      pages.insert(pages.end(), table.begin(), table.end());
+    }
+  }
+  std::sort(pages.begin(), pages.end());
+  out->kv_pages = std::unique(pages.begin(), pages.end()) - pages.begin();
+  if (tree.lease.count() > 0) {
+    out->lease_ms = tree.lease.count();
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(tree.expires - Clock::now());
+    const auto at = std::chrono::system_clock::now().time_since_epoch() + left;
+    out->expires_at_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(at).count();
+  }
+  out->created_at_unix_ms = tree.created_unix_ms;
+}
+
+void Scheduler::Impl::describe_branch(const SchedBranch& b, BranchSummary* out,
+                                      std::vector<int32_t>* ids) const {
+  out->fork_offset = b.fork_offset;
+  switch (b.activity) {
+    case Activity::kIdle:
+      out->state = BranchState::kIdle;
+      break;
+    case Activity::kPrefill:
+      out->state = BranchState::kPrefill;
+      break;
+    case Activity::kGenerate:
+      out->state = BranchState::kGenerating;
+      break;
+    case Activity::kVerify:
+      out->state = BranchState::kVerifying;
+      break;
+    case Activity::kBeam:
+      out->state = BranchState::kBeam;
+      break;
+  }
+  out->finish_reason = b.last_finish;
+  ids->clear();
+  if (b.kv) {
+    std::vector<int32_t> table;
+    if (kv_->branch_page_table(*b.kv, &table).ok()) out->kv_pages = int32_t(table.size());
+    StatusOr<int32_t> shared = kv_->branch_shared_pages(*b.kv);
+    if (shared.ok()) out->shared_pages = *shared;
+    (void)kv_->branch_tokens(*b.kv, ids);
+  }
+  ids->insert(ids->end(), b.pending.begin(), b.pending.end());
+  const size_t from = std::min(ids->size(), size_t(std::max(0, b.fork_offset)));
+  ids->erase(ids->begin(), ids->begin() + ptrdiff_t(from));
+}
+
 StatusOr<TreeSummary> Scheduler::Impl::cmd_get_tree(const std::string& tree_id,
-                                                    const TreePage& page) {
-  StatusOr<Tree*> found = find_tree(tree_id);
+                                                    const TreePage& page, const std::string& tenant,
+                                                    std::vector<std::vector<int32_t>>* detail_ids) {
+  StatusOr<Tree*> found = find_tree(tree_id, tenant);
   if (!found.ok()) return found.status();
   Tree* tree = *found;
   if (page.page_size < 0) return InvalidArgument("page_size: must be >= 0");
@@ -253,30 +326,24 @@ StatusOr<TreeSummary> Scheduler::Impl::cmd_get_tree(const std::string& tree_id,
     if (page.page_size > 0 && int32_t(out.branches.size()) >= page.page_size) break;
     const SchedBranch& b = *it->second;
     out.branches.push_back({b.id, b.parent, b.length(), true});
-  }
-  if (it != tree->branches.end()) out.next_page_token = std::to_string(it->first);
-  // Each live branch owns [fork_offset, length): its parent (live) holds the prefix.
-  std::vector<int32_t> pages, table;
-  for (auto& [index, b] : tree->branches) {
-    out.total_tokens += std::max(0, b->length() - b->fork_offset);
-    if (b->kv && kv_->branch_page_table(*b->kv, &table).ok()) {
-      pages.insert(pages.end(), table.begin(), table.end());
+    if (page.detail && detail_ids != nullptr) {
+      detail_ids->emplace_back();
+      describe_branch(b, &out.branches.back(), &detail_ids->back());
     }
   }
-  std::sort(pages.begin(), pages.end());
-  out.kv_pages = std::unique(pages.begin(), pages.end()) - pages.begin();
-  if (tree->lease.count() > 0) {
-    out.lease_ms = tree->lease.count();
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(tree->expires - Clock::now());
-    const auto at = std::chrono::system_clock::now().time_since_epoch() + left;
-    out.expires_at_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(at).count();
-  }
+  if (it != tree->branches.end()) out.next_page_token = std::to_string(it->first);
+  TreeListing totals;
+  tree_totals(*tree, &totals);
+  out.total_tokens = totals.total_tokens;
+  out.kv_pages = totals.kv_pages;
+  out.lease_ms = totals.lease_ms;
+  out.expires_at_unix_ms = totals.expires_at_unix_ms;
   return out;
 }
 
-Status Scheduler::Impl::cmd_hold_tree(const std::string& tree_id, int32_t delta) {
-  StatusOr<Tree*> tree = find_tree(tree_id);
+Status Scheduler::Impl::cmd_hold_tree(const std::string& tree_id, int32_t delta,
+                                      const std::string& tenant) {
+  StatusOr<Tree*> tree = find_tree(tree_id, tenant);
   if (!tree.ok()) return tree.status();
   (*tree)->holds = std::max(0, (*tree)->holds + delta);
   return Status::Ok();

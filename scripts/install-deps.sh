@@ -18,7 +18,7 @@ fi
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libsentencepiece-dev sentencepiece libpcre2-dev libutf8proc-dev \
   libspdlog-dev nlohmann-json3-dev libcli11-dev \
-  libgtest-dev libgmock-dev libbenchmark-dev libcpp-httplib-dev libssl-dev openssl \
+  libgtest-dev libgmock-dev libbenchmark-dev libcpp-httplib-dev libssl-dev openssl curl \
   python3 python3-grpcio python3-grpc-tools python3-setuptools python3-wheel python3-venv \
   python3-matplotlib \
   docker-compose >/dev/null
@@ -27,4 +27,7 @@ fi
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   "${as_root[@]}" apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
 fi
+# Debian's Chromium and a font for the tree viewer's headless-browser test (tests/viewer).
+"${as_root[@]}" apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core \
+  >/dev/null
 echo "treeserve dependencies installed"

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -27,6 +28,7 @@
 #include "engine/cuda_backend.h"
 #endif
 #include "kernels/kv_layout.h"
+#include "models/chat_template.h"
 #include "models/llama_weights.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
@@ -34,6 +36,7 @@
 #include "scheduler/scheduler.h"
 #include "server/auth.h"
 #include "server/config.h"
+#include "server/http_api.h"
 #include "server/metrics_http.h"
 #include "server/tls.h"
 #include "server/treeserve_service.h"
@@ -47,8 +50,10 @@ namespace {
 
 struct CommandLine {
   std::string config_file;
-  std::optional<std::string> model, listen, backend, log_level, metrics_listen;
+  std::optional<std::string> model, listen, backend, log_level, metrics_listen, http_listen;
   std::optional<std::string> tls_cert, tls_key, tls_client_ca;
+  std::optional<std::string> keys_file;
+  std::optional<std::string> chat_template;
   std::optional<int64_t> kv_cache_bytes, random_weights;
   std::optional<int32_t> page_size, tensor_parallel, gemm_split_k;
   std::optional<bool> cuda_graphs, gemm_autotune, p2p_all_reduce;
@@ -242,6 +247,42 @@ void route_protobuf_logs() {
       });
 }
 
+// One line per tenant of the keys file: its quotas and cache partition (never its keys).
+void log_tenants(const KeysFile& keys) {
+  auto limit = [](double v) { return v > 0 ? fmt::format("{}", v) : std::string("-"); };
+  for (const TenantConfig& t : keys.tenants) {
+    const TenantQuotas& q = t.quotas;
+    const int32_t n_keys = int32_t(std::count_if(
+        keys.keys.begin(), keys.keys.end(), [&](const KeyEntry& k) { return k.tenant == t.name; }));
+    spdlog::info(
+        "tenant {}: {} key(s); live trees {}, live branches {}, kv {}, streams {}, requests per "
+        "second {} (burst {}); cache {}",
+        t.name, n_keys, limit(q.max_live_trees), limit(q.max_live_branches),
+        q.kv_pages > 0   ? fmt::format("{} pages", q.kv_pages)
+        : q.kv_share > 0 ? fmt::format("{} of the pool", q.kv_share)
+                         : "-",
+        limit(q.max_concurrent_streams), limit(q.requests_per_second),
+        limit(q.burst > 0 ? q.burst : std::ceil(q.requests_per_second)),
+        t.cache_salt.empty() ? "its own" : "salt '" + t.cache_salt + "'");
+  }
+}
+
+// KV quotas that add up to more than the pool: a tenant under its quota may then find the pool
+// short (its work waits while others' runs), so each quota is a cap, not a reservation.
+void warn_kv_oversubscribed(const KeysFile& keys, int64_t pool_pages) {
+  int64_t total = 0;
+  for (const TenantConfig& t : keys.tenants) {
+    total += t.quotas.kv_pages > 0 ? t.quotas.kv_pages
+                                   : int64_t(std::floor(t.quotas.kv_share * double(pool_pages)));
+  }
+  if (total > pool_pages) {
+    spdlog::warn(
+        "the tenants' KV quotas add up to {} pages, more than the pool's {}: a tenant under its "
+        "quota may wait for pages other tenants hold",
+        total, pool_pages);
+  }
+}
+
 // gRPC core's log lines through spdlog. A failed TLS handshake (a client without the right
 // CA, without a certificate where one is required, or speaking plaintext) is a refused
 // authentication: counted and logged, rate-limited, by the authenticator.
@@ -281,6 +322,10 @@ int run_treeserve(int argc, char** argv) {
   app.add_option("--backend", cl.backend, "cpu | cuda | auto (default auto)");
   app.add_option("--log-level", cl.log_level, "trace|debug|info|warn|error|critical|off");
   app.add_option("--metrics-listen", cl.metrics_listen, "Prometheus metrics host:port (off)");
+  app.add_option("--http-listen", cl.http_listen,
+                 "HTTP API host:port, or a port alone for 127.0.0.1:PORT: OpenAI /v1/completions "
+                 "and /v1/chat/completions, the tree API as JSON, the tree viewer at /viewer "
+                 "(server.http_listen; off)");
   app.add_option("--tls-cert", cl.tls_cert,
                  "PEM certificate chain: TLS on the gRPC and metrics listeners "
                  "(server.tls_cert_file; needs --tls-key)");
@@ -288,11 +333,17 @@ int run_treeserve(int argc, char** argv) {
   app.add_option("--tls-client-ca", cl.tls_client_ca,
                  "PEM CA certificates: clients must present a certificate one of them signed "
                  "(mutual TLS; server.tls_client_ca_file)");
+  app.add_option("--keys-file", cl.keys_file,
+                 "JSON file of API keys (or their SHA-256), each naming a tenant, and the "
+                 "tenants' quotas and cache salts (server.keys_file; docs/operations.md)");
   app.add_option("--kv-cache-bytes", cl.kv_cache_bytes, "KV pool budget in bytes");
   app.add_option("--random-weights", cl.random_weights,
                  "serve random weights drawn from SEED instead of the checkpoint's (the model "
                  "dir needs only config.json and its tokenizer files)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--chat-template", cl.chat_template,
+                 "Jinja chat template file for messages prompts, in place of the checkpoint's "
+                 "(model.chat_template)");
   app.add_option("--page-size", cl.page_size, "KV page size in tokens (1..256)");
   app.add_option("--tensor-parallel", cl.tensor_parallel,
                  "GPUs to split the model over (NCCL; cuda backend; default 1)");
@@ -337,9 +388,16 @@ int run_treeserve(int argc, char** argv) {
   if (cl.backend) config.engine.backend = *cl.backend;
   if (cl.log_level) config.log_level = *cl.log_level;
   if (cl.metrics_listen) config.server.metrics_listen = *cl.metrics_listen;
+  if (cl.http_listen) {
+    // A port alone listens on loopback only, like the gRPC default.
+    const bool port_only = !cl.http_listen->empty() &&
+                           cl.http_listen->find_first_not_of("0123456789") == std::string::npos;
+    config.server.http_listen = port_only ? "127.0.0.1:" + *cl.http_listen : *cl.http_listen;
+  }
   if (cl.tls_cert) config.server.tls_cert_file = *cl.tls_cert;
   if (cl.tls_key) config.server.tls_key_file = *cl.tls_key;
   if (cl.tls_client_ca) config.server.tls_client_ca_file = *cl.tls_client_ca;
+  if (cl.keys_file) config.server.keys_file = *cl.keys_file;
   if (cl.kv_cache_bytes) config.kv_cache.memory_bytes = *cl.kv_cache_bytes;
   if (cl.page_size) config.kv_cache.page_size = *cl.page_size;
   if (cl.tensor_parallel) config.engine.tensor_parallel = *cl.tensor_parallel;
@@ -348,6 +406,7 @@ int run_treeserve(int argc, char** argv) {
   if (cl.p2p_all_reduce) config.engine.p2p_all_reduce = *cl.p2p_all_reduce;
   if (cl.gemm_split_k) config.engine.gemm_split_k = *cl.gemm_split_k;
   if (cl.random_weights) config.model.random_weights_seed = *cl.random_weights;
+  if (cl.chat_template) config.model.chat_template = *cl.chat_template;
   if (config.model.dir.empty()) config.model.dir = default_model_dir();
   if (Status s = validate_config(config); !s.ok()) return fail(s);
   spdlog::set_level(spdlog::level::from_str(config.log_level));
@@ -362,8 +421,19 @@ int run_treeserve(int argc, char** argv) {
   // model directory stops the server here with a message naming it.
   MetricsRegistry metrics_registry;
   ServerMetrics metrics(&metrics_registry);
-  auto auth = Authenticator::create(config.server, std::getenv(kApiKeyEnv), &metrics_registry);
+  std::optional<KeysFile> keys_file;
+  if (!config.server.keys_file.empty()) {
+    StatusOr<KeysFile> loaded = load_keys_file(config.server.keys_file);
+    if (!loaded.ok()) return fail(loaded.status());
+    keys_file = std::move(*loaded);
+    log_tenants(*keys_file);
+  }
+  auto auth = Authenticator::create(config.server, std::getenv(kApiKeyEnv), &metrics_registry,
+                                    keys_file ? &*keys_file : nullptr);
   if (!auth.ok()) return fail(auth.status());
+  // Per-tenant streams and requests per second (the scheduler applies the other quotas).
+  TenantGate tenant_gate(keys_file ? keys_file->tenants : std::vector<TenantConfig>{},
+                         &metrics_registry);
   auto tls = load_tls_material(config.server);
   if (!tls.ok()) return fail(tls.status());
   route_grpc_logs(auth->get());
@@ -380,6 +450,9 @@ int run_treeserve(int argc, char** argv) {
   if (!model_config.ok()) return fail(model_config.status());
   auto tokenizer = Tokenizer::load_model_dir(config.model.dir);
   if (!tokenizer.ok()) return fail(tokenizer.status());
+  auto chat_template =
+      ChatTemplate::load(config.model.dir, config.model.chat_template, **tokenizer);
+  if (!chat_template.ok()) return fail(chat_template.status());
 
   std::string backend;
   if (Status s = resolve_backend(config.engine.backend, &backend); !s.ok()) return fail(s);
@@ -414,7 +487,14 @@ int run_treeserve(int argc, char** argv) {
   info.tensor_parallel = config.engine.tensor_parallel;
   info.page_size = config.kv_cache.page_size;
   info.kv_pages_total = pages;
-  info.max_sequence_tokens = model_config->max_position_embeddings;
+  if (keys_file) warn_kv_oversubscribed(*keys_file, pages);
+  info.max_sequence_tokens = model_config->max_sequence_tokens();
+  if (info.max_sequence_tokens < model_config->max_position_embeddings) {
+    info.context_limit_reason =
+        "the model's sliding_window: treeserve attends over whole sequences, which equals "
+        "sliding-window attention only up to the window";
+  }
+  info.chat_template = chat_template->get();
 
   // Size bounds (docs/api.md, Limits): a text field may hold max_prompt_tokens of the longest
   // token; a request, one such text and its stop strings plus 16 bytes a prompt token (ids,
@@ -438,7 +518,7 @@ int run_treeserve(int argc, char** argv) {
       config.server.max_request_bytes, derived_request_bytes ? ", derived" : "", max_receive_bytes);
 
   // The listener opens now; the service answers UNAVAILABLE until set_ready.
-  TreeServeService service(config, tokenizer->get(), info, nullptr, auth->get());
+  TreeServeService service(config, tokenizer->get(), info, nullptr, auth->get(), &tenant_gate);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -471,14 +551,16 @@ int run_treeserve(int argc, char** argv) {
   if (*tls != nullptr) {
     spdlog::info("TLS certificate {} ({})", (*tls)->cert_file, (*tls)->subject);
   }
-  for (const std::string& address : {config.server.listen, config.server.metrics_listen}) {
+  for (const std::string& address :
+       {config.server.listen, config.server.metrics_listen, config.server.http_listen}) {
     if (address.empty() || is_loopback_listen_address(address)) continue;
     if (!(*auth)->enabled()) {
       spdlog::warn(
           "*** NO AUTHENTICATION: {} is not a loopback address and no API key is configured: "
-          "anyone who reaches it can {}. Set ${} or server.auth_token ***",
+          "anyone who reaches it can {}. Set ${}, server.auth_token or keys in "
+          "server.keys_file ***",
           address,
-          address == config.server.listen
+          address != config.server.metrics_listen
               ? "create, read, fork, prune and delete every tree and use the whole KV pool"
               : "read the metrics",
           kApiKeyEnv);
@@ -499,6 +581,29 @@ int run_treeserve(int argc, char** argv) {
     }
     spdlog::info("metrics on {}://{}/metrics{}", *tls != nullptr ? "https" : "http",
                  config.server.metrics_listen, (*auth)->enabled() ? " (key required)" : "");
+  }
+
+  // The HTTP API: a gateway that runs each call through the service over an in-process
+  // channel (server/http_api.h). A JSON body may take a few times its message's bytes.
+  grpc::ChannelArguments inproc_args;
+  inproc_args.SetMaxReceiveMessageSize(-1);
+  HttpApiOptions http_options;
+  http_options.model_name = info.model_name;
+  http_options.threads = config.server.http_threads;
+  http_options.max_body_bytes = 4 * int64_t(max_receive_bytes);
+  HttpApiServer http_api(server->InProcessChannel(inproc_args), auth->get(), tls->get(),
+                         tokenizer->get(), http_options);
+  if (!config.server.http_listen.empty()) {
+    if (Status s = http_api.start(config.server.http_listen); !s.ok()) {
+      metrics_http.stop();
+      server->Shutdown();
+      return fail(s);
+    }
+    spdlog::info(
+        "HTTP API on {}://{} (port {}): OpenAI /v1/completions and "
+        "/v1/chat/completions, the tree API /v1/trees, the viewer /viewer{}",
+        *tls != nullptr ? "https" : "http", config.server.http_listen, http_api.port(),
+        (*auth)->enabled() ? " (key required)" : "");
   }
 
   // Signals from now on. While the model loads there is nothing to drain: a signal ends the
@@ -523,6 +628,7 @@ int run_treeserve(int argc, char** argv) {
     // Shutdown(deadline) would also wait for idle client connections, so it is called only
     // once no call is left.
     service.begin_drain();
+    http_api.begin_drain();
     server->GetHealthCheckService()->SetServingStatus(false);
     const auto grace_end = std::chrono::steady_clock::now() +
                            std::chrono::milliseconds(config.server.shutdown_grace_ms);
@@ -546,6 +652,7 @@ int run_treeserve(int argc, char** argv) {
     load_failed = true;
     pthread_kill(waiter.native_handle(), SIGTERM);
     waiter.join();
+    http_api.stop();
     metrics_http.stop();
     server->Shutdown(std::chrono::system_clock::now());
     return 1;
@@ -629,11 +736,13 @@ int run_treeserve(int argc, char** argv) {
   sched.max_step_rows = config.scheduler.max_step_rows;
   sched.default_max_tokens = config.scheduler.default_max_tokens;
   sched.prefix_sharing = config.kv_cache.prefix_sharing;
-  sched.max_sequence_tokens = model_config->max_position_embeddings;
+  sched.max_sequence_tokens = model_config->max_sequence_tokens();
+  if (keys_file) sched.tenants = scheduler_tenants(*keys_file);
   auto scheduler = Scheduler::create(engine.get(), tokenizer->get(), sched, &metrics);
   if (!scheduler.ok()) return fail_loading(scheduler.status());
 
   service.set_ready(scheduler->get());
+  http_api.set_ready((*scheduler)->detokenizer_vocab());
   serving = scheduler->get();
   server->GetHealthCheckService()->SetServingStatus(true);
   spdlog::info(
@@ -650,6 +759,7 @@ int run_treeserve(int argc, char** argv) {
   server->Wait();
   waiter.join();
   (*scheduler)->shutdown();
+  http_api.stop();
   metrics_http.stop();
   spdlog::info("treeserve stopped");
   return 0;

@@ -4,32 +4,12 @@
 
 #include <grpc/grpc.h>
 #include <grpcpp/server_context.h>
-#include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 
 #include <cctype>
 
 namespace treeserve {
 namespace {
-
-std::string sha256(std::string_view data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
-  return std::string(reinterpret_cast<const char*>(md), len);
-}
-
-Status check_key(const std::string& key, const std::string& source) {
-  if (key.empty()) return InvalidArgument(source + " is set but empty");
-  for (unsigned char c : key) {
-    if (c <= 0x20 || c == 0x7f) {
-      return InvalidArgument(source +
-                             " must not contain whitespace or control characters (it is sent "
-                             "as 'authorization: Bearer <key>')");
-    }
-  }
-  return Status::Ok();
-}
 
 bool starts_with(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
@@ -108,7 +88,8 @@ class AuthInterceptorFactory final : public grpc::experimental::ServerIntercepto
 
 StatusOr<std::unique_ptr<Authenticator>> Authenticator::create(const ServerOptions& options,
                                                                const char* env_api_key,
-                                                               MetricsRegistry* registry) {
+                                                               MetricsRegistry* registry,
+                                                               const KeysFile* keys_file) {
   std::unique_ptr<Authenticator> auth(new Authenticator());
   if (registry != nullptr) {
     auth->failures_metric_ = registry->counter(
@@ -124,15 +105,27 @@ StatusOr<std::unique_ptr<Authenticator>> Authenticator::create(const ServerOptio
   }
   std::string key;
   if (from_env) {
-    TS_RETURN_IF_ERROR(check_key(env_api_key, std::string("$") + kApiKeyEnv));
+    TS_RETURN_IF_ERROR(check_api_key(env_api_key, std::string("$") + kApiKeyEnv));
     key = env_api_key;
     auth->source_ = std::string("$") + kApiKeyEnv;
   } else if (!options.auth_token.empty()) {
-    TS_RETURN_IF_ERROR(check_key(options.auth_token, "server.auth_token"));
+    TS_RETURN_IF_ERROR(check_api_key(options.auth_token, "server.auth_token"));
     key = options.auth_token;
     auth->source_ = "server.auth_token";
   }
-  if (!key.empty()) auth->keys_.emplace(sha256(key), Principal{});
+  if (!key.empty()) auth->keys_.emplace(sha256_digest(key), Principal{});
+  if (keys_file != nullptr && !keys_file->keys.empty()) {
+    for (size_t i = 0; i < keys_file->keys.size(); ++i) {
+      const KeyEntry& k = keys_file->keys[i];
+      if (!auth->keys_.emplace(k.sha256, Principal{k.tenant}).second) {
+        return InvalidArgument(auth->source_ + " is also keys[" + std::to_string(i) +
+                               "] of server.keys_file: give each key one tenant");
+      }
+    }
+    auth->source_ += std::string(auth->source_.empty() ? "" : " and ") + "keys file " +
+                     options.keys_file + " (" + std::to_string(keys_file->keys.size()) +
+                     (keys_file->keys.size() == 1 ? " key)" : " keys)");
+  }
   return auth;
 }
 
@@ -146,7 +139,7 @@ StatusOr<Principal> Authenticator::authenticate(const std::string_view* authoriz
   } else if (!bearer_key(*authorization, &key)) {
     why = "authorization metadata must be 'Bearer <token>'";
   } else {
-    auto it = keys_.find(sha256(key));
+    auto it = keys_.find(sha256_digest(key));
     if (it != keys_.end()) return it->second;
     why = "invalid auth token";
   }

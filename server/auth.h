@@ -1,9 +1,9 @@
 // Authentication at the server's edge: the key a call carries ("authorization: Bearer <key>",
 // as gRPC metadata or an HTTP header) -> the Principal it acts for, or UNAUTHENTICATED.
 //
-// Keys map to principals through a table keyed by the key's SHA-256, so any number of keys,
-// each naming its own tenant, fit the same lookup. Today the table holds at most one key:
-// server.auth_token, or $TREESERVE_API_KEY; its tenant is "default". With no key configured
+// Keys map to principals through a table keyed by the key's SHA-256: the keys of the keys file
+// (server.keys_file; server/keys_file.h), each naming its tenant, and the single key of
+// server.auth_token or $TREESERVE_API_KEY, whose tenant is "default". With no key configured
 // authentication is off and every call acts for "default".
 //
 // Failures are counted (treeserve:auth_failures_total) and logged at warn, naming the peer and
@@ -24,13 +24,13 @@
 #include "common/metrics.h"
 #include "common/status.h"
 #include "server/config.h"
+#include "server/keys_file.h"
 
 namespace treeserve {
 
 // The environment variable that holds the single API key (an alternative to
 // server.auth_token that keeps the key out of config files).
 inline constexpr const char* kApiKeyEnv = "TREESERVE_API_KEY";
-inline constexpr const char* kDefaultTenant = "default";
 inline constexpr std::chrono::seconds kAuthLogInterval{5};
 
 // Who a call acts for.
@@ -40,17 +40,20 @@ struct Principal {
 
 class Authenticator {
  public:
-  // Keys from options.auth_token and env_api_key (the value of $TREESERVE_API_KEY, or null):
-  // INVALID_ARGUMENT when both are set, or a key is empty where set or holds whitespace or
-  // control characters. `registry` (may be null) gets treeserve:auth_failures_total.
+  // Keys from options.auth_token and env_api_key (the value of $TREESERVE_API_KEY, or null),
+  // and those of `keys_file` (may be null): INVALID_ARGUMENT when both of the first two are
+  // set, a key is empty where set or holds whitespace or control characters, or the single
+  // key is also one of the file's. `registry` (may be null) gets
+  // treeserve:auth_failures_total.
   static StatusOr<std::unique_ptr<Authenticator>> create(const ServerOptions& options,
                                                          const char* env_api_key,
-                                                         MetricsRegistry* registry);
+                                                         MetricsRegistry* registry,
+                                                         const KeysFile* keys_file = nullptr);
 
   // True when at least one key is configured; false: every call is the default principal.
   bool enabled() const { return !keys_.empty(); }
-  // Where the key came from, for the start-up log: "server.auth_token", "$TREESERVE_API_KEY"
-  // or "" (off).
+  // Where the keys came from, for the start-up log: "server.auth_token",
+  // "$TREESERVE_API_KEY", "keys file keys.json (3 keys)", both joined by " and ", or "" (off).
   const std::string& source() const { return source_; }
 
   // `authorization`: the value of the call's authorization header or metadata, null when it

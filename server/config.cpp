@@ -108,7 +108,10 @@ Status merge_config_json(const std::string& json_text, const std::string& source
     Section s(*obj, "server.", source);
     TS_RETURN_IF_ERROR(s.get("listen", &c->server.listen));
     TS_RETURN_IF_ERROR(s.get("metrics_listen", &c->server.metrics_listen));
+    TS_RETURN_IF_ERROR(s.get("http_listen", &c->server.http_listen));
+    TS_RETURN_IF_ERROR(s.get("http_threads", &c->server.http_threads));
     TS_RETURN_IF_ERROR(s.get("auth_token", &c->server.auth_token));
+    TS_RETURN_IF_ERROR(s.get("keys_file", &c->server.keys_file));
     TS_RETURN_IF_ERROR(s.get("tls_cert_file", &c->server.tls_cert_file));
     TS_RETURN_IF_ERROR(s.get("tls_key_file", &c->server.tls_key_file));
     TS_RETURN_IF_ERROR(s.get("tls_client_ca_file", &c->server.tls_client_ca_file));
@@ -123,6 +126,7 @@ Status merge_config_json(const std::string& json_text, const std::string& source
     Section s(*obj, "model.", source);
     TS_RETURN_IF_ERROR(s.get("dir", &c->model.dir));
     TS_RETURN_IF_ERROR(s.get("random_weights_seed", &c->model.random_weights_seed));
+    TS_RETURN_IF_ERROR(s.get("chat_template", &c->model.chat_template));
     TS_RETURN_IF_ERROR(s.check_unknown());
   }
   TS_RETURN_IF_ERROR(sub_object(root, "engine", source, &obj));
@@ -207,6 +211,13 @@ Status validate_config(const TreeserveConfig& c) {
   TS_RETURN_IF_ERROR(validate_listen_address(c.server.listen, "listen"));
   if (!c.server.metrics_listen.empty()) {
     TS_RETURN_IF_ERROR(validate_listen_address(c.server.metrics_listen, "metrics_listen"));
+  }
+  if (!c.server.http_listen.empty()) {
+    TS_RETURN_IF_ERROR(validate_listen_address(c.server.http_listen, "http_listen"));
+  }
+  if (c.server.http_threads < 1 || c.server.http_threads > 4096) {
+    return InvalidArgument("server.http_threads must be in [1, 4096], got " +
+                           std::to_string(c.server.http_threads));
   }
   const auto& b = c.engine.backend;
   if (b != "cpu" && b != "cuda" && b != "auto") {
@@ -294,7 +305,10 @@ std::string config_to_json(const TreeserveConfig& c) {
                       {"server",
                        {{"listen", c.server.listen},
                         {"metrics_listen", c.server.metrics_listen},
+                        {"http_listen", c.server.http_listen},
+                        {"http_threads", c.server.http_threads},
                         {"auth_token", c.server.auth_token.empty() ? "" : "<set>"},
+                        {"keys_file", c.server.keys_file},
                         {"tls_cert_file", c.server.tls_cert_file},
                         {"tls_key_file", c.server.tls_key_file},
                         {"tls_client_ca_file", c.server.tls_client_ca_file},
@@ -302,7 +316,7 @@ std::string config_to_json(const TreeserveConfig& c) {
                         {"shutdown_grace_ms", c.server.shutdown_grace_ms},
                         {"tree_lease_default_s", c.server.tree_lease_default_s},
                         {"tree_lease_max_s", c.server.tree_lease_max_s}}},
-                      {"model", {{"dir", c.model.dir}}},
+                      {"model", {{"dir", c.model.dir}, {"chat_template", c.model.chat_template}}},
                       {"engine",
                        {{"backend", c.engine.backend},
                         {"cpu_threads", c.engine.cpu_threads},

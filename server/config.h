@@ -12,11 +12,18 @@ namespace treeserve {
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";
   std::string metrics_listen;  // "host:port" for Prometheus text; empty = off
+  // "host:port" for the HTTP API (OpenAI endpoints, the tree API as JSON, the viewer:
+  // server/http_api.h); empty = off.
+  std::string http_listen;
+  int32_t http_threads = 64;  // HTTP connections served at once (an SSE stream holds one)
   // When set (or $TREESERVE_API_KEY; server/auth.h), every TreeServe and reflection call and
   // every /metrics scrape needs "authorization: Bearer <token>".
   std::string auth_token;
-  // TLS on the gRPC and metrics listeners (PEM files; empty = plaintext). With a client CA,
-  // clients must present a certificate it signed (mutual TLS).
+  // A JSON file of API keys, each naming a tenant, and the tenants' quotas and cache salts
+  // (server/keys_file.h; docs/operations.md, "Tenants and quotas"); empty = none.
+  std::string keys_file;
+  // TLS on the gRPC, metrics and HTTP API listeners (PEM files; empty = plaintext). With a
+  // client CA, clients must present a certificate it signed (mutual TLS).
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
@@ -36,6 +43,9 @@ struct ModelOptions {
   // needs only config.json and its tokenizer files; safetensors there are ignored), for load
   // tests of a model shape without its weights. -1 = off.
   int64_t random_weights_seed = -1;
+  // A Jinja chat template file for `messages` prompts, in place of the checkpoint's own
+  // (tokenizer_config.json's chat_template, chat_template.jinja); empty = the checkpoint's.
+  std::string chat_template;
 };
 
 struct EngineOptions {

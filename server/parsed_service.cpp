@@ -84,6 +84,7 @@ ParsedRequestsService::ParsedRequestsService() {
   parse_unary("Tokenize", &S::Tokenize);
   parse_unary("Detokenize", &S::Detokenize);
   parse_unary("GetServerInfo", &S::GetServerInfo);
+  parse_unary("ListTrees", &S::ListTrees);
 }
 
 }  // namespace treeserve

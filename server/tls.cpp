@@ -4,6 +4,7 @@
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <spdlog/spdlog.h>
 
@@ -117,6 +118,22 @@ std::shared_ptr<grpc::ServerCredentials> make_server_credentials(const TlsMateri
   options.pem_root_certs = tls->client_ca_pem;
   options.pem_key_cert_pairs.push_back({tls->key_pem, tls->cert_pem});
   return grpc::SslServerCredentials(options);
+}
+
+bool configure_https_context(const TlsMaterial& tls, SSL_CTX* ctx) {
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  if (SSL_CTX_use_certificate_chain_file(ctx, tls.cert_file.c_str()) != 1 ||
+      SSL_CTX_use_PrivateKey_file(ctx, tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
+      SSL_CTX_check_private_key(ctx) != 1) {
+    return false;
+  }
+  if (tls.mutual()) {
+    if (SSL_CTX_load_verify_locations(ctx, tls.client_ca_file.c_str(), nullptr) != 1) {
+      return false;
+    }
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  }
+  return true;
 }
 
 }  // namespace treeserve

@@ -1,8 +1,8 @@
 // TLS for the server's listeners: the certificate, key and optional client CA named by
 // server.tls_cert_file / tls_key_file / tls_client_ca_file, read and checked once at start
 // (so a bad file stops the server with a message naming the key and the path, before it
-// listens), then turned into gRPC server credentials and the HTTPS settings of the metrics
-// listener.
+// listens), then turned into gRPC server credentials and the HTTPS settings of the HTTP
+// listeners (metrics, the HTTP API).
 #pragma once
 
 #include <grpcpp/security/server_credentials.h>
@@ -12,6 +12,8 @@
 
 #include "common/status.h"
 #include "server/config.h"
+
+struct ssl_ctx_st;  // OpenSSL's SSL_CTX
 
 namespace treeserve {
 
@@ -33,5 +35,10 @@ StatusOr<std::unique_ptr<TlsMaterial>> load_tls_material(const ServerOptions& op
 // TLS credentials from `tls` (with client_ca_pem: clients must present a certificate that
 // CA signed), or insecure (plaintext) credentials when `tls` is null.
 std::shared_ptr<grpc::ServerCredentials> make_server_credentials(const TlsMaterial* tls);
+
+// Sets up an OpenSSL context of an HTTPS listener (metrics, the HTTP API) from `tls`: TLS 1.2
+// or later, its certificate and key, and with a client CA, a client certificate that CA
+// signed required. False when a file cannot be used.
+bool configure_https_context(const TlsMaterial& tls, ssl_ctx_st* ctx);
 
 }  // namespace treeserve

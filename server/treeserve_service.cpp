@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "models/chat_template.h"
 #include "models/tokenizer.h"
 #include "scheduler/scheduler.h"
 #include "server/grpc_status.h"
@@ -26,6 +27,9 @@ constexpr std::chrono::milliseconds kStreamPoll{20};
 // page of the maximum size is the whole tree (a few hundred KB).
 constexpr int32_t kGetTreeDefaultPageSize = 1024;
 constexpr int32_t kGetTreeMaxPageSize = 4096;
+// ListTrees: trees per page when the request says 0, and the most a page holds.
+constexpr int32_t kListTreesDefaultPageSize = 100;
+constexpr int32_t kListTreesMaxPageSize = 1000;
 
 v1::FinishReason to_proto(FinishReason r) {
   switch (r) {
@@ -122,24 +126,35 @@ class CallScope {
 };
 
 TreeServeService::TreeServeService(const TreeserveConfig& config, const Tokenizer* tokenizer,
-                                   ServingInfo info, Scheduler* scheduler, Authenticator* auth)
+                                   ServingInfo info, Scheduler* scheduler, Authenticator* auth,
+                                   TenantGate* tenants)
     : config_(config),
       tokenizer_(tokenizer),
       info_(std::move(info)),
       scheduler_(scheduler),
       auth_(auth),
+      tenants_(tenants),
       ready_(scheduler != nullptr) {}
 
 // Auth, then the request's size against server.max_request_bytes (the transport accepts a
 // margin more, so an oversized request gets this clear INVALID_ARGUMENT).
 grpc::Status TreeServeService::admit(const grpc::ServerContext* context,
-                                     const google::protobuf::Message& request) const {
+                                     const google::protobuf::Message& request,
+                                     Principal* principal) const {
   // The method is the request type's name without "Request" (CreateTreeRequest: CreateTree).
   std::string_view method = request.GetDescriptor()->name();
   if (method.size() > 7 && method.substr(method.size() - 7) == "Request") {
     method.remove_suffix(7);
   }
-  if (auto s = check_auth(context, method); !s.ok()) return s;
+  if (auto s = check_auth(context, method, principal); !s.ok()) return s;
+  // gRPC may start the handler of a call its client already cancelled: start no work for it.
+  if (context->IsCancelled()) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the call before it ran");
+  }
+  return check_size(request);
+}
+
+grpc::Status TreeServeService::check_size(const google::protobuf::Message& request) const {
   const size_t bytes = request.ByteSizeLong();
   if (bytes > size_t(config_.server.max_request_bytes)) {
     return grpc_invalid("request: " + std::to_string(bytes) +
@@ -154,6 +169,7 @@ grpc::Status TreeServeService::check_auth(const grpc::ServerContext* context,
   if (draining_.load()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
   }
+  Principal caller;
   if (auth_ != nullptr && auth_->enabled()) {
     const auto& md = context->client_metadata();
     auto it = md.find("authorization");
@@ -163,16 +179,28 @@ grpc::Status TreeServeService::check_auth(const grpc::ServerContext* context,
         auth_->authenticate(it != md.end() ? &value : nullptr, context->peer(),
                             "/treeserve.v1.TreeServe/" + std::string(method));
     if (!who.ok()) return to_grpc(who.status());
-    if (principal != nullptr) *principal = std::move(*who);
-  } else if (principal != nullptr) {
-    *principal = Principal{};
+    caller = std::move(*who);
   }
   if (!ready_.load(std::memory_order_acquire)) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                         "the model is loading; the health service reports SERVING once it is "
                         "loaded");
   }
+  if (tenants_ != nullptr) {
+    if (Status s = tenants_->admit_request(caller.tenant); !s.ok()) return to_grpc(s);
+  }
+  if (principal != nullptr) *principal = std::move(caller);
   return grpc::Status::OK;
+}
+
+grpc::Status TreeServeService::answer(const Status& status) const {
+  if (tenants_ != nullptr) tenants_->count(status);
+  return to_grpc(status);
+}
+
+StatusOr<TenantGate::StreamSlot> TreeServeService::open_stream(const Principal& who) const {
+  if (tenants_ == nullptr) return TenantGate::StreamSlot();
+  return tenants_->open_stream(who.tenant);
 }
 
 Status TreeServeService::check_ids(const std::string& field,
@@ -189,7 +217,8 @@ Status TreeServeService::check_ids(const std::string& field,
 }
 
 // Text prompts are tokenized with the model's BOS first (as Hugging Face does); token
-// prompts are used exactly as given. `bos` is false for text appended to a branch.
+// prompts are used exactly as given; messages are rendered with the chat template, which
+// writes any BOS itself. `bos` is false for a prompt appended to a branch.
 StatusOr<std::vector<int32_t>> TreeServeService::resolve_prompt(const std::string& field,
                                                                 const v1::Prompt& prompt,
                                                                 bool bos) const {
@@ -197,6 +226,11 @@ StatusOr<std::vector<int32_t>> TreeServeService::resolve_prompt(const std::strin
   if (prompt.has_tokens()) {
     ids.assign(prompt.tokens().ids().begin(), prompt.tokens().ids().end());
     TS_RETURN_IF_ERROR(check_ids(field + ".tokens.ids", ids));
+  } else if (prompt.has_messages()) {
+    StatusOr<std::vector<int32_t>> chat = resolve_messages(field + ".messages", prompt.messages(),
+                                                           /*continuation=*/!bos);
+    if (!chat.ok()) return chat.status();
+    ids = std::move(*chat);
   } else if (!prompt.text().empty()) {
     TS_RETURN_IF_ERROR(
         check_text_bytes(field + ".text", prompt.text().size(), info_.max_text_bytes));
@@ -213,9 +247,46 @@ StatusOr<std::vector<int32_t>> TreeServeService::resolve_prompt(const std::strin
   }
   if (info_.max_sequence_tokens > 0 &&
       static_cast<int64_t>(ids.size()) >= info_.max_sequence_tokens) {
-    return InvalidArgument(field + ": " + std::to_string(ids.size()) +
-                           " tokens leave no room in the model's context of " +
-                           std::to_string(info_.max_sequence_tokens) + " tokens");
+    return InvalidArgument(
+        field + ": " + std::to_string(ids.size()) +
+        " tokens leave no room in the model's context of " +
+        std::to_string(info_.max_sequence_tokens) + " tokens" +
+        (info_.context_limit_reason.empty() ? "" : " (" + info_.context_limit_reason + ")"));
+  }
+  return ids;
+}
+
+StatusOr<std::vector<int32_t>> TreeServeService::resolve_messages(const std::string& field,
+                                                                  const v1::ChatMessages& chat,
+                                                                  bool continuation) const {
+  if (info_.chat_template == nullptr) {
+    return FailedPrecondition(field +
+                              ": the model has no chat template (neither tokenizer_config.json's "
+                              "chat_template nor chat_template.jinja); start the server with "
+                              "--chat-template FILE, or send text or tokens");
+  }
+  if (chat.messages_size() == 0) return InvalidArgument(field + ".messages: must not be empty");
+  std::vector<ChatMessage> messages;
+  size_t bytes = 0;
+  for (int i = 0; i < chat.messages_size(); ++i) {
+    const v1::ChatMessage& m = chat.messages(i);
+    if (m.role().empty()) {
+      return InvalidArgument(field + ".messages[" + std::to_string(i) +
+                             "].role: must not be empty");
+    }
+    bytes += m.role().size() + m.content().size();
+    messages.push_back({m.role(), m.content()});
+  }
+  TS_RETURN_IF_ERROR(check_text_bytes(field + ".messages", bytes, info_.max_text_bytes));
+  ChatRenderOptions options;
+  options.add_generation_prompt = !chat.has_add_generation_prompt() || chat.add_generation_prompt();
+  options.continuation = continuation;
+  // The template's own text comes on top of the messages' (headers, a default system prompt).
+  if (info_.max_text_bytes > 0) options.max_bytes = size_t(info_.max_text_bytes) + (1 << 20);
+  StatusOr<std::vector<int32_t>> ids = info_.chat_template->encode(messages, options);
+  if (!ids.ok()) {
+    return Status(ids.status().code(),
+                  field + ": the model's chat template: " + ids.status().message());
   }
   return ids;
 }
@@ -260,7 +331,8 @@ grpc::Status TreeServeService::CreateTree(grpc::ServerContext* ctx,
                                           const v1::CreateTreeRequest* request,
                                           v1::CreateTreeResponse* response) {
   CallScope scope(this);
-  if (auto s = admit(ctx, *request); !s.ok()) return s;
+  Principal who;
+  if (auto s = admit(ctx, *request, &who); !s.ok()) return s;
   StatusOr<std::vector<int32_t>> prompt = resolve_prompt("prompt", request->prompt(), true);
   if (!prompt.ok()) return to_grpc(prompt.status());
   const int64_t max_lease_ms = config_.server.tree_lease_max_s * 1000;
@@ -275,8 +347,9 @@ grpc::Status TreeServeService::CreateTree(grpc::ServerContext* ctx,
       request->lease_ms() > 0 ? request->lease_ms() : config_.server.tree_lease_default_s * 1000;
   // A client that gives up (cancel, deadline, disconnect) stops the prefill: no orphan tree.
   options.cancelled = [ctx] { return ctx->IsCancelled(); };
+  options.tenant = who.tenant;
   StatusOr<CreateTreeResult> r = scheduler_->create_tree(std::move(*prompt), options);
-  if (!r.ok()) return to_grpc(r.status());
+  if (!r.ok()) return answer(r.status());
   response->set_tree_id(r->tree_id);
   response->set_root_branch_id(r->root_branch_id);
   response->set_prompt_tokens(r->prompt_tokens);
@@ -290,7 +363,8 @@ grpc::Status TreeServeService::CreateTree(grpc::ServerContext* ctx,
 grpc::Status TreeServeService::Branch(grpc::ServerContext* ctx, const v1::BranchRequest* request,
                                       v1::BranchResponse* response) {
   CallScope scope(this);
-  if (auto s = admit(ctx, *request); !s.ok()) return s;
+  Principal who;
+  if (auto s = admit(ctx, *request, &who); !s.ok()) return s;
   if (auto s = require_id("tree_id", request->tree_id()); !s.ok()) return s;
   if (auto s = require_id("branch_id", request->branch_id()); !s.ok()) return s;
   if (request->n() < 1 || request->n() > config_.limits.max_n) {
@@ -298,10 +372,10 @@ grpc::Status TreeServeService::Branch(grpc::ServerContext* ctx, const v1::Branch
                         std::to_string(config_.limits.max_n) + "]");
   }
   if (request->at_offset() < 0) return grpc_invalid("at_offset: must be >= 0");
-  StatusOr<std::vector<std::string>> ids =
-      scheduler_->branch(request->tree_id(), request->branch_id(), request->n(),
-                         request->at_offset(), [ctx] { return ctx->IsCancelled(); });
-  if (!ids.ok()) return to_grpc(ids.status());
+  StatusOr<std::vector<std::string>> ids = scheduler_->branch(
+      request->tree_id(), request->branch_id(), request->n(), request->at_offset(),
+      [ctx] { return ctx->IsCancelled(); }, who.tenant);
+  if (!ids.ok()) return answer(ids.status());
   for (const std::string& id : *ids) response->add_branch_ids(id);
   return grpc::Status::OK;
 }
@@ -310,8 +384,12 @@ grpc::Status TreeServeService::generate_stream(
     grpc::ServerContext* ctx, const v1::GenerateRequest* request,
     grpc::internal::WriterInterface<v1::GenerateResponse>* writer) {
   CallScope scope(this);
-  if (auto s = admit(ctx, *request); !s.ok()) return s;
+  Principal who;
+  if (auto s = admit(ctx, *request, &who); !s.ok()) return s;
+  StatusOr<TenantGate::StreamSlot> slot = open_stream(who);  // held until the call ends
+  if (!slot.ok()) return to_grpc(slot.status());
   GenerateSpec spec;
+  spec.tenant = who.tenant;
   StatusOr<SamplingParams> sampling = resolve_sampling(request->sampling(), &spec);
   if (!sampling.ok()) return to_grpc(sampling.status());
   spec.sampling = *sampling;
@@ -359,7 +437,7 @@ grpc::Status TreeServeService::generate_stream(
     spec.length_penalty = beam.length_penalty();
   }
   StatusOr<std::shared_ptr<GenerateStream>> stream = scheduler_->generate(std::move(spec));
-  if (!stream.ok()) return to_grpc(stream.status());
+  if (!stream.ok()) return answer(stream.status());
 
   // Relay events until the stream ends. A dropped client or a passed deadline stops the
   // call's branches (they stay live with their tokens); their FINISH_CANCELLED events are
@@ -384,6 +462,8 @@ grpc::Status TreeServeService::generate_stream(
       }
       out.set_finish_reason(to_proto(ev.finish));
       out.set_score(ev.score);
+      out.set_prompt_tokens(ev.prompt_tokens);
+      out.set_cached_tokens(ev.cached_tokens);
       writable = writer->Write(out);
     }
     if (!cancelled && (!writable || ctx->IsCancelled())) {
@@ -396,17 +476,19 @@ grpc::Status TreeServeService::generate_stream(
                         "the client cancelled the call or its deadline passed; its branches "
                         "stopped and keep their tokens");
   }
-  return to_grpc(final_status);
+  return answer(final_status);
 }
 
 grpc::Status TreeServeService::Prune(grpc::ServerContext* ctx, const v1::PruneRequest* request,
                                      v1::PruneResponse* response) {
   CallScope scope(this);
-  if (auto s = admit(ctx, *request); !s.ok()) return s;
+  Principal who;
+  if (auto s = admit(ctx, *request, &who); !s.ok()) return s;
   if (auto s = require_id("tree_id", request->tree_id()); !s.ok()) return s;
   if (auto s = require_ids("branch_ids", request->branch_ids()); !s.ok()) return s;
   std::vector<std::string> ids(request->branch_ids().begin(), request->branch_ids().end());
-  StatusOr<PruneSummary> r = scheduler_->prune(request->tree_id(), ids, request->retain_kv());
+  StatusOr<PruneSummary> r =
+      scheduler_->prune(request->tree_id(), ids, request->retain_kv(), who.tenant);
   if (!r.ok()) return to_grpc(r.status());
   response->set_pruned_branches(r->pruned_branches);
   response->set_freed_tokens(r->freed_tokens);
@@ -416,7 +498,8 @@ grpc::Status TreeServeService::Prune(grpc::ServerContext* ctx, const v1::PruneRe
 grpc::Status TreeServeService::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* request,
                                       v1::VerifyResponse* response) {
   CallScope scope(this);
-  if (auto s = admit(ctx, *request); !s.ok()) return s;
+  Principal who;
+  if (auto s = admit(ctx, *request, &who); !s.ok()) return s;
   if (auto s = require_id("tree_id", request->tree_id()); !s.ok()) return s;
   if (auto s = require_id("branch_id", request->branch_id()); !s.ok()) return s;
   std::vector<int32_t> tokens(request->tokens().begin(), request->tokens().end());
@@ -429,9 +512,10 @@ grpc::Status TreeServeService::Verify(grpc::ServerContext* ctx, const v1::Verify
   if (Status s = check_ids("tokens", tokens); !s.ok()) return to_grpc(s);
   StatusOr<SamplingParams> sampling = resolve_sampling(request->sampling(), nullptr);
   if (!sampling.ok()) return to_grpc(sampling.status());
-  StatusOr<VerifyResult> r = scheduler_->verify(request->tree_id(), request->branch_id(),
-                                                std::move(tokens), std::move(parents), *sampling);
-  if (!r.ok()) return to_grpc(r.status());
+  StatusOr<VerifyResult> r =
+      scheduler_->verify(request->tree_id(), request->branch_id(), std::move(tokens),
+                         std::move(parents), *sampling, who.tenant);
+  if (!r.ok()) return answer(r.status());
   response->mutable_accepted_tokens()->Add(r->accepted_tokens.begin(), r->accepted_tokens.end());
   response->set_bonus_token(r->bonus_token);
   return grpc::Status::OK;
@@ -440,14 +524,16 @@ grpc::Status TreeServeService::Verify(grpc::ServerContext* ctx, const v1::Verify
 grpc::Status TreeServeService::GetTree(grpc::ServerContext* ctx, const v1::GetTreeRequest* request,
                                        v1::TreeInfo* response) {
   CallScope scope(this);
-  if (auto s = admit(ctx, *request); !s.ok()) return s;
+  Principal who;
+  if (auto s = admit(ctx, *request, &who); !s.ok()) return s;
   if (auto s = require_id("tree_id", request->tree_id()); !s.ok()) return s;
   if (request->page_size() < 0) return grpc_invalid("page_size: must be >= 0 (0 = 1024)");
   TreePage page;
   page.page_size = request->page_size() == 0 ? kGetTreeDefaultPageSize
                                              : std::min(request->page_size(), kGetTreeMaxPageSize);
   page.page_token = request->page_token();
-  StatusOr<TreeSummary> r = scheduler_->get_tree(request->tree_id(), page);
+  page.detail = request->detail();
+  StatusOr<TreeSummary> r = scheduler_->get_tree(request->tree_id(), page, who.tenant);
   if (!r.ok()) return to_grpc(r.status());
   response->set_tree_id(r->tree_id);
   for (const BranchSummary& b : r->branches) {
@@ -456,6 +542,14 @@ grpc::Status TreeServeService::GetTree(grpc::ServerContext* ctx, const v1::GetTr
     info->set_parent_branch_id(b.parent_branch_id);
     info->set_length(b.length);
     info->set_live(b.live);
+    if (page.detail) {
+      info->set_fork_offset(b.fork_offset);
+      info->set_state(v1::BranchState(int(b.state)));  // the enums share their order
+      info->set_finish_reason(to_proto(b.finish_reason));
+      info->set_text(b.text);
+      info->set_kv_pages(b.kv_pages);
+      info->set_shared_pages(b.shared_pages);
+    }
   }
   response->set_total_tokens(r->total_tokens);
   response->set_kv_pages(r->kv_pages);
@@ -470,11 +564,43 @@ grpc::Status TreeServeService::DeleteTree(grpc::ServerContext* ctx,
                                           const v1::DeleteTreeRequest* request,
                                           v1::DeleteTreeResponse* response) {
   CallScope scope(this);
-  if (auto s = admit(ctx, *request); !s.ok()) return s;
+  Principal who;
+  if (auto s = admit(ctx, *request, &who); !s.ok()) return s;
   if (auto s = require_id("tree_id", request->tree_id()); !s.ok()) return s;
-  StatusOr<int64_t> freed = scheduler_->delete_tree(request->tree_id());
+  StatusOr<int64_t> freed = scheduler_->delete_tree(request->tree_id(), who.tenant);
   if (!freed.ok()) return to_grpc(freed.status());
   response->set_freed_tokens(*freed);
+  return grpc::Status::OK;
+}
+
+grpc::Status TreeServeService::ListTrees(grpc::ServerContext* ctx,
+                                         const v1::ListTreesRequest* request,
+                                         v1::ListTreesResponse* response) {
+  CallScope scope(this);
+  Principal who;
+  if (auto s = admit(ctx, *request, &who); !s.ok()) return s;
+  if (request->page_size() < 0) {
+    return grpc_invalid(
+        "page_size: must be >= 0 (0 = " + std::to_string(kListTreesDefaultPageSize) + ")");
+  }
+  TreePage page;
+  page.page_size = request->page_size() == 0
+                       ? kListTreesDefaultPageSize
+                       : std::min(request->page_size(), kListTreesMaxPageSize);
+  page.page_token = request->page_token();
+  StatusOr<TreeList> r = scheduler_->list_trees(who.tenant, page);
+  if (!r.ok()) return to_grpc(r.status());
+  for (const TreeListing& t : r->trees) {
+    v1::TreeListing* out = response->add_trees();
+    out->set_tree_id(t.tree_id);
+    out->set_live_branches(t.live_branches);
+    out->set_total_tokens(t.total_tokens);
+    out->set_kv_pages(t.kv_pages);
+    out->set_lease_ms(t.lease_ms);
+    out->set_expires_at_unix_ms(t.expires_at_unix_ms);
+    out->set_created_at_unix_ms(t.created_at_unix_ms);
+  }
+  response->set_next_page_token(r->next_page_token);
   return grpc::Status::OK;
 }
 
@@ -588,17 +714,21 @@ grpc::Status TreeServeService::TreeSearch(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<v1::TreeSearchResponse, v1::TreeSearchRequest>* stream) {
   CallScope scope(this);
-  if (auto s = check_auth(ctx, "TreeSearch"); !s.ok()) return s;
+  Principal who;
+  if (auto s = check_auth(ctx, "TreeSearch", &who); !s.ok()) return s;
+  StatusOr<TenantGate::StreamSlot> slot = open_stream(who);  // held until the call ends
+  if (!slot.ok()) return to_grpc(slot.status());
   v1::TreeSearchRequest first;
   before_read();
   if (!stream->Read(&first)) {
     // Also a message that does not parse (INVALID_ARGUMENT naming the field) or too large.
     return failed_read("the client closed the stream before its start message");
   }
-  if (auto s = admit(ctx, first); !s.ok()) return s;
+  if (auto s = check_size(first); !s.ok()) return s;
   if (!first.has_start()) return grpc_invalid("start: the first message must be a start");
   StatusOr<TreeSearchSpec> spec = resolve_search(first.start());
   if (!spec.ok()) return to_grpc(spec.status());
+  spec->tenant = who.tenant;
   const bool by_client = spec->score_mode == SearchScoreMode::kClient;
 
   TreeSearchHooks hooks;
@@ -663,7 +793,7 @@ grpc::Status TreeServeService::TreeSearch(
                           "the client cancelled the call or its deadline passed; the search's "
                           "branches were pruned");
     }
-    return to_grpc(r.status());
+    return answer(r.status());
   }
   v1::TreeSearchResponse done;
   v1::TreeSearchDone* d = done.mutable_done();

@@ -1,6 +1,8 @@
 // The TreeServe gRPC service: validates every request at the boundary (docs/api.md, Errors),
 // authenticates when a key is configured (server/auth.h), answers UNAVAILABLE while the model
-// loads, and forwards to the components below.
+// loads, applies the caller's tenant quotas on requests per second and streams
+// (server/quotas.h), and forwards to the components below, naming the caller's tenant in
+// every scheduler call (a tree of another tenant is NOT_FOUND there).
 #pragma once
 
 #include <atomic>
@@ -13,9 +15,11 @@
 #include "server/auth.h"
 #include "server/config.h"
 #include "server/parsed_service.h"
+#include "server/quotas.h"
 
 namespace treeserve {
 
+class ChatTemplate;
 class Tokenizer;
 struct ModelConfig;
 
@@ -31,14 +35,22 @@ struct ServingInfo {
   // before any tokenizing; 0 = unbounded. The server derives it from limits.max_prompt_tokens
   // and the tokenizer's longest piece (app.cpp).
   int64_t max_text_bytes = 0;
+  // Renders `messages` prompts (models/chat_template.h); null: the model has no chat template
+  // and such prompts are FAILED_PRECONDITION.
+  const ChatTemplate* chat_template = nullptr;
+  // Why max_sequence_tokens is what it is, when not max_position_embeddings (said in the
+  // refusal of a prompt that does not fit), e.g. the model's sliding window.
+  std::string context_limit_reason;
 };
 
 class TreeServeService final : public ParsedRequestsService {
  public:
   // `scheduler` null: the model is still loading, and every call gets UNAVAILABLE until
   // set_ready. `auth` null: no authentication (every call is the default principal).
+  // `tenants` null: no per-tenant rate or stream limits.
   TreeServeService(const TreeserveConfig& config, const Tokenizer* tokenizer, ServingInfo info,
-                   Scheduler* scheduler, Authenticator* auth = nullptr);
+                   Scheduler* scheduler, Authenticator* auth = nullptr,
+                   TenantGate* tenants = nullptr);
 
   grpc::Status CreateTree(grpc::ServerContext*, const v1::CreateTreeRequest*,
                           v1::CreateTreeResponse*) override;
@@ -60,6 +72,8 @@ class TreeServeService final : public ParsedRequestsService {
   grpc::Status TreeSearch(
       grpc::ServerContext*,
       grpc::ServerReaderWriter<v1::TreeSearchResponse, v1::TreeSearchRequest>*) override;
+  grpc::Status ListTrees(grpc::ServerContext*, const v1::ListTreesRequest*,
+                         v1::ListTreesResponse*) override;
 
   // Graceful shutdown: from now on new calls get UNAVAILABLE; in-flight ones go on.
   void begin_drain() { draining_ = true; }
@@ -72,16 +86,28 @@ class TreeServeService final : public ParsedRequestsService {
 
  private:
   // UNAUTHENTICATED unless auth is off or the call carries "authorization: Bearer <token>".
-  // Then UNAVAILABLE while the model loads (scheduler_ is read only after this check passed).
+  // Then UNAVAILABLE while the model loads (scheduler_ is read only after this check passed),
+  // then RESOURCE_EXHAUSTED when the tenant is over its requests per second.
   // `principal` (may be null) gets who the call acts for.
   // `method` ("CreateTree") names the call in the failed-authentication log.
   grpc::Status check_auth(const grpc::ServerContext* context, std::string_view method,
                           Principal* principal = nullptr) const;
-  grpc::Status admit(const grpc::ServerContext* context,
-                     const google::protobuf::Message& request) const;
+  grpc::Status admit(const grpc::ServerContext* context, const google::protobuf::Message& request,
+                     Principal* principal = nullptr) const;
+  // INVALID_ARGUMENT for a request over server.max_request_bytes.
+  grpc::Status check_size(const google::protobuf::Message& request) const;
+  // A scheduler call's status as the client gets it; tenant quota refusals are counted.
+  grpc::Status answer(const Status& status) const;
+  // A stream slot of the tenant (Generate, TreeSearch); empty without a TenantGate.
+  StatusOr<TenantGate::StreamSlot> open_stream(const Principal& who) const;
   Status check_ids(const std::string& field, const std::vector<int32_t>& ids) const;
   StatusOr<std::vector<int32_t>> resolve_prompt(const std::string& field, const v1::Prompt& prompt,
                                                 bool bos) const;
+  // A messages prompt's token ids: rendered with the chat template (as a continuation of the
+  // branch's conversation for an append) and tokenized without an added BOS.
+  StatusOr<std::vector<int32_t>> resolve_messages(const std::string& field,
+                                                  const v1::ChatMessages& chat,
+                                                  bool continuation) const;
   // Validated sampling parameters; with spec, also its max_tokens and stop conditions.
   StatusOr<SamplingParams> resolve_sampling(const v1::SamplingParams& p, GenerateSpec* spec) const;
   StatusOr<TreeSearchSpec> resolve_search(const v1::TreeSearchStart& start) const;
@@ -91,6 +117,7 @@ class TreeServeService final : public ParsedRequestsService {
   const ServingInfo info_;
   Scheduler* scheduler_;
   Authenticator* auth_;
+  TenantGate* tenants_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> draining_{false};
   std::atomic<int> active_calls_{0};

@@ -29,6 +29,7 @@
 namespace treeserve {
 
 struct Tree;
+struct TenantState;
 struct GenerateJob;
 struct PrefillJob;
 struct VerifyJob;
@@ -51,17 +52,50 @@ struct SchedBranch {
   GenerateJob* job = nullptr;
   PrefillJob* prefill = nullptr;
   VerifyJob* verify = nullptr;
-  GenerateJob* beam_job = nullptr;  // a beam of this job's beam search
+  GenerateJob* beam_job = nullptr;                 // a beam of this job's beam search
+  FinishReason last_finish = FinishReason::kNone;  // of its last Generate (GetTree detail)
 
   int32_t length() const { return kv_len + static_cast<int32_t>(pending.size()); }
+};
+
+// Cache salt -> cache namespace, interned (scheduler/tenants.cpp): each distinct key gets the
+// next id (1, 2, ...; 0 is the default namespace) for the scheduler's life. A table, not a hash
+// of the salt, so two salts never share a namespace; a tenant's private namespace is keyed
+// apart from every salt, so no salt can name it.
+class CacheSaltTable {
+ public:
+  CacheNamespace salt(const std::string& salt);  // shared by every tenant with this salt
+  CacheNamespace private_to(const std::string& tenant);
+  size_t size() const { return salts_.size() + tenants_.size(); }
+
+ private:
+  CacheNamespace intern(std::unordered_map<std::string, CacheNamespace>* table,
+                        const std::string& key);
+  std::unordered_map<std::string, CacheNamespace> salts_, tenants_;
+  CacheNamespace next_ = 1;
+};
+
+// A tenant as the loop thread counts it (scheduler/tenants.cpp).
+struct TenantState {
+  TenantLimits limits;  // kv_pages resolved (kv_share of the pool)
+  CacheNamespace ns = kDefaultCacheNamespace;
+  int32_t live_trees = 0;     // CreateTree's, not one-shot ones
+  int32_t live_branches = 0;  // of all its trees
+  // Numbers its trees in creation order (list_trees' page tokens: per tenant, so a token
+  // says nothing about other tenants' trees).
+  uint64_t next_tree_seq = 1;
 };
 
 // A tree's tables hold its live branches only (scheduler/tree_table.cpp): a branch that
 // ends leaves both at once (its record is kept until the loop is between steps, so pointers
 // taken during a step stay valid), and a live branch's parent is always live.
 struct Tree {
-  std::string id;  // "t_" + random
+  std::string id;                // "t_" + random
+  TenantState* owner = nullptr;  // never null; its branches live in owner->ns
   bool one_shot = false;
+  bool counted = false;  // in owner->live_trees (made by CreateTree)
+  uint64_t seq = 0;      // creation order among its owner's trees (list_trees' pages)
+  int64_t created_unix_ms = 0;
   int32_t next_index = 0;
   std::map<int32_t, std::unique_ptr<SchedBranch>> branches;  // by index: creation order
   std::unordered_map<std::string, SchedBranch*> by_id;
@@ -119,6 +153,10 @@ struct GenerateJob {
   bool waiting_prefill = false;  // one-shot n > 1: the prompt is prefilled before the fork
   std::chrono::steady_clock::time_point start;
   bool first_token_seen = false;
+  // One-shot: the prompt's tokens and those the radix cache supplied (reported on each
+  // branch's first token).
+  int32_t prompt_tokens = 0;
+  int32_t cached_tokens = 0;
   // Beam search (beam_width > 0): `branches` is empty; the beams live here.
   int32_t beam_width = 0;
   float length_penalty = 0;
@@ -169,33 +207,59 @@ class Scheduler::Impl {
 
   // Commands (loop thread).
   void cmd_create_tree(std::vector<int32_t> prompt, int64_t lease_ms, uint64_t seq,
+                       const std::string& tenant,
                        std::function<void(StatusOr<CreateTreeResult>)> done);
   // The caller of CreateTree `seq` gave up: its prefill stops and its tree goes.
   void cmd_abort_create(uint64_t seq);
   StatusOr<std::vector<std::string>> cmd_branch(const std::string& tree_id,
                                                 const std::string& branch_id, int32_t n,
-                                                int32_t at_offset);
+                                                int32_t at_offset, const std::string& tenant);
   Status cmd_generate(GenerateSpec spec, std::shared_ptr<GenerateStream> stream);
   StatusOr<PruneSummary> cmd_prune(const std::string& tree_id, const std::vector<std::string>& ids,
-                                   bool retain_kv);
+                                   bool retain_kv, const std::string& tenant);
   void cmd_verify(const std::string& tree_id, const std::string& branch_id,
                   std::vector<int32_t> tokens, std::vector<int32_t> parents,
-                  SamplingParams sampling, std::function<void(StatusOr<VerifyResult>)> done);
-  StatusOr<TreeSummary> cmd_get_tree(const std::string& tree_id, const TreePage& page);
-  StatusOr<int64_t> cmd_delete_tree(const std::string& tree_id);
-  Status cmd_hold_tree(const std::string& tree_id, int32_t delta);
+                  SamplingParams sampling, const std::string& tenant,
+                  std::function<void(StatusOr<VerifyResult>)> done);
+  // With page.detail, *detail_ids gets each listed branch's tokens from its fork offset (the
+  // caller detokenizes them off the loop thread).
+  StatusOr<TreeSummary> cmd_get_tree(const std::string& tree_id, const TreePage& page,
+                                     const std::string& tenant,
+                                     std::vector<std::vector<int32_t>>* detail_ids = nullptr);
+  // GetTree's detail of one branch, but its text (its tokens go to *ids).
+  void describe_branch(const SchedBranch& b, BranchSummary* out, std::vector<int32_t>* ids) const;
+  StatusOr<int64_t> cmd_delete_tree(const std::string& tree_id, const std::string& tenant);
+  Status cmd_hold_tree(const std::string& tree_id, int32_t delta, const std::string& tenant);
+  StatusOr<TreeList> cmd_list_trees(const std::string& tenant, const TreePage& page);
   SchedulerStats cmd_stats();
   void cmd_cancel(uint64_t job_seq);
   // Makes `b` one of the job's generating branches.
   void attach_branch(GenerateJob* job, SchedBranch* b);
   void start_one_shot(GenerateJob* job, Tree* tree, SchedBranch* root, int32_t n, Status status);
 
+  // Tenants and quotas (tenants.cpp; loop thread).
+  // Validates the tenants, interns their salts and sets their namespaces' page limits.
+  Status configure_tenants(const std::vector<TenantLimits>& tenants);
+  // The tenant's state: configured, or made on first use (no quotas, default namespace).
+  TenantState* tenant_state(const std::string& tenant);
+  // RESOURCE_EXHAUSTED naming the quota when the tenant cannot have one more tree, `more`
+  // more branches, or `pages` KV pages in its namespace (`what` needs them).
+  Status check_tree_quota(const TenantState& t) const;
+  Status check_branch_quota(const TenantState& t, int64_t more) const;
+  Status check_page_quota(const TenantState& t, int64_t pages, const std::string& what) const;
+  // The refusal of work in namespace `ns` that its page limit stops (the namespace's tenants,
+  // its pages and limit), or OK when the pool, not the limit, is what is short.
+  Status namespace_limit_refusal(CacheNamespace ns) const;
+
   // Tree tables and leases (tree_table.cpp; loop thread).
-  // A new tree under a fresh random id; lease_ms 0 = no lease (one-shot).
-  Tree* add_tree(bool one_shot, int64_t lease_ms);
-  // The tree, its lease renewed (any call naming a tree renews it).
-  StatusOr<Tree*> find_tree(const std::string& id);
+  // A new tree of `owner` under a fresh random id; lease_ms 0 = no lease (one-shot).
+  Tree* add_tree(bool one_shot, int64_t lease_ms, TenantState* owner);
+  // The tree, its lease renewed (any call naming a tree renews it). A tree of another tenant
+  // is NOT_FOUND exactly as an unknown id is.
+  StatusOr<Tree*> find_tree(const std::string& id, const std::string& tenant);
   StatusOr<SchedBranch*> find_branch(Tree* tree, const std::string& id);
+  // The tree's id, live branches, tokens, KV pages, lease expiry and creation time.
+  void tree_totals(const Tree& tree, TreeListing* out);
   SchedBranch* add_branch(Tree* tree, SchedBranch* parent, int32_t fork_offset);
   // Ends a branch: its job (if any) gets `reason`, its KV is released or kept as cache, and
   // it leaves its tree's tables (its live children, if any, move up to its parent). Returns
@@ -228,7 +292,9 @@ class Scheduler::Impl {
   // within *budget (prefix-cached tokens are free), with logits once the text is consumed.
   bool add_pending_rows(SchedBranch* b, int32_t* budget, StepEntry* entry);
   void rollback(const StepEntry& e);
-  void fail_stalled(const Status& status);
+  // Fails the waiting work (verifies, prefills, generations) of every tree, or of the trees in
+  // cache namespace *only.
+  void fail_stalled(const Status& status, const CacheNamespace* only = nullptr);
   void after_prefill(StepEntry& e);
   void after_generate(StepEntry& e);
   void after_verify(StepEntry& e);
@@ -258,6 +324,8 @@ class Scheduler::Impl {
                          // min(model vocab_size, tokenizer vocabulary)
 
   std::unordered_map<std::string, std::unique_ptr<Tree>> trees_;
+  std::unordered_map<std::string, std::unique_ptr<TenantState>> tenants_;
+  CacheSaltTable salts_;
   // Ended branches and removed trees, freed by free_ended() at the top of the next loop
   // iteration: a step or command that ended them may still hold their pointers.
   std::vector<std::unique_ptr<SchedBranch>> ended_branches_;

@@ -7,6 +7,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -55,9 +56,14 @@ class Pki {
   }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   std::string pem(const std::string& name) const { return read_text(dir_ / name); }
+  ~Pki() {
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
 
  private:
-  Pki() : dir_(fs::path(::testing::TempDir()) / "treeserve-pki") {
+  // One directory per test process: ctest runs this binary's tests as parallel processes.
+  Pki() : dir_(fs::path(::testing::TempDir()) / ("treeserve-pki-" + std::to_string(getpid()))) {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     const std::string d = dir_.string();

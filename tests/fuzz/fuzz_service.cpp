@@ -447,17 +447,31 @@ void check_idle_after_cleanup(Ids* ids) {
            st.waiting_requests == 0 &&
            st.kv_pages_free + st.kv_pages_evictable == st.kv_pages_total;
   };
-  // The loop may still be finishing a cancelled step; and each abandoned CreateTree may have
-  // left a tree nobody can name, until its lease (1 s here) runs out.
-  auto wait_idle = [&](int ms) {
+  // The loop may still be finishing a cancelled step; a call the client cancelled before its
+  // handler ran may still start (gRPC delivers it late) and run until it sees the
+  // cancellation; and each abandoned CreateTree may have left a tree nobody can name, until its
+  // lease (1 s here) runs out. So the server counts as idle once it has stayed idle for
+  // kSettled, and the verdict is that of the wait, not of a later look.
+  constexpr auto kSettled = std::chrono::milliseconds(100);
+  auto settles = [&](int ms) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-    while (!idle() && std::chrono::steady_clock::now() < end) {
+    auto idle_since = std::chrono::steady_clock::time_point::max();
+    for (;;) {
+      const auto now = std::chrono::steady_clock::now();
+      if (!idle()) {
+        idle_since = std::chrono::steady_clock::time_point::max();
+      } else if (idle_since == std::chrono::steady_clock::time_point::max()) {
+        idle_since = now;
+      } else if (now - idle_since >= kSettled) {
+        return true;
+      }
+      if (now >= end) return false;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   };
-  wait_idle(2000);
-  if (!idle() && st.live_trees <= ids->abandoned_creates) wait_idle(3000);
-  if (!idle()) {
+  bool settled = settles(2000);
+  if (!settled && st.live_trees <= ids->abandoned_creates) settled = settles(3000);
+  if (!settled) {
     fail("not idle once every tree is deleted: trees=" + std::to_string(st.live_trees) +
          " (abandoned CreateTree calls: " + std::to_string(ids->abandoned_creates) + ")" +
          " branches=" + std::to_string(st.live_branches) + " running=" +

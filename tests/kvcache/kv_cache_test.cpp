@@ -497,5 +497,26 @@ TEST(KvCache, CommitSharesALiveBranchsTail) {
   EXPECT_EQ(cache->stats().pages_free, cache->stats().pages_total);
 }
 
+TEST(KvCache, SharedPagesCountTheRadixPathAndPagesListedTwice) {
+  auto cache = make_cache(16);
+  const BranchId a = cache->create_branch(seq(6))->id;  // a private tail: pages 0, 1
+  EXPECT_EQ(*cache->branch_shared_pages(a), 0);
+  StatusOr<ForkResult> f = cache->fork(a, 1);  // node [0, 6); the child copies page 1
+  ASSERT_TRUE(f.ok());
+  const BranchId b = f->branches[0];
+  // a: page 0 is the node's, page 1 is listed by the node and a's tail.
+  EXPECT_EQ(*cache->branch_shared_pages(a), 2);
+  // b: page 0 is the node's, page 1 is its own copy.
+  EXPECT_EQ(*cache->branch_shared_pages(b), 1);
+  std::vector<KvSlot> slots;
+  ASSERT_TRUE(cache->append(b, seq(8, 200), &slots).ok());  // pages 2, 3 its own
+  EXPECT_EQ(page_table_of(*cache, b).size(), 4u);
+  EXPECT_EQ(*cache->branch_shared_pages(b), 1);
+  ASSERT_TRUE(cache->prune(b, false).ok());
+  EXPECT_EQ(cache->branch_shared_pages(b).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cache->branch_shared_pages(12345).status().code(), StatusCode::kNotFound);
+  EXPECT_KV_HEALTHY(*cache);
+}
+
 }  // namespace
 }  // namespace treeserve

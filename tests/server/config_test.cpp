@@ -251,5 +251,25 @@ TEST(Config, JsonDumpReparses) {
   EXPECT_EQ(back.kv_cache.page_size, 64);
 }
 
+TEST(Config, HttpListener) {
+  TreeserveConfig c;
+  EXPECT_TRUE(c.server.http_listen.empty());  // off unless asked for
+  ASSERT_TRUE(
+      merge_config_json(R"({"server": {"http_listen": "127.0.0.1:8000", "http_threads": 8}})",
+                        "h.json", &c)
+          .ok());
+  EXPECT_EQ(c.server.http_listen, "127.0.0.1:8000");
+  EXPECT_EQ(c.server.http_threads, 8);
+  EXPECT_TRUE(validate_config(c).ok());
+  c.server.http_listen = "8000";
+  EXPECT_NE(validate_config(c).message().find("http_listen '8000' is not a valid listen address"),
+            std::string::npos);
+  c.server.http_listen = "[::1]:8000";
+  c.server.http_threads = 0;
+  EXPECT_NE(validate_config(c).message().find("server.http_threads must be in [1, 4096]"),
+            std::string::npos);
+  EXPECT_FALSE(merge_config_json(R"({"server": {"http_threads": "many"}})", "h.json", &c).ok());
+}
+
 }  // namespace
 }  // namespace treeserve

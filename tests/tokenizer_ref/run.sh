@@ -20,24 +20,11 @@ set -euo pipefail
 src=$1 build=$2 py=$3
 here=$src/tests/tokenizer_ref
 work=$build/tokenizer_ref
-skip() {
-  echo "tokenizer reference test skipped: $*"
-  if [ "${TREESERVE_REQUIRE_TOKENIZER_REF:-0}" = 1 ]; then
-    echo "TREESERVE_REQUIRE_TOKENIZER_REF=1: a skip is a failure"
-    exit 1
-  fi
-  exit 77
-}
-command -v node >/dev/null || skip "node is not installed"
-command -v npm >/dev/null || skip "npm is not installed"
-mkdir -p "$work"
-cp "$here"/package.json "$here"/package-lock.json "$here"/*.mjs "$work"/
-if ! (cd "$work" && npm ci --no-audit --no-fund --loglevel=error >npm.log 2>&1); then
-  cat "$work/npm.log"
-  (cd "$work" && npm ping >/dev/null 2>&1) || skip "the npm registry is unreachable"
-  echo "npm ci failed"
-  exit 1
-fi
+TEST_NAME="tokenizer reference test" REQUIRE_VAR=TREESERVE_REQUIRE_TOKENIZER_REF
+# shellcheck source=../common/npm_test_lib.sh
+source "$src/tests/common/npm_test_lib.sh"
+require_node
+npm_install "$work" "$here"/package.json "$here"/package-lock.json "$here"/*.mjs
 
 echo "== Llama 3 tokenizer.json"
 dir=$work/llama3
