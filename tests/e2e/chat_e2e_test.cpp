@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "proto/treeserve.grpc.pb.h"
+#include "tests/common/temp_dir.h"
 #include "tests/e2e/server_process.h"
 
 namespace treeserve::testing {
@@ -143,7 +144,8 @@ class Llama3Chat : public ::testing::Test {
     if (missing_) return;
     // The npm-built directory with the Llama 3.1 template in its tokenizer_config.json, where
     // Meta's checkpoints carry it; one per process (CTest runs each test in its own).
-    dir_ = fs::path(::testing::TempDir()) / ("llama3-chat-model-" + std::to_string(getpid()));
+    dir_ = fs::path(treeserve::testing_support::test_temp_dir()) /
+           ("llama3-chat-model-" + std::to_string(getpid()));
     const fs::path& dir = dir_;
     fs::remove_all(dir);
     fs::create_directories(dir);
@@ -330,7 +332,8 @@ TEST(TinyChat, ChatTemplateFlagRendersAndTheTemplatesRefusalsComeBack) {
 
 TEST(TinyChat, ConfigKeyNamesTheTemplateFile) {
   const std::string file = templates_dir() + "/chatml.jinja";
-  const fs::path config = fs::path(::testing::TempDir()) / "chat-config.json";
+  const fs::path config =
+      fs::path(treeserve::testing_support::test_temp_dir()) / "chat-config.json";
   std::ofstream(config) << nlohmann::json{{"model", {{"chat_template", file}}}}.dump();
   RunResult printed = run_treeserve_to_exit({"--config", config.string(), "--print-config"});
   EXPECT_EQ(printed.exit_code, 0) << printed.output;
@@ -350,7 +353,7 @@ TEST(TinyChat, ConfigKeyNamesTheTemplateFile) {
 }
 
 TEST(TinyChat, TemplatesThatCannotRenderStopTheServer) {
-  const fs::path bad = fs::path(::testing::TempDir()) / "bad-template.jinja";
+  const fs::path bad = fs::path(treeserve::testing_support::test_temp_dir()) / "bad-template.jinja";
   std::ofstream(bad) << "{% for m in messages %}{{ m.content | no_such_filter }}{% endfor %}";
   RunResult r = run_treeserve_to_exit({"--backend", "cpu", "--chat-template", bad.string()});
   EXPECT_NE(r.exit_code, 0);

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "proto/treeserve.grpc.pb.h"
+#include "tests/common/temp_dir.h"
 #include "tests/e2e/server_process.h"
 
 namespace treeserve::testing {
@@ -630,7 +631,7 @@ TEST(HttpApiStartup, APortInUseIsAStartupError) {
 TEST(HttpApiAuth, KeysAndTls) {
   signal(SIGPIPE, SIG_IGN);
   namespace fs = std::filesystem;
-  const fs::path dir = fs::path(::testing::TempDir()) / "treeserve-http-tls";
+  const fs::path dir = fs::path(treeserve::testing_support::test_temp_dir()) / "treeserve-http-tls";
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string cert = (dir / "server.crt").string(), key = (dir / "server.key").string();
@@ -692,7 +693,8 @@ TEST(HttpApiAuth, KeysAndTls) {
 
 TEST(HttpApiAuth, TenantsAndQuotasAreTheGrpcOnes) {
   namespace fs = std::filesystem;
-  const fs::path keys = fs::path(::testing::TempDir()) / "treeserve-http-keys.json";
+  const fs::path keys =
+      fs::path(treeserve::testing_support::test_temp_dir()) / "treeserve-http-keys.json";
   std::ofstream(keys) << R"({
     "tenants": [{"name": "team-a", "quotas": {"max_live_trees": 1}}, {"name": "team-b"}],
     "keys": [{"tenant": "team-a", "key": "key-a"}, {"tenant": "team-b", "key": "key-b"}]})";

@@ -13,6 +13,7 @@
 
 #include "models/safetensors.h"
 #include "proto/treeserve.grpc.pb.h"
+#include "tests/common/temp_dir.h"
 #include "tests/e2e/server_process.h"
 #include "tests/models/test_util.h"
 
@@ -31,7 +32,7 @@ nlohmann::json tiny_config() {
 // replaced by a copy of the embedding (`lm_head` "copy"), or left out ("none").
 std::string write_model(const std::string& name, const nlohmann::json& config,
                         const std::string& lm_head) {
-  const fs::path dir = fs::path(::testing::TempDir()) / name;
+  const fs::path dir = fs::path(treeserve::testing_support::test_temp_dir()) / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   fs::copy_file(fs::path(TREESERVE_TINY_MODEL_DIR) / "tokenizer.model", dir / "tokenizer.model");

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "proto/treeserve.grpc.pb.h"
+#include "tests/common/temp_dir.h"
 #include "tests/e2e/server_process.h"
 
 #ifndef TREESERVE_TINY_MODEL_DIR
@@ -43,7 +44,7 @@ std::string e2e_backend() {
 // <tmp>/<name>: the tiny model's tokenizer.model and its config.json with vocab_size 1024,
 // and no weights.
 std::string make_shape_only_model(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / name;
+  const fs::path dir = fs::path(treeserve::testing_support::test_temp_dir()) / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   const fs::path tiny = tiny_dir();

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "proto/treeserve.grpc.pb.h"
+#include "tests/common/temp_dir.h"
 #include "tests/e2e/health.grpc.pb.h"
 #include "tests/e2e/server_process.h"
 
@@ -41,7 +42,7 @@ std::string read_text(const fs::path& path) {
 }
 
 std::string write_temp(const std::string& name, const std::string& content) {
-  const fs::path path = fs::path(::testing::TempDir()) / name;
+  const fs::path path = fs::path(treeserve::testing_support::test_temp_dir()) / name;
   std::ofstream(path) << content;
   return path.string();
 }
@@ -63,7 +64,9 @@ class Pki {
 
  private:
   // One directory per test process: ctest runs this binary's tests as parallel processes.
-  Pki() : dir_(fs::path(::testing::TempDir()) / ("treeserve-pki-" + std::to_string(getpid()))) {
+  Pki()
+      : dir_(fs::path(treeserve::testing_support::test_temp_dir()) /
+             ("treeserve-pki-" + std::to_string(getpid()))) {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     const std::string d = dir_.string();
@@ -480,7 +483,7 @@ TEST(Auth, KeyFromTheEnvironment) {
 // A model directory with the tiny model's config and tokenizer but no weights: the server
 // listens, then fails to load (exit 1), which is enough to read its start-up warnings.
 std::string weightless_model() {
-  const fs::path dir = fs::path(::testing::TempDir()) / "weightless-model";
+  const fs::path dir = fs::path(treeserve::testing_support::test_temp_dir()) / "weightless-model";
   fs::remove_all(dir);
   fs::create_directories(dir);
   const fs::path tiny = TREESERVE_TINY_MODEL_DIR;

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "proto/treeserve.grpc.pb.h"
+#include "tests/common/temp_dir.h"
 #include "tests/e2e/health.grpc.pb.h"
 #include "tests/e2e/server_process.h"
 
@@ -14,7 +15,7 @@ namespace {
 namespace v1 = ::treeserve::v1;
 
 std::string write_temp(const std::string& name, const std::string& content) {
-  std::string path = ::testing::TempDir() + "/" + name;
+  std::string path = treeserve::testing_support::test_temp_dir() + "/" + name;
   std::ofstream(path) << content;
   return path;
 }

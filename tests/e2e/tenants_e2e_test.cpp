@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "proto/treeserve.grpc.pb.h"
+#include "tests/common/temp_dir.h"
 #include "tests/e2e/server_process.h"
 
 namespace treeserve::testing {
@@ -59,8 +60,9 @@ std::string keys_file() {
     {"tenant": "kv", "key": "kv-key"}
   ]
 })";
-  const std::string path =
-      (std::filesystem::path(::testing::TempDir()) / "treeserve-tenants-keys.json").string();
+  const std::string path = (std::filesystem::path(treeserve::testing_support::test_temp_dir()) /
+                            "treeserve-tenants-keys.json")
+                               .string();
   std::ofstream(path) << json;
   return path;
 }
@@ -488,8 +490,9 @@ TEST_F(TenantsE2E, ListTreesShowsOnlyTheCallersTrees) {
 
 // A keys file with a mistake stops the server at start, naming the entry and the field.
 TEST(TenantsStartup, ABadKeysFileIsAStartUpError) {
-  const std::string path =
-      (std::filesystem::path(::testing::TempDir()) / "treeserve-bad-keys.json").string();
+  const std::string path = (std::filesystem::path(treeserve::testing_support::test_temp_dir()) /
+                            "treeserve-bad-keys.json")
+                               .string();
   std::ofstream(path) << R"({"tenants": [{"name": "a"}], "keys": [{"tenant": "b", "key": "k"}]})";
   std::vector<std::string> args = backend_args();
   args.push_back("--keys-file");

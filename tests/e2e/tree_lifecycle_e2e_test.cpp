@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "proto/treeserve.grpc.pb.h"
+#include "tests/common/temp_dir.h"
 #include "tests/e2e/server_process.h"
 
 namespace treeserve::testing {
@@ -24,7 +25,7 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 std::string write_config(const std::string& name, const std::string& json) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  const std::string path = treeserve::testing_support::test_temp_dir() + "/" + name;
   std::ofstream(path) << json;
   return path;
 }

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "proto/treeserve.grpc.pb.h"
+#include "tests/common/temp_dir.h"
 #include "tests/e2e/server_process.h"
 
 namespace treeserve::testing {
@@ -392,7 +393,7 @@ TEST(TreeSearchSmallPool, ExhaustionPrunesTheSearch) {
 // limits.tree_search_score_timeout_ms, then ends the search DEADLINE_EXCEEDED (naming the
 // key) and prunes what it made; the tree is as it was and usable.
 TEST(TreeSearchScoreTimeout, WaitsTheConfiguredTimeThenPrunes) {
-  const std::string config = ::testing::TempDir() + "/score_timeout.json";
+  const std::string config = treeserve::testing_support::test_temp_dir() + "/score_timeout.json";
   std::ofstream(config) << R"({"limits": {"tree_search_score_timeout_ms": 500}})";
   std::vector<std::string> args = backend_args();
   args.insert(args.end(), {"--config", config});

@@ -147,6 +147,7 @@ def main():
         gc.collect()
         torch.cuda.empty_cache()
         timings["create_and_save_s"] = time.time() - t
+        print(f"checkpoints saved in {timings['create_and_save_s']:.0f} s", flush=True)
 
     # Prompts and suffixes, seeded; BOS first.
     gen = torch.Generator().manual_seed(args.seed + 1)
@@ -214,6 +215,7 @@ def main():
             gc.collect()
             torch.cuda.empty_cache()
             timings[f"hf_{d}_{name}_s"] = time.time() - t
+            print(f"HF {name} ({d} checkpoint): {timings[f'hf_{d}_{name}_s']:.0f} s", flush=True)
         # 3. treeserve on the same checkpoint.
         for n in lengths:
             ids, suffixes = prompts[n]
@@ -264,6 +266,10 @@ def main():
                            "device_argmax_agrees": ours["greedy"].get("device_argmax") == tokens},
             }
             report["cases"].append(case)
+            print(f"  {d} {n} ids: max|treeserve - HF fp32| = "
+                  f"{ts_err['max_abs']:.4f} (HF {d}: {floor['max_abs']:.4f}), mean "
+                  f"{ts_err['mean_abs']:.5f} (HF {d}: {floor['mean_abs']:.5f}); greedy "
+                  f"{'identical' if tokens == r32['tokens'] else 'differs'}", flush=True)
     report["seconds"] = timings
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)

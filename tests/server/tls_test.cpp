@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/common/temp_dir.h"
+
 namespace treeserve {
 namespace {
 
@@ -17,7 +19,7 @@ namespace fs = std::filesystem;
 class TlsFiles : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::path(::testing::TempDir()) / "treeserve-tls-unit";
+    dir_ = fs::path(treeserve::testing_support::test_temp_dir()) / "treeserve-tls-unit";
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     const std::string d = dir_.string();

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/temp_dir.h"
+
 namespace treeserve::testing {
 namespace {
 
@@ -37,8 +39,8 @@ std::string join(const std::vector<int32_t>& ids) {
 ToolRun run_tool(const std::vector<std::string>& args) {
   // ctest runs each test in its own process, concurrently: the pid keeps the files apart.
   static int counter = 0;
-  const std::string out = ::testing::TempDir() + "/treeserve_logits_" + std::to_string(getpid()) +
-                          "_" + std::to_string(++counter) + ".json";
+  const std::string out = treeserve::testing_support::test_temp_dir() + "/treeserve_logits_" +
+                          std::to_string(getpid()) + "_" + std::to_string(++counter) + ".json";
   std::filesystem::remove(out);
   std::string cmd =
       std::string("'") + TREESERVE_LOGITS_BINARY + "' --threads 2 --out '" + out + "'";
@@ -103,7 +105,7 @@ TEST_F(TreeserveLogits, PromptLogitsMatchTransformers) {
     SCOPED_TRACE(p["name"].get<std::string>());
     const auto ids = p["ids"].get<std::vector<int32_t>>();
     // The prompt from a file, as hf_compare.py passes it.
-    const std::string file = ::testing::TempDir() + "/ids.json";
+    const std::string file = treeserve::testing_support::test_temp_dir() + "/ids.json";
     std::ofstream(file) << json(ids).dump();
     ToolRun r =
         run_tool({"--model", TREESERVE_TINY_MODEL_DIR, "--ids-file", file, "--greedy", "1"});
@@ -169,7 +171,8 @@ TEST_F(TreeserveLogits, ChunkedPrefillMatchesOneStep) {
 TEST_F(TreeserveLogits, ForkedBranchesMatchEachSequenceAlone) {
   const std::vector<int32_t> prompt = long_prompt(37);
   const std::vector<std::vector<int32_t>> suffixes = {{40, 41, 42}, {7}, {300, 301, 302, 303, 9}};
-  const std::string file = ::testing::TempDir() + "/branches_" + std::to_string(getpid()) + ".json";
+  const std::string file = treeserve::testing_support::test_temp_dir() + "/branches_" +
+                           std::to_string(getpid()) + ".json";
   std::ofstream(file) << json(suffixes).dump();
   ToolRun tree = run_tool({"--model", TREESERVE_TINY_MODEL_DIR, "--ids", join(prompt), "--greedy",
                            "2", "--branches", file});
