@@ -11,6 +11,11 @@ token, inter-token latency and request latency (p50/p99), and KV pages in use ov
 (GetServerInfo polled on a background thread); --json writes everything, --plot draws latency
 and KV pages over time (needs matplotlib). Every tree it creates is deleted at the end, and
 it checks the server's pool returns to idle.
+
+--target may be a proxy in front of several replicas (every call carries x-treeserve-route,
+so each tree's calls reach its replica). GetServerInfo through a proxy reaches one replica,
+so the pool checks then read the replicas directly: --replicas HOST:PORT,... sums their
+pools; --proxy without --replicas skips the checks, saying so.
 """
 import argparse
 import contextlib
@@ -99,13 +104,37 @@ class Recorder:
             self.errors.append(what)
 
 
-class KvMonitor(threading.Thread):
-    """Polls GetServerInfo every `interval` seconds: (t, pages in use, evictable, free,
-    live trees, live branches, decode steps)."""
+class Pool:
+    """The KV pool the checks read: one server's, or the sum over replicas' (each read
+    directly, not through a proxy). server_info() is a ServerInfo with the counts summed."""
 
-    def __init__(self, target, t0, interval):
+    def __init__(self, targets, auth_token=None, timeout=None):
+        self.targets = list(targets)
+        self.clients = [TreeServeClient(t, auth_token=auth_token, timeout=timeout)
+                        for t in self.targets]
+
+    def server_info(self):
+        infos = [c.server_info() for c in self.clients]
+        out = type(infos[0])()
+        out.CopyFrom(infos[0])
+        for i in infos[1:]:
+            for f in ("kv_pages_total", "kv_pages_free", "kv_pages_evictable",
+                      "radix_cached_tokens", "live_trees", "live_branches", "decode_steps"):
+                setattr(out, f, getattr(out, f) + getattr(i, f))
+        out.replica_id = ",".join(i.replica_id for i in infos)
+        return out
+
+    # The client's poll until idle, over this server_info.
+    wait_idle = TreeServeClient.wait_idle
+
+
+class KvMonitor(threading.Thread):
+    """Polls GetServerInfo of the pool every `interval` seconds: (t, pages in use, evictable,
+    free, live trees, live branches, decode steps)."""
+
+    def __init__(self, pool, t0, interval):
         super().__init__(daemon=True)
-        self.client = TreeServeClient(target, timeout=10)
+        self.client = pool
         self.t0, self.interval = t0, interval
         self.samples = []
         self.stop_event = threading.Event()
@@ -257,7 +286,7 @@ def build_results(args, workload, params, info, rec, mon, wall, ran, skipped, id
     res = {
         "workload": workload.name, "scale": args.scale, "params": params,
         "target": args.target, "prompt_kind": args.prompt_kind, "warmup": args.warmup,
-        "seed": args.seed,
+        "seed": args.seed, "pool_checked": pool_targets(args),
         "server": {"model": info.model, "backend": info.backend, "page_size": info.page_size,
                    "kv_pages_total": info.kv_pages_total,
                    "tensor_parallel": info.tensor_parallel},
@@ -280,12 +309,15 @@ def build_results(args, workload, params, info, rec, mon, wall, ran, skipped, id
                      if k not in ("prompt_tokens", "cached_tokens")},
         "notes": rec.notes,
         "lists": {k: summary(v) for k, v in rec.lists.items()},
-        "idle_after": is_idle(idle_info) and idle_info.live_trees == 0,
-        "idle_state": {"kv_pages_free": idle_info.kv_pages_free,
-                       "kv_pages_evictable": idle_info.kv_pages_evictable,
-                       "kv_pages_total": idle_info.kv_pages_total,
-                       "live_trees": idle_info.live_trees,
-                       "live_branches": idle_info.live_branches},
+        # None: not checked (--proxy without --replicas)
+        "idle_after": None if idle_info is None else (
+            is_idle(idle_info) and idle_info.live_trees == 0),
+        "idle_state": None if idle_info is None else {
+            "kv_pages_free": idle_info.kv_pages_free,
+            "kv_pages_evictable": idle_info.kv_pages_evictable,
+            "kv_pages_total": idle_info.kv_pages_total,
+            "live_trees": idle_info.live_trees,
+            "live_branches": idle_info.live_branches},
         "leftover_trees_deleted": leaks,
         "timeline": {
             "kv": [[round(s[0], 4), s[1], s[2]] for s in mon.samples],
@@ -364,7 +396,15 @@ def check_plot_available():
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="127.0.0.1:50051", help="server host:port")
+    ap.add_argument("--target", default="127.0.0.1:50051",
+                    help="server host:port, or a proxy's in front of several replicas")
+    ap.add_argument("--replicas", default="",
+                    help="the replicas' own host:port, comma-separated: the pool checks (idle "
+                         "at start and end, KV pages over time) sum their GetServerInfo "
+                         "(default: --target's)")
+    ap.add_argument("--proxy", action="store_true",
+                    help="--target is a proxy: without --replicas the pool checks are skipped "
+                         "(through a proxy GetServerInfo reaches one replica)")
     ap.add_argument("--auth-token", default=None)
     ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
     ap.add_argument("--scale", default="small", choices=["small", "full"])
@@ -400,6 +440,13 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
+def pool_targets(args):
+    """The addresses whose pools the checks sum; None: the checks are skipped."""
+    if args.replicas:
+        return [t.strip() for t in args.replicas.split(",") if t.strip()]
+    return None if args.proxy else [args.target]
+
+
 def main(argv=None):
     args = parse_args(argv)
     workload = WORKLOADS[args.workload]
@@ -426,24 +473,45 @@ def main(argv=None):
         print("error: cannot reach treeserve at %s: %s" % (args.target, e.details()),
               file=sys.stderr)
         return 2
-    if not is_idle(info) or info.live_trees:
-        print("warning: server is not idle at start (%d trees, %d pages in use); figures "
-              "include other clients' load" % (info.live_trees, kv_pages_in_use(info)),
+    targets = pool_targets(args)
+    pool = None
+    if targets is None:
+        print("note: --proxy without --replicas: GetServerInfo through the proxy reaches one "
+              "replica, so the pool checks (idle at start and end, KV pages over time) are "
+              "skipped; pass --replicas HOST:PORT,... to sum the replicas' pools",
               file=sys.stderr)
+    else:
+        pool = Pool(targets, auth_token=args.auth_token, timeout=10)
+        try:
+            pool_info = pool.server_info()
+        except Exception as e:
+            if not is_rpc_error(e):
+                raise
+            print("error: cannot reach a replica of %s: %s" % (",".join(targets), e.details()),
+                  file=sys.stderr)
+            return 2
+        if not is_idle(pool_info) or pool_info.live_trees:
+            print("warning: server is not idle at start (%d trees, %d pages in use); figures "
+                  "include other clients' load" % (pool_info.live_trees,
+                                                   kv_pages_in_use(pool_info)),
+                  file=sys.stderr)
+        info = pool_info
     vocab = args.vocab or client.vocab_size()
     t0 = time.perf_counter()
     rec = Recorder(t0)
     ctx = RunContext(client, params, args, vocab, rec)
     units = workload.units(ctx)
-    mon = KvMonitor(args.target, t0, args.poll_interval)
-    mon.start()
+    mon = KvMonitor(pool, t0, args.poll_interval)
+    if pool is not None:
+        mon.start()
     leaks = 0
     try:
         wall, ran, skipped = run_units(ctx, units, params.get("concurrency", 1), args.warmup)
     finally:
         leaks = ctx.delete_leftovers()
-        mon.stop()
-    idle_info = client.wait_idle(timeout=args.idle_timeout)
+        if pool is not None:
+            mon.stop()
+    idle_info = pool.wait_idle(timeout=args.idle_timeout) if pool is not None else None
     res = build_results(args, workload, params, info, rec, mon, wall, ran, skipped,
                         idle_info, leaks)
     if not args.quiet:
@@ -451,7 +519,7 @@ def main(argv=None):
     elif rec.errors:
         for e in rec.errors[:10]:
             print("error: " + e, file=sys.stderr)
-    if not res["idle_after"]:
+    if res["idle_after"] is False:
         s = res["idle_state"]
         print("warning: server did not return to idle: free %d + evictable %d != total %d, "
               "%d live trees, %d live branches" % (

@@ -154,6 +154,10 @@ ServerMetrics::ServerMetrics(MetricsRegistry* r)
           step_buckets())),
       tree_leases_expired_total(
           r->counter("treeserve:tree_leases_expired_total",
-                     "Trees deleted because no call touched them for their idle lease")) {}
+                     "Trees deleted because no call touched them for their idle lease")),
+      misrouted_calls_total(r->counter(
+          "treeserve:misrouted_calls_total",
+          "Calls refused FAILED_PRECONDITION because the tree they name lives on another "
+          "replica (its id names it): the proxy did not route them by x-treeserve-route")) {}
 
 }  // namespace treeserve

@@ -96,6 +96,7 @@ struct ServerMetrics {
   Histogram* step_forward_seconds;     // the backend's forward per engine step
   Histogram* step_host_seconds;        // the scheduler's own work per engine step
   Counter* tree_leases_expired_total;  // trees deleted because their idle lease ran out
+  Counter* misrouted_calls_total;      // calls naming a tree of another replica
 };
 
 }  // namespace treeserve

@@ -94,4 +94,17 @@ std::string random_id(std::string_view prefix) {
   return out;
 }
 
+std::string random_hex(size_t bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string raw(bytes, '\0');
+  random_bytes(raw.data(), bytes);
+  std::string out;
+  out.reserve(2 * bytes);
+  for (unsigned char c : raw) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  return out;
+}
+
 }  // namespace treeserve

@@ -6,6 +6,9 @@
 //   LM head on the logit rows only.
 // The attention plan is built once per step and executed for every layer (the same plan
 // the CUDA kernel will run). All scratch lives in the backend and is reused across steps.
+// FP8 models (engine/cpu_weights.h) run the same loop on dequantized e4m3 weights, with each
+// GEMM's input quantized to e4m3 and dequantized first (the LM head's excepted).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -144,6 +147,7 @@ class CpuBackend final : public Backend {
     attn_.resize(size_t(rows * q));
     gu_.resize(size_t(rows * 2 * im));
     act_.resize(size_t(rows * im));
+    if (weights_.fp8) fp8_in_.resize(size_t(rows * std::max({h, q, im})));
     cos_.resize(size_t(rows * config_.head_dim / 2));
     sin_.resize(cos_.size());
   }
@@ -158,6 +162,18 @@ class CpuBackend final : public Backend {
     return flops < kParallelAttentionFlops ? 1 : pool_.num_threads();
   }
 
+  // A linear layer's input x [rows][cols]: x itself, or under FP8 its e4m3 quantization
+  // dequantized into fp8_in_ (per row, or with the layer's static input scale).
+  const float* linear_input(const float* x, int64_t rows, int64_t cols, float input_scale) {
+    if (!weights_.fp8) return x;
+    if (weights_.fp8_static) {
+      fp8_fake_quantize_static(x, rows * cols, input_scale, fp8_in_.data());
+    } else {
+      fp8_fake_quantize_rows(x, rows, cols, fp8_in_.data());
+    }
+    return fp8_in_.data();
+  }
+
   // x_ [rows][hidden] is the residual stream; everything else is scratch.
   Status run_layer(int32_t l, const StepBatch& batch, int32_t attention_threads) {
     const CpuLayerWeights& w = weights_.layers[l];
@@ -170,7 +186,8 @@ class CpuBackend final : public Backend {
 
     // Attention block. qkv_ [rows][q | k | v].
     rms_norm(x_.data(), w.input_norm.data(), rows, h, eps, xn_.data());
-    gemm_xwt(&pool_, xn_.data(), h, w.qkv.data(), qkv_.data(), qkv_stride, rows, qkv_stride, h);
+    gemm_xwt(&pool_, linear_input(xn_.data(), rows, h, w.qkv_input_scale), h, w.qkv.data(),
+             qkv_.data(), qkv_stride, rows, qkv_stride, h);
     apply_rope(qkv_.data(), rows, qkv_stride, nh, d, cos_.data(), sin_.data());
     apply_rope(qkv_.data() + q, rows, qkv_stride, nkv, d, cos_.data(), sin_.data());
     float* k_layer = k_pool_[l].data();
@@ -190,14 +207,17 @@ class CpuBackend final : public Backend {
     TS_RETURN_IF_ERROR(execute_attention_plan_cpu(
         plan_, batch.view, layout_, q_.data(), int32_t(rows), k_layer, v_layer, int32_t(nh), scale_,
         attn_.data(), &attention_ws_, attention_threads));
-    gemm_xwt(&pool_, attn_.data(), q, w.o.data(), xn_.data(), h, rows, h, q);
+    gemm_xwt(&pool_, linear_input(attn_.data(), rows, q, w.o_input_scale), q, w.o.data(),
+             xn_.data(), h, rows, h, q);
     add_inplace(x_.data(), xn_.data(), rows * h);
 
     // MLP block. gu_ [rows][gate | up].
     rms_norm(x_.data(), w.post_norm.data(), rows, h, eps, xn_.data());
-    gemm_xwt(&pool_, xn_.data(), h, w.gate_up.data(), gu_.data(), 2 * im, rows, 2 * im, h);
+    gemm_xwt(&pool_, linear_input(xn_.data(), rows, h, w.gate_up_input_scale), h, w.gate_up.data(),
+             gu_.data(), 2 * im, rows, 2 * im, h);
     swiglu(gu_.data(), rows, im, act_.data());
-    gemm_xwt(&pool_, act_.data(), im, w.down.data(), xn_.data(), h, rows, h, im);
+    gemm_xwt(&pool_, linear_input(act_.data(), rows, im, w.down_input_scale), im, w.down.data(),
+             xn_.data(), h, rows, h, im);
     add_inplace(x_.data(), xn_.data(), rows * h);
     return Status::Ok();
   }
@@ -240,6 +260,7 @@ class CpuBackend final : public Backend {
   std::vector<float> act_;        // [rows][intermediate]
   std::vector<float> cos_, sin_;  // [rows][head_dim / 2]
   std::vector<float> final_;      // [logit rows][hidden]
+  std::vector<float> fp8_in_;     // FP8: a linear layer's dequantized input [rows][<= max dim]
   SamplingScratch sampling_scratch_;
 };
 

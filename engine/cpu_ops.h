@@ -1,5 +1,6 @@
 // The CPU backend's dense operators, float32 throughout: embedding gather, RMSNorm, RoPE
-// (HF Llama rotate-half convention), GEMM against HF-layout [out][in] weights, SwiGLU.
+// (HF Llama rotate-half convention), GEMM against HF-layout [out][in] weights, SwiGLU, and
+// the FP8 quantize-dequantize of linear layers' inputs.
 // Plain functions over raw pointers with the shapes in comments, so the layer loop in
 // cpu_backend.cpp reads like the model and each op can be tested alone.
 #pragma once
@@ -46,5 +47,13 @@ void swiglu(const float* gu, int64_t M, int64_t I, float* out);
 
 // x[i] += delta[i], i in [0, n).
 void add_inplace(float* x, const float* delta, int64_t n);
+
+// FP8 emulation of a linear layer's input (models/fp8.h's rule): each row of x [rows][cols]
+// quantized with its own scale s = fp8_scale(amax of the row) (dynamic per token) and
+// dequantized: out = e4m3_to_float(float_to_e4m3(x / s)) * s. x and out may alias.
+void fp8_fake_quantize_rows(const float* x, int64_t rows, int64_t cols, float* out);
+
+// The same with one static scale (the checkpoint's input_scale) for all n values.
+void fp8_fake_quantize_static(const float* x, int64_t n, float scale, float* out);
 
 }  // namespace treeserve

@@ -1,9 +1,13 @@
-// Float32 conversion and Q/K/V, gate/up fusion of the checkpoint's tensors.
+// Float32 conversion and Q/K/V, gate/up fusion of the checkpoint's tensors; FP8 weights
+// dequantized (or 16-bit ones quantized and dequantized) for the CPU backend's emulation.
 #include "engine/cpu_weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <new>
 #include <string>
+
+#include "models/fp8.h"
 
 namespace treeserve {
 namespace {
@@ -26,6 +30,71 @@ void append_f32(const TensorView& t, std::vector<float>* dst) {
   to_float(t, dst->data() + old);
 }
 
+// w [rows][cols] (float(q) values) times the weight scale: one for the matrix or one per row.
+void scale_rows(float* w, int64_t rows, int64_t cols, const std::vector<float>& scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float s = scale.size() == 1 ? scale[0] : scale[size_t(r)];
+    for (int64_t c = 0; c < cols; ++c) w[r * cols + c] *= s;
+  }
+}
+
+// FP8 from float32 weights: quantized per row by models/fp8.h's rule, then dequantized.
+void fake_quantize_rows(float* w, int64_t rows, int64_t cols) {
+  std::vector<uint8_t> q(size_t(rows * cols));
+  std::vector<float> scale(static_cast<size_t>(rows));
+  quantize_fp8_rows(w, rows, cols, q.data(), scale.data());
+  for (int64_t i = 0; i < rows * cols; ++i) w[i] = e4m3_to_float(q[size_t(i)]);
+  scale_rows(w, rows, cols, scale);
+}
+
+std::vector<float> scale_values(const TensorView& t) {
+  std::vector<float> v(size_t(t.numel()));
+  if (!v.empty()) to_float(t, v.data());
+  return v;
+}
+
+// Appends one projection as float32 rows: as it is, or under FP8 dequantized (float(q) *
+// weight_scale of the row) from the checkpoint's e4m3 weight, or quantized and dequantized
+// from a 16-bit one. *input_scale becomes the largest static input scale seen.
+Status append_linear(const ModelConfig& c, const TensorView& w, const Fp8Scales& scales,
+                     std::vector<float>* dst, float* input_scale) {
+  const int64_t rows = w.shape[0], cols = w.shape[1];
+  const size_t old = dst->size();
+  dst->resize(old + size_t(rows * cols));
+  float* out = dst->data() + old;
+  const bool fp8 = c.quant.scheme == QuantScheme::kFp8;
+  const bool e4m3 = fp8 && c.quant.prequantized;
+  if ((w.dtype == DType::kF8E4M3) != e4m3) {
+    return InvalidArgument("tensor '" + w.name + "' is " + dtype_name(w.dtype) +
+                           (e4m3 ? ", expected F8_E4M3 (an FP8 checkpoint)"
+                                 : ", expected F32, F16 or BF16 (the config names no FP8 "
+                                   "checkpoint)"));
+  }
+  to_float(w, out);
+  if (!fp8) return Status::Ok();
+  if (!c.quant.prequantized) {
+    fake_quantize_rows(out, rows, cols);
+    return Status::Ok();
+  }
+  const std::vector<float> scale = scale_values(scales.weight_scale);
+  if (scale.size() != 1 && int64_t(scale.size()) != rows) {
+    return InvalidArgument("tensor '" + scales.weight_scale.name + "' has " +
+                           std::to_string(scale.size()) + " scales, expected 1 or " +
+                           std::to_string(rows) + " for '" + w.name + "'");
+  }
+  scale_rows(out, rows, cols, scale);
+  if (c.quant.activation_scale == Fp8ActivationScale::kStaticPerTensor) {
+    const std::vector<float> s = scale_values(scales.input_scale);
+    if (s.size() != 1 || !(s[0] > 0.0f) || !std::isfinite(s[0])) {
+      return InvalidArgument("tensor '" + w.name +
+                             "': static activation scales need one positive finite "
+                             "input_scale beside it");
+    }
+    *input_scale = std::max(*input_scale, s[0]);
+  }
+  return Status::Ok();
+}
+
 Status convert_layer(const ModelConfig& c, const LlamaLayerWeights& w, CpuLayerWeights* out) {
   const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), im = c.intermediate_size;
   TS_RETURN_IF_ERROR(check_shape(w.input_layernorm, {h}));
@@ -39,15 +108,18 @@ Status convert_layer(const ModelConfig& c, const LlamaLayerWeights& w, CpuLayerW
   TS_RETURN_IF_ERROR(check_shape(w.down_proj, {h, im}));
   append_f32(w.input_layernorm, &out->input_norm);
   out->qkv.reserve(size_t((q + 2 * kv) * h));
-  append_f32(w.q_proj, &out->qkv);
-  append_f32(w.k_proj, &out->qkv);
-  append_f32(w.v_proj, &out->qkv);
-  append_f32(w.o_proj, &out->o);
+  TS_RETURN_IF_ERROR(append_linear(c, w.q_proj, w.q_scale, &out->qkv, &out->qkv_input_scale));
+  TS_RETURN_IF_ERROR(append_linear(c, w.k_proj, w.k_scale, &out->qkv, &out->qkv_input_scale));
+  TS_RETURN_IF_ERROR(append_linear(c, w.v_proj, w.v_scale, &out->qkv, &out->qkv_input_scale));
+  TS_RETURN_IF_ERROR(append_linear(c, w.o_proj, w.o_scale, &out->o, &out->o_input_scale));
   append_f32(w.post_attention_layernorm, &out->post_norm);
   out->gate_up.reserve(size_t(2 * im * h));
-  append_f32(w.gate_proj, &out->gate_up);
-  append_f32(w.up_proj, &out->gate_up);
-  append_f32(w.down_proj, &out->down);
+  TS_RETURN_IF_ERROR(
+      append_linear(c, w.gate_proj, w.gate_scale, &out->gate_up, &out->gate_up_input_scale));
+  TS_RETURN_IF_ERROR(
+      append_linear(c, w.up_proj, w.up_scale, &out->gate_up, &out->gate_up_input_scale));
+  TS_RETURN_IF_ERROR(
+      append_linear(c, w.down_proj, w.down_scale, &out->down, &out->down_input_scale));
   return Status::Ok();
 }
 
@@ -92,6 +164,15 @@ StatusOr<CpuModelWeights> random_cpu_weights(const ModelConfig& config, uint64_t
     }
     ones(&out.norm, h);
     if (!config.tie_word_embeddings) mat(&out.lm_head, v * h, h);
+    if (config.quant.scheme == QuantScheme::kFp8) {
+      out.fp8 = true;
+      for (CpuLayerWeights& l : out.layers) {
+        fake_quantize_rows(l.qkv.data(), q + 2 * kv, h);
+        fake_quantize_rows(l.o.data(), h, q);
+        fake_quantize_rows(l.gate_up.data(), 2 * im, h);
+        fake_quantize_rows(l.down.data(), h, im);
+      }
+    }
   } catch (const std::bad_alloc&) {
     return ResourceExhausted("not enough host memory for the float32 random weights");
   }
@@ -110,6 +191,9 @@ StatusOr<CpuModelWeights> convert_weights_to_f32(const ModelConfig& config,
   TS_RETURN_IF_ERROR(check_shape(weights.norm, {h}));
   TS_RETURN_IF_ERROR(check_shape(weights.lm_head, {vocab, h}));
   CpuModelWeights out;
+  out.fp8 = config.quant.scheme == QuantScheme::kFp8;
+  out.fp8_static = out.fp8 && config.quant.prequantized &&
+                   config.quant.activation_scale == Fp8ActivationScale::kStaticPerTensor;
   try {
     append_f32(weights.embed_tokens, &out.embed);
     append_f32(weights.norm, &out.norm);

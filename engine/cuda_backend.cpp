@@ -52,9 +52,16 @@ Status CudaBackend::init() {
   layers_.resize(size_t(config_.num_hidden_layers));
   for (LayerWeights& l : layers_) {
     TS_RETURN_IF_ERROR(alloc(&l.input_norm, h * 2));
+    TS_RETURN_IF_ERROR(alloc(&l.post_norm, h * 2));
+    if (fp8_) {
+      TS_RETURN_IF_ERROR(alloc_fp8(&l.qkv8, q + 2 * kv, h));
+      TS_RETURN_IF_ERROR(alloc_fp8(&l.o8, h, q));
+      TS_RETURN_IF_ERROR(alloc_fp8(&l.gate_up8, 2 * im, h));
+      TS_RETURN_IF_ERROR(alloc_fp8(&l.down8, h, im));
+      continue;
+    }
     TS_RETURN_IF_ERROR(alloc(&l.qkv, (q + 2 * kv) * h * 2));
     TS_RETURN_IF_ERROR(alloc(&l.o, h * q * 2));
-    TS_RETURN_IF_ERROR(alloc(&l.post_norm, h * 2));
     TS_RETURN_IF_ERROR(alloc(&l.gate_up, 2 * im * h * 2));
     TS_RETURN_IF_ERROR(alloc(&l.down, h * im * 2));
   }
@@ -66,10 +73,10 @@ Status CudaBackend::init() {
   }
   // Each GEMM's same-shape weights, cycled through when its shape is tuned.
   for (const LayerWeights& l : layers_) {
-    qkv_set_.push_back(l.qkv);
-    o_set_.push_back(l.o);
-    gate_up_set_.push_back(l.gate_up);
-    down_set_.push_back(l.down);
+    qkv_set_.push_back(fp8_ ? l.qkv8.w : l.qkv);
+    o_set_.push_back(fp8_ ? l.o8.w : l.o);
+    gate_up_set_.push_back(fp8_ ? l.gate_up8.w : l.gate_up);
+    down_set_.push_back(fp8_ ? l.down8.w : l.down);
   }
   lm_head_set_ = {lm_head_};
   const int64_t pool_bytes = layout_.layer_elems() * layout_.num_layers * 2;
@@ -151,10 +158,20 @@ Status CudaBackend::load(const LlamaWeights& weights) {
     return up.upload_block(t, {h}, 0, 1, 0, h, dst);
   };
   TS_RETURN_IF_ERROR(rows(weights.embed_tokens, {v, h}, v0, vocab_, embed_));
+  // FP8 from a 16-bit checkpoint: each matrix staged in the model dtype, then quantized.
+  DeviceBuffer stage;
+  if (fp8_ && !config_.quant.prequantized) {
+    TS_RETURN_IF_ERROR(stage.reserve(size_t(fp8_stage_elems()) * 2, "FP8 staging"));
+  }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LlamaLayerWeights& src = weights.layers[i];
     LayerWeights& dst = layers_[i];
     TS_RETURN_IF_ERROR(vec(src.input_layernorm, dst.input_norm));
+    if (fp8_) {
+      TS_RETURN_IF_ERROR(vec(src.post_attention_layernorm, dst.post_norm));
+      TS_RETURN_IF_ERROR(load_fp8_layer(src, &dst, &up, stage.ptr));
+      continue;
+    }
     TS_RETURN_IF_ERROR(rows(src.q_proj, {q, h}, q0, q_size_, dst.qkv));
     TS_RETURN_IF_ERROR(
         rows(src.k_proj, {kv, h}, kv0, kv_size_, byte_offset(dst.qkv, q_size_ * h, 2)));
@@ -170,7 +187,139 @@ Status CudaBackend::load(const LlamaWeights& weights) {
   if (!config_.tie_word_embeddings) {
     TS_RETURN_IF_ERROR(rows(weights.lm_head, {v, h}, v0, vocab_, lm_head_));
   }
-  return up.finish();
+  TS_RETURN_IF_ERROR(up.finish());
+  TS_CUDA(cudaGetLastError(), "FP8 quantization");
+  return Status::Ok();
+}
+
+Status CudaBackend::alloc_fp8(Fp8Linear* l, int64_t n, int64_t k) {
+  void* p = nullptr;
+  TS_RETURN_IF_ERROR(alloc(&p, n * k));
+  l->w = static_cast<uint8_t*>(p);
+  TS_RETURN_IF_ERROR(alloc(&p, n * 4));
+  l->scale = static_cast<float*>(p);
+  if (config_.quant.prequantized &&
+      config_.quant.activation_scale == Fp8ActivationScale::kStaticPerTensor) {
+    TS_RETURN_IF_ERROR(alloc(&p, 4));
+    l->input_scale = static_cast<float*>(p);
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// A checkpoint scale tensor as floats (F32, or F16 / BF16 widened).
+std::vector<float> scale_values(const TensorView& t) {
+  std::vector<float> v(size_t(t.numel()));
+  if (!v.empty()) to_float(t, v.data());
+  return v;
+}
+
+// Appends `rows` per-row weight scales of one projection: its weight_scale, one value for the
+// whole matrix ([] or [1]) or one per row ([rows] or [rows, 1]).
+Status append_row_scales(const TensorView& t, int64_t rows, std::vector<float>* out) {
+  const std::vector<float> v = scale_values(t);
+  if (v.size() == 1) {
+    out->insert(out->end(), size_t(rows), v[0]);
+  } else if (int64_t(v.size()) == rows) {
+    out->insert(out->end(), v.begin(), v.end());
+  } else {
+    return InvalidArgument(t.file + ": tensor '" + t.name + "' has " + std::to_string(v.size()) +
+                           " scales; expected 1 or " + std::to_string(rows));
+  }
+  for (float s : *out) {
+    if (!(s > 0.0f) || !std::isfinite(s)) {
+      return InvalidArgument(t.file + ": tensor '" + t.name +
+                             "' holds a scale that is not a "
+                             "positive finite number");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+int64_t CudaBackend::fp8_stage_elems() const {
+  return std::max({(q_size_ + 2 * kv_size_) * h_, h_ * q_size_, 2 * im_ * h_, h_ * im_});
+}
+
+Status CudaBackend::load_fp8_layer(const LlamaLayerWeights& src, LayerWeights* dst,
+                                   WeightUploader* up, void* stage) {
+  const int64_t h = h_, q = q_size_, kv = kv_size_, im = im_;
+  struct Part {
+    const TensorView* weight;
+    const Fp8Scales* scales;
+    int64_t rows;
+  };
+  struct Matrix {
+    Fp8Linear* dst;
+    std::vector<Part> parts;
+    int64_t cols;
+  };
+  const Matrix matrices[] = {
+      {&dst->qkv8,
+       {{&src.q_proj, &src.q_scale, q},
+        {&src.k_proj, &src.k_scale, kv},
+        {&src.v_proj, &src.v_scale, kv}},
+       h},
+      {&dst->o8, {{&src.o_proj, &src.o_scale, h}}, q},
+      {&dst->gate_up8,
+       {{&src.gate_proj, &src.gate_scale, im}, {&src.up_proj, &src.up_scale, im}},
+       h},
+      {&dst->down8, {{&src.down_proj, &src.down_scale, h}}, im},
+  };
+  for (const Matrix& m : matrices) {
+    int64_t n = 0;
+    for (const Part& p : m.parts) n += p.rows;
+    if (!config_.quant.prequantized) {
+      // 16-bit rows into the stage (the parts one after another), then quantized per row.
+      int64_t row = 0;
+      for (const Part& p : m.parts) {
+        TS_RETURN_IF_ERROR(up->upload_block(*p.weight, {p.rows, m.cols}, 0, p.rows, 0, m.cols,
+                                            byte_offset(stage, row * m.cols, 2)));
+        row += p.rows;
+      }
+      quantize_weight(stage, n, m.cols, m.dst->w, m.dst->scale);
+      continue;
+    }
+    // The checkpoint's e4m3 bytes as they are, the scales per row, and for static activation
+    // scales the largest of the parts' input scales (one quantization of the shared input
+    // serves the fused matrix; a larger scale only costs the smaller ones some precision).
+    std::vector<float> row_scales;
+    float input_scale = 0.0f;
+    int64_t row = 0;
+    for (const Part& p : m.parts) {
+      const TensorView& w = *p.weight;
+      if (w.dtype != DType::kF8E4M3 || w.numel() != p.rows * m.cols) {
+        return InvalidArgument(w.file + ": tensor '" + w.name + "' is " + dtype_name(w.dtype) +
+                               " " + w.shape_string() +
+                               "; an FP8 checkpoint's weight must be "
+                               "F8_E4M3 [" +
+                               std::to_string(p.rows) + ", " + std::to_string(m.cols) + "]");
+      }
+      TS_CUDA(cudaMemcpy(m.dst->w + row * m.cols, w.data, size_t(p.rows * m.cols),
+                         cudaMemcpyHostToDevice),
+              "FP8 weight upload");
+      TS_RETURN_IF_ERROR(append_row_scales(p.scales->weight_scale, p.rows, &row_scales));
+      if (m.dst->input_scale) {
+        const std::vector<float> s = scale_values(p.scales->input_scale);
+        if (s.size() != 1 || !(s[0] > 0.0f) || !std::isfinite(s[0])) {
+          return InvalidArgument(p.scales->input_scale.file + ": tensor '" +
+                                 p.scales->input_scale.name +
+                                 "' must be one positive finite scale");
+        }
+        input_scale = std::max(input_scale, s[0]);
+      }
+      row += p.rows;
+    }
+    TS_CUDA(cudaMemcpy(m.dst->scale, row_scales.data(), size_t(n) * 4, cudaMemcpyHostToDevice),
+            "FP8 scale upload");
+    if (m.dst->input_scale) {
+      TS_CUDA(cudaMemcpy(m.dst->input_scale, &input_scale, 4, cudaMemcpyHostToDevice),
+              "FP8 input scale upload");
+    }
+  }
+  return Status::Ok();
 }
 
 Status CudaBackend::randomize(uint64_t seed) {
@@ -187,8 +336,30 @@ Status CudaBackend::randomize(uint64_t seed) {
   };
   auto ones = [&](void* p, int64_t n) { cuda::fill_random(dtype_, p, n, 0, 0.0f, 1.0f, stream_); };
   block(embed_, vocab_, h, seed++, h, v0, 0, 1);
+  // FP8: the same 16-bit values drawn into a stage, then quantized per row.
+  DeviceBuffer stage;
+  if (fp8_) TS_RETURN_IF_ERROR(stage.reserve(size_t(fp8_stage_elems()) * 2, "FP8 staging"));
   for (LayerWeights& l : layers_) {
     ones(l.input_norm, h);
+    if (fp8_) {
+      void* st = stage.ptr;
+      const uint64_t s_qkv = seed++;
+      block(st, q_size_, h, s_qkv, h, q0, 0, h);
+      block(byte_offset(st, q_size_ * h, 2), kv_size_, h, s_qkv, h, q + kv0, 0, h);
+      block(byte_offset(st, (q_size_ + kv_size_) * h, 2), kv_size_, h, s_qkv, h, q + kv + kv0, 0,
+            h);
+      quantize_weight(st, q_size_ + 2 * kv_size_, h, l.qkv8.w, l.qkv8.scale);
+      block(st, h, q_size_, seed++, q, 0, q0, q);
+      quantize_weight(st, h, q_size_, l.o8.w, l.o8.scale);
+      ones(l.post_norm, h);
+      const uint64_t s_gu = seed++;
+      block(st, im_, h, s_gu, h, im0, 0, h);
+      block(byte_offset(st, im_ * h, 2), im_, h, s_gu, h, im + im0, 0, h);
+      quantize_weight(st, 2 * im_, h, l.gate_up8.w, l.gate_up8.scale);
+      block(st, h, im_, seed++, im, 0, im0, im);
+      quantize_weight(st, h, im_, l.down8.w, l.down8.scale);
+      continue;
+    }
     const uint64_t s_qkv = seed++;  // [q | k | v][h]
     block(l.qkv, q_size_, h, s_qkv, h, q0, 0, h);
     block(byte_offset(l.qkv, q_size_ * h, 2), kv_size_, h, s_qkv, h, q + kv0, 0, h);
@@ -211,7 +382,7 @@ Status CudaBackend::randomize(uint64_t seed) {
 void CudaBackend::release_buffers() {
   for (DeviceBuffer* b :
        {&argmax_, &residual_, &x_, &tmp_, &qkv_, &q_, &attn_, &gu_, &act_, &final_, &logits_,
-        &meta_, &partial_, &sample_params_, &sample_out_, &gather_recv_, &gathered_}) {
+        &meta_, &partial_, &xq_, &xs_, &sample_params_, &sample_out_, &gather_recv_, &gathered_}) {
     b->release();
   }
   workspace_.release();
@@ -277,6 +448,21 @@ Status check_options(const ModelConfig& config, const CudaBackendOptions& option
     return InvalidArgument("CUDA backend: intermediate_size / tensor_parallel = " +
                            std::to_string(config.intermediate_size / options.tensor_parallel) +
                            " must be a multiple of 8 (16-byte SwiGLU loads)");
+  }
+  if (config.quant.scheme == QuantScheme::kFp8) {
+    if (options.tensor_parallel > 1) {
+      return InvalidArgument("CUDA backend: FP8 linear layers run on one GPU (tensor_parallel = " +
+                             std::to_string(options.tensor_parallel) +
+                             " is not supported with quantization fp8 yet)");
+    }
+    for (auto [what, n] : {std::pair<const char*, int64_t>{"hidden_size", config.hidden_size},
+                           {"intermediate_size", config.intermediate_size},
+                           {"num_attention_heads * head_dim", config.q_size()}}) {
+      if (n % 16 != 0) {
+        return InvalidArgument(std::string("CUDA backend: FP8 GEMMs need ") + what +
+                               " to be a multiple of 16, got " + std::to_string(n));
+      }
+    }
   }
   if (config.head_dim != 64 && config.head_dim != 128) {
     return InvalidArgument("CUDA backend: head_dim " + std::to_string(config.head_dim) +

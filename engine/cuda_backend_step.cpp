@@ -82,6 +82,11 @@ Status CudaBackend::reserve_scratch(const StepBatch& batch) {
   TS_RETURN_IF_ERROR(final_.reserve(size_t(std::max<int64_t>(n_logits, 1) * h) * 4, "final"));
   TS_RETURN_IF_ERROR(
       logits_.reserve(size_t(std::max<int64_t>(n_logits, 1) * vocab_) * 4, "logits"));
+  if (fp8_) {
+    TS_RETURN_IF_ERROR(xq_.reserve(size_t(rows * std::max({h, q, im})), "fp8 input"));
+    TS_RETURN_IF_ERROR(xs_.reserve(size_t(std::max<int64_t>(rows, 1)) * 4, "fp8 input scales"));
+    TS_RETURN_IF_ERROR(partial_.reserve(size_t(std::max<int64_t>(rows, 1) * h) * 4, "partial"));
+  }
   if (world_ > 1) {
     TS_RETURN_IF_ERROR(partial_.reserve(size_t(std::max<int64_t>(rows, 1) * h) * 4, "partial"));
     TS_RETURN_IF_ERROR(argmax_.reserve(size_t(std::max<int64_t>(n_logits, 1)) * 12, "argmax"));
@@ -121,8 +126,9 @@ Status CudaBackend::run_step_graph(const StepBatch& batch) {
   key.n_logits = int64_t(batch.logit_rows.size());
   // As an eager launch of this upload would run (so a step runs the same kernels either way).
   key.grid = tree_attention_graph_grid(workspace_, int32_t(nkv_), int32_t(d_));
-  key.buffers = {residual_.ptr, x_.ptr,   tmp_.ptr,   qkv_.ptr,    q_.ptr,    attn_.ptr,
-                 gu_.ptr,       act_.ptr, final_.ptr, logits_.ptr, meta_.ptr, partial_.ptr};
+  key.buffers = {residual_.ptr, x_.ptr,       tmp_.ptr, qkv_.ptr,   q_.ptr,
+                 attn_.ptr,     gu_.ptr,      act_.ptr, final_.ptr, logits_.ptr,
+                 meta_.ptr,     partial_.ptr, xq_.ptr,  xs_.ptr};
   // step_graphs_ is kept least recently used first.
   auto found = std::find_if(step_graphs_.begin(), step_graphs_.end(),
                             [&](const StepGraph& g) { return g.key == key; });
@@ -199,7 +205,7 @@ Status CudaBackend::enqueue_layers(const StepBatch& batch, TreeAttentionGrid gri
     const LayerWeights& w = layers_[l];
     void* k_pool = static_cast<char*>(k_all_) + int64_t(l) * layer_elems * 2;
     void* v_pool = static_cast<char*>(v_all_) + int64_t(l) * layer_elems * 2;
-    TS_RETURN_IF_ERROR(gemm(x_.ptr, w.qkv, qkv_.ptr, rows, q + 2 * kv, h, false, qkv_set_));
+    TS_RETURN_IF_ERROR(linear(x_.ptr, w.qkv, w.qkv8, qkv_.ptr, rows, q + 2 * kv, h, qkv_set_));
     prof_.mark("gemm qkv", stream_);
     cuda::rope_and_store_kv(dtype_, qkv_.ptr, d_positions_, inv_freq(), d_slots_, rows, nh, nkv, d,
                             layout_.page_size, q_.ptr, k_pool, v_pool, stream_);
@@ -210,14 +216,15 @@ Status CudaBackend::enqueue_layers(const StepBatch& batch, TreeAttentionGrid gri
         d, layout_.page_size, scale_, workspace_, stream_, grid));
     prof_.mark("attention", stream_);
     TS_RETURN_IF_ERROR(
-        residual_gemm(attn_.ptr, w.o, o_set_, rows, q, w.post_norm, x_.ptr, "gemm o"));
-    TS_RETURN_IF_ERROR(gemm(x_.ptr, w.gate_up, gu_.ptr, rows, 2 * im, h, false, gate_up_set_));
+        residual_gemm(attn_.ptr, w.o, w.o8, o_set_, rows, q, w.post_norm, x_.ptr, "gemm o"));
+    TS_RETURN_IF_ERROR(
+        linear(x_.ptr, w.gate_up, w.gate_up8, gu_.ptr, rows, 2 * im, h, gate_up_set_));
     prof_.mark("gemm gate_up", stream_);
     cuda::swiglu(dtype_, gu_.ptr, rows, im, act_.ptr, stream_);
     prof_.mark("swiglu", stream_);
     // Residual add, fused with the next layer's input norm.
     const bool last = l + 1 == layers_.size();
-    TS_RETURN_IF_ERROR(residual_gemm(act_.ptr, w.down, down_set_, rows, im,
+    TS_RETURN_IF_ERROR(residual_gemm(act_.ptr, w.down, w.down8, down_set_, rows, im,
                                      last ? nullptr : layers_[l + 1].input_norm,
                                      last ? nullptr : x_.ptr, "gemm down"));
   }

@@ -40,7 +40,9 @@ int32_t alignment(uintptr_t a) {
 }
 int32_t alignment(const void* p) { return alignment(reinterpret_cast<uintptr_t>(p)); }
 
-int64_t dtype_bytes(int32_t type) { return type == CUDA_R_32F ? 4 : 2; }
+int64_t dtype_bytes(int32_t type) {
+  return type == CUDA_R_32F ? 4 : type == CUDA_R_8F_E4M3 ? 1 : 2;
+}
 
 // Split-K parts are added in float32: INPLACE and OUTPUT_TYPE add them in the output type,
 // which for fp16/bf16 outputs rounds every part instead of the float32 sum once (what
@@ -154,6 +156,33 @@ Status LtGemm::run(const void* x, const void* w, void* y, int64_t m, int64_t n, 
   return launch(plan_key(x, w, y, m, n, k, 1, in, out), x, w, y, stream, same_shape);
 }
 
+Status LtGemm::run_fp8(const void* x, const float* x_scale, const void* w, const float* w_scale,
+                       void* y, int64_t m, int64_t n, int64_t k, cudaDataType_t out,
+                       cudaStream_t stream, std::span<const void* const> same_shape) {
+  if (k % 16 != 0) {
+    return InvalidArgument("FP8 GEMM: k = " + std::to_string(k) + " is not a multiple of 16");
+  }
+  if (out != CUDA_R_16F && out != CUDA_R_16BF && out != CUDA_R_32F) {
+    return InvalidArgument("FP8 GEMM: the output must be fp16, bf16 or float32");
+  }
+  // Without autotune the handle is made here: FP8 GEMMs run through cublasLt only.
+  if (lt_ == nullptr) TS_LT(cublasLtCreate(&lt_), "cublasLtCreate");
+  w_scale_ = w_scale;
+  x_scale_ = x_scale;
+  return launch(plan_key(x, w, y, m, n, k, 1, CUDA_R_8F_E4M3, out), x, w, y, stream, same_shape);
+}
+
+Status LtGemm::set_scales(const Plan& plan, const float* w_scale, const float* x_scale) const {
+  // Column-major A is w, B is x (make_descriptors).
+  TS_LT(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale,
+                                       sizeof w_scale),
+        "A scale pointer");
+  TS_LT(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale,
+                                       sizeof x_scale),
+        "B scale pointer");
+  return Status::Ok();
+}
+
 Status LtGemm::run_split_k(const void* x, const void* w, float* y, int64_t m, int64_t n, int64_t k,
                            int32_t splits, cudaDataType_t in, cudaStream_t stream,
                            std::span<const void* const> same_shape) {
@@ -246,10 +275,11 @@ Status LtGemm::prepare(const PlanKey& key, const void* x, const void* w, void* y
 Status LtGemm::launch(const PlanKey& key, const void* x, const void* w, void* y,
                       cudaStream_t stream, std::span<const void* const> same_shape) {
   if (key.m == 0) return Status::Ok();
-  if (!autotune_) return run_fallback(key, x, w, y);
+  if (!autotune_ && !is_fp8(key.in)) return run_fallback(key, x, w, y);
   const Plan* plan = nullptr;
   TS_RETURN_IF_ERROR(prepare(key, x, w, y, stream, same_shape, &plan));
   if (plan->use_fallback) return run_fallback(key, x, w, y);
+  if (is_fp8(key.in)) TS_RETURN_IF_ERROR(set_scales(*plan, w_scale_, x_scale_));
   const float alpha = 1.0f, beta = 0.0f;
   return cublas_status(
       cublasLtMatmul(lt_, plan->desc, &alpha, w, plan->a, x, plan->b, &beta, y, plan->c, y, plan->c,
@@ -259,6 +289,11 @@ Status LtGemm::launch(const PlanKey& key, const void* x, const void* w, void* y,
 
 // On fallback_'s stream (set by the owner: the same as the calls').
 Status LtGemm::run_fallback(const PlanKey& key, const void* x, const void* w, void* y) {
+  if (is_fp8(key.in)) {
+    return Internal("FP8 GEMM m=" + std::to_string(key.m) + " n=" + std::to_string(key.n) +
+                    " k=" + std::to_string(key.k) +
+                    ": cublasLt has no algorithm for it on this device (FP8 needs sm_89+)");
+  }
   // Column-major y^T [n][m] = w^T . x^T: w is k x n (ld k) transposed, x is k x m (ld k);
   // with splits, batch s takes rows [s k/S, (s+1) k/S) of both and writes y + s m n.
   const auto in = cudaDataType_t(key.in), out = cudaDataType_t(key.out);
@@ -283,6 +318,7 @@ Status LtGemm::run_fallback(const PlanKey& key, const void* x, const void* w, vo
 Status LtGemm::make_plan(const PlanKey& key, const void* x, const void* w, void* y,
                          cudaStream_t stream, std::span<const void* const> same_shape, Plan* plan) {
   TS_RETURN_IF_ERROR(make_descriptors(key, plan));
+  if (!autotune_) return use_first_candidate(key, plan);  // FP8 (run_fallback serves the rest)
   const int64_t bucket = gemm_rows_bucket(key.m);
   const TuneKey tune_key{device_, bucket, key.n, key.k, key.in, key.out, key.align, key.splits};
   TunedGemm chosen;
@@ -335,18 +371,26 @@ Status LtGemm::tune_bucket(const Plan& plan, const PlanKey& key, int64_t bucket,
   top.m = bucket;
   const size_t x_bytes = size_t(bucket * key.k * dtype_bytes(key.in));
   const size_t y_bytes = size_t(key.splits * bucket * key.n * dtype_bytes(key.out));
+  // FP8: the scratch rows' scales follow them (one float a row).
+  const size_t scale_bytes = is_fp8(key.in) ? size_t(bucket) * 4 : 0;
   void *xs = nullptr, *ys = nullptr;
-  if (cudaMalloc(&xs, x_bytes) != cudaSuccess || cudaMalloc(&ys, y_bytes) != cudaSuccess) {
+  if (cudaMalloc(&xs, x_bytes + scale_bytes) != cudaSuccess ||
+      cudaMalloc(&ys, y_bytes) != cudaSuccess) {
     cudaGetLastError();  // out of memory is not left for the caller's next check
     if (xs) cudaFree(xs);
     return tune(plan, key, x, y, stream, weights, chosen);
   }
+  const float* call_x_scale = x_scale_;
+  if (is_fp8(key.in)) x_scale_ = reinterpret_cast<const float*>(static_cast<char*>(xs) + x_bytes);
   Plan top_plan;
   Status status = make_descriptors(top, &top_plan);
   // Zero rows (timing does not depend on the values; uninitialised ones could hold NaNs).
-  if (status.ok()) status = cuda_status(cudaMemsetAsync(xs, 0, x_bytes, stream), "scratch rows");
+  if (status.ok()) {
+    status = cuda_status(cudaMemsetAsync(xs, 0, x_bytes + scale_bytes, stream), "scratch rows");
+  }
   if (status.ok()) status = tune(top_plan, top, xs, ys, stream, weights, chosen);
   if (status.ok()) status = cuda_status(cudaStreamSynchronize(stream), "tuning");
+  x_scale_ = call_x_scale;
   destroy(&top_plan);
   cudaFree(xs);
   cudaFree(ys);
@@ -374,6 +418,16 @@ Status LtGemm::make_descriptors(const PlanKey& key, Plan* plan) const {
         "layout b");
   TS_LT(cublasLtMatrixLayoutCreate(&plan->c, out, uint64_t(key.n), uint64_t(key.m), key.n),
         "layout c");
+  if (is_fp8(key.in)) {
+    // One float per row of D (A = w's rows) and per column (B = x's rows).
+    const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    TS_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode,
+                                         sizeof mode),
+          "A scale mode");
+    TS_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
+                                         sizeof mode),
+          "B scale mode");
+  }
   if (key.splits == 1) return Status::Ok();
   const int32_t batch = key.splits;  // CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: int32_t
   // CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: int64_t, in elements.
@@ -460,6 +514,7 @@ Status LtGemm::tune(const Plan& plan, const PlanKey& key, const void* x, void* y
   std::vector<cublasLtMatmulHeuristicResult_t> found;
   TS_RETURN_IF_ERROR(heuristic(plan, key, kCandidates, &found));
   if (found.empty()) return Status::Ok();
+  if (is_fp8(key.in)) TS_RETURN_IF_ERROR(set_scales(plan, w_scale_, x_scale_));
 
   std::vector<cudaEvent_t> events(kReps + 1, nullptr);
   Status status = Status::Ok();

@@ -28,6 +28,7 @@ cuda::SrcDtype src_dtype(DType d) {
     case DType::kBF16:
       return cuda::SrcDtype::kBFloat16;
     case DType::kF32:
+    case DType::kF8E4M3:  // never converted here: FP8 weights are copied as they are
       break;
   }
   return cuda::SrcDtype::kFloat32;

@@ -1,8 +1,9 @@
-// F16 / BF16 -> F32 conversion for TensorView (safetensors.h). Every half value is
-// exactly representable in float32, so these are exact bit manipulations.
+// F16 / BF16 / F8_E4M3 -> F32 conversion for TensorView (safetensors.h). Every half and e4m3
+// value is exactly representable in float32, so these are exact bit manipulations.
 #include <bit>
 #include <cstring>
 
+#include "models/fp8.h"
 #include "models/safetensors.h"
 
 namespace treeserve {
@@ -61,6 +62,11 @@ void to_float(const TensorView& view, float* dst) {
         std::memcpy(&h, src + 2 * i, sizeof(h));
         dst[i] = f16 ? f16_to_f32(h) : bf16_to_f32(h);
       }
+      return;
+    }
+    case DType::kF8E4M3: {
+      const auto* src = static_cast<const unsigned char*>(view.data);
+      for (size_t i = 0; i < n; ++i) dst[i] = e4m3_to_float(src[i]);
       return;
     }
   }

@@ -7,11 +7,28 @@
 
 #include "common/status.h"
 #include "models/model_config.h"
+#include "models/quantization.h"
 #include "models/safetensors.h"
 
 namespace treeserve {
 
-// HF Linear layout: weight is [out_features, in_features].
+// The scales of one FP8 linear layer of a prequantized checkpoint (ModelConfig::quant.
+// prequantized): its weight is F8_E4M3 [out, in] and stands for float(q) * scale, row by row.
+// Both views are empty (data == nullptr) otherwise.
+struct Fp8Scales {
+  // <proj>.weight_scale: F32 (or BF16 / F16: read it with to_float), positive and finite.
+  // [] or [1]: one scale for the whole matrix (per tensor); [out] or [out, 1]: one per output
+  // row (per channel). Every projection of a checkpoint has the same granularity
+  // (LlamaWeights::quant.weight_scale).
+  TensorView weight_scale;
+  // <proj>.input_scale, static activation scales only (quant.activation_scale ==
+  // kStaticPerTensor): [] or [1], F32 / BF16 / F16, positive and finite; the linear layer's
+  // input x is quantized as e4m3(x / input_scale). Empty for dynamic activations.
+  TensorView input_scale;
+};
+
+// HF Linear layout: weight is [out_features, in_features]. For FP8 checkpoints the seven
+// projections are F8_E4M3 with their scales in the *_scale fields; the norms stay 16-bit.
 struct LlamaLayerWeights {
   TensorView input_layernorm;           // [hidden]
   TensorView q_proj;                    // [heads * head_dim, hidden]
@@ -22,6 +39,8 @@ struct LlamaLayerWeights {
   TensorView gate_proj;                 // [intermediate, hidden]
   TensorView up_proj;                   // [intermediate, hidden]
   TensorView down_proj;                 // [hidden, intermediate]
+  // FP8 checkpoints only (see Fp8Scales).
+  Fp8Scales q_scale, k_scale, v_scale, o_scale, gate_scale, up_scale, down_scale;
 };
 
 struct LlamaWeights {
@@ -30,10 +49,17 @@ struct LlamaWeights {
   TensorView norm;           // [hidden]
   TensorView lm_head;        // [vocab, hidden]; the embed_tokens view when tie_word_embeddings
   SafetensorsReader reader;  // keeps the mappings the views point into alive
+  // The config's quantization with, for a prequantized checkpoint, weight_scale the
+  // granularity its weight_scale tensors have (weight_scale_stated true).
+  QuantConfig quant;
 };
 
-// Errors name the tensor and the file: NOT_FOUND for a missing tensor,
-// INVALID_ARGUMENT for a wrong shape (expected vs got) or an unsupported dtype.
+// Errors name the tensor and the file: NOT_FOUND for a missing tensor (an FP8 checkpoint's
+// weight_scale, or input_scale under static activation scales, included), INVALID_ARGUMENT
+// for a wrong shape (expected vs got), an unsupported dtype, an FP8 weight where the config
+// names no FP8 scheme (or a 16-bit one where it does), scales of a granularity other than the
+// config's, and scales that are not positive finite numbers. Embeddings, norms and lm_head
+// must be F32, F16 or BF16 in every checkpoint.
 StatusOr<LlamaWeights> load_llama_weights(const ModelConfig& config,
                                           const SafetensorsReader& reader);
 

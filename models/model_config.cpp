@@ -9,6 +9,8 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
 #include <sstream>
 
 namespace treeserve {
@@ -245,6 +247,259 @@ Status check_shapes(const std::string& file, bool head_dim_given, const ModelCon
   return Status::Ok();
 }
 
+// --- quantization_config ---------------------------------------------------------
+
+constexpr char kQuantSupported[] =
+    "treeserve serves FP8 (e4m3) linear layers from quant_method 'fp8' (per-tensor or "
+    "per-channel weight scales, activation_scheme dynamic or static) or 'compressed-tensors' "
+    "(format float-quantized or naive-quantized; 8-bit float weights with strategy channel or "
+    "tensor and 8-bit float input activations with strategy token and dynamic true, or "
+    "strategy tensor and dynamic false), and 16-bit checkpoints (which --quantization fp8 "
+    "quantizes at load)";
+
+// "<file>: quantization_config.<field> <what> is not supported; <what treeserve serves>".
+Status quant_unsupported(const std::string& file, const std::string& field,
+                         const std::string& what) {
+  return InvalidArgument(file + ": quantization_config." + field + " " + what +
+                         " is not supported; " + kQuantSupported);
+}
+
+// The names of the modules treeserve quantizes (model.layers.N.self_attn.q_proj, ...).
+std::vector<std::string> quantized_linear_names(int64_t layers) {
+  std::vector<std::string> names;
+  for (int64_t i = 0; i < layers; ++i) {
+    for (const char* p : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                          "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
+      names.push_back("model.layers." + std::to_string(i) + "." + p);
+    }
+  }
+  return names;
+}
+
+// An ignore list (compressed-tensors' ignore, the fp8 layout's ignored_layers or
+// modules_to_not_convert): treeserve quantizes every projection of every layer and keeps
+// lm_head 16-bit, so an entry may only name modules outside the projections (lm_head). An
+// entry matches a module when it equals or is part of its name, when it is a "re:" regular
+// expression matching the name's start (Python's re.match, as compressed-tensors applies it),
+// or when it names the class ("Linear").
+Status check_ignore_list(const json& q, const char* field, const std::string& file,
+                         int64_t layers) {
+  auto it = q.find(field);
+  if (it == q.end() || it->is_null()) return Status::Ok();
+  const std::string where = std::string("quantization_config.") + field;
+  if (!it->is_array()) {
+    return InvalidArgument(file + ": field '" + where + "' must be a list of module names, got " +
+                           json_type_name(*it));
+  }
+  const std::vector<std::string> names = quantized_linear_names(layers);
+  for (const json& e : *it) {
+    if (!e.is_string()) {
+      return InvalidArgument(file + ": field '" + where + "' must be a list of module names, got " +
+                             e.dump());
+    }
+    const std::string entry = e.get<std::string>();
+    std::optional<std::regex> pattern;
+    if (entry.rfind("re:", 0) == 0) {
+      try {
+        pattern.emplace(entry.substr(3));
+      } catch (const std::regex_error& err) {
+        return InvalidArgument(file + ": " + where + " entry '" + entry +
+                               "' is not a regular expression treeserve can read: " + err.what());
+      }
+    }
+    for (const std::string& name : names) {
+      const bool hit =
+          entry == "Linear" ||
+          (pattern ? std::regex_search(name, *pattern, std::regex_constants::match_continuous)
+                   : name.find(entry) != std::string::npos);
+      if (hit) {
+        return InvalidArgument(file + ": " + where + " lists '" + entry + "', which names " + name +
+                               ": treeserve quantizes every q/k/v/o/gate/up/down projection "
+                               "alike (only lm_head may stay unquantized)");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// quant_method "fp8" (AutoFP8, llm-compressor's and transformers' FP8 layout, as vLLM reads
+// it): activation_scheme dynamic | static; the weight scales' granularity is left to the
+// weight_scale tensors' shape.
+Status parse_fp8_layout(const json& q, const std::string& file, int64_t layers, QuantConfig* out) {
+  FieldReader r(q, file + ": quantization_config");
+  if (r.has("weight_block_size")) {
+    return quant_unsupported(file, "weight_block_size",
+                             q.at("weight_block_size").dump() + " (block-wise FP8)");
+  }
+  std::string scheme;
+  TS_RETURN_IF_ERROR(r.get_string("activation_scheme", &scheme));
+  if (scheme.empty()) return r.missing("activation_scheme");
+  if (scheme == "dynamic") {
+    out->activation_scale = Fp8ActivationScale::kDynamicPerToken;
+  } else if (scheme == "static") {
+    out->activation_scale = Fp8ActivationScale::kStaticPerTensor;
+  } else {
+    return quant_unsupported(file, "activation_scheme", "'" + scheme + "'");
+  }
+  for (const char* list : {"ignored_layers", "modules_to_not_convert"}) {
+    TS_RETURN_IF_ERROR(check_ignore_list(q, list, file, layers));
+  }
+  out->weight_scale_stated = false;
+  out->source = "config.json quantization_config (fp8)";
+  return Status::Ok();
+}
+
+// One quantization args object of a compressed-tensors config group ("weights",
+// "input_activations"): num_bits 8, type float, symmetric; returns its strategy and dynamic.
+Status parse_ct_args(const json& args, const std::string& file, const std::string& field,
+                     std::string* strategy, bool* dynamic) {
+  if (!args.is_object()) {
+    return InvalidArgument(file + ": field 'quantization_config." + field +
+                           "' must be an object, got " + json_type_name(args));
+  }
+  FieldReader r(args, file + ": quantization_config." + field);
+  int64_t num_bits = 0;
+  TS_RETURN_IF_ERROR(r.get_int("num_bits", &num_bits, true));
+  std::string type = "int";  // compressed-tensors' default
+  TS_RETURN_IF_ERROR(r.get_string("type", &type));
+  if (type != "float") {
+    return quant_unsupported(file, field + ".type",
+                             "'" + type + "' (" + std::to_string(num_bits) + "-bit " + type + ")");
+  }
+  if (num_bits != 8) {
+    return quant_unsupported(file, field + ".num_bits", std::to_string(num_bits));
+  }
+  bool symmetric = true;
+  TS_RETURN_IF_ERROR(r.get_bool("symmetric", &symmetric));
+  if (!symmetric) return quant_unsupported(file, field + ".symmetric", "false (asymmetric)");
+  if (r.has("group_size")) {
+    return quant_unsupported(file, field + ".group_size",
+                             args.at("group_size").dump() + " (group-wise scales)");
+  }
+  if (r.has("block_structure")) {
+    return quant_unsupported(file, field + ".block_structure",
+                             args.at("block_structure").dump() + " (block-wise scales)");
+  }
+  TS_RETURN_IF_ERROR(r.get_string("strategy", strategy));
+  if (strategy->empty()) return r.missing("strategy");
+  *dynamic = false;
+  TS_RETURN_IF_ERROR(r.get_bool("dynamic", dynamic));
+  return Status::Ok();
+}
+
+// quant_method "compressed-tensors" (llm-compressor): FP8 W8A8 in its float-quantized (or
+// naive-quantized) format.
+Status parse_compressed_tensors(const json& q, const std::string& file, int64_t layers,
+                                QuantConfig* out) {
+  FieldReader r(q, file + ": quantization_config");
+  const json* groups = nullptr;
+  if (auto it = q.find("config_groups"); it != q.end() && it->is_object()) groups = &*it;
+  if (groups == nullptr || groups->size() != 1) {
+    if (!r.has("config_groups")) return r.missing("config_groups");
+    if (!q.at("config_groups").is_object()) return r.ill_typed("config_groups", "an object");
+    return quant_unsupported(file, "config_groups",
+                             "with " + std::to_string(groups->size()) +
+                                 " groups (one group quantizing every Linear layer alike)");
+  }
+  const std::string group_name = groups->begin().key();
+  const json& group = groups->begin().value();
+  const std::string g = "config_groups." + group_name;
+  if (!group.is_object()) {
+    return InvalidArgument(file + ": field 'quantization_config." + g +
+                           "' must be an object, got " + json_type_name(group));
+  }
+  // The format: top level, else the group's own.
+  std::string format;
+  TS_RETURN_IF_ERROR(r.get_string("format", &format));
+  std::string format_field = "format";
+  if (format.empty()) {
+    TS_RETURN_IF_ERROR(
+        FieldReader(group, file + ": quantization_config." + g).get_string("format", &format));
+    format_field = g + ".format";
+  }
+  if (format.empty()) return r.missing("format");
+  if (format != "float-quantized" && format != "naive-quantized") {
+    return quant_unsupported(file, format_field, "'" + format + "'");
+  }
+  // targets: ["Linear"].
+  const auto targets = group.find("targets");
+  if (targets == group.end() || !targets->is_array() || targets->size() != 1 ||
+      !(*targets)[0].is_string() || (*targets)[0].get<std::string>() != "Linear") {
+    return quant_unsupported(file, g + ".targets",
+                             targets == group.end() ? std::string("(missing)")
+                                                    : targets->dump() + " (only [\"Linear\"])");
+  }
+  const auto weights = group.find("weights");
+  if (weights == group.end() || weights->is_null()) {
+    return FieldReader(group, file + ": quantization_config." + g).missing("weights");
+  }
+  std::string strategy;
+  bool dynamic = false;
+  TS_RETURN_IF_ERROR(parse_ct_args(*weights, file, g + ".weights", &strategy, &dynamic));
+  if (strategy == "channel") {
+    out->weight_scale = Fp8WeightScale::kChannel;
+  } else if (strategy == "tensor") {
+    out->weight_scale = Fp8WeightScale::kTensor;
+  } else {
+    return quant_unsupported(file, g + ".weights.strategy", "'" + strategy + "'");
+  }
+  if (dynamic) return quant_unsupported(file, g + ".weights.dynamic", "true");
+  const auto inputs = group.find("input_activations");
+  if (inputs == group.end() || inputs->is_null()) {
+    return quant_unsupported(file, g + ".input_activations",
+                             "null (FP8 weight-only, 16-bit activations)");
+  }
+  TS_RETURN_IF_ERROR(parse_ct_args(*inputs, file, g + ".input_activations", &strategy, &dynamic));
+  if (strategy == "token" && dynamic) {
+    out->activation_scale = Fp8ActivationScale::kDynamicPerToken;
+  } else if (strategy == "tensor" && !dynamic) {
+    out->activation_scale = Fp8ActivationScale::kStaticPerTensor;
+  } else {
+    return quant_unsupported(
+        file, g + ".input_activations",
+        "strategy '" + strategy + "' with dynamic " + (dynamic ? "true" : "false"));
+  }
+  if (auto o = group.find("output_activations"); o != group.end() && !o->is_null()) {
+    return quant_unsupported(file, g + ".output_activations", o->dump());
+  }
+  if (auto s = q.find("sparsity_config"); s != q.end() && !s->is_null()) {
+    const auto f = s->find("format");
+    if (!s->is_object() || (f != s->end() && *f != "dense")) {
+      return quant_unsupported(file, "sparsity_config", s->dump());
+    }
+  }
+  TS_RETURN_IF_ERROR(check_ignore_list(q, "ignore", file, layers));
+  out->weight_scale_stated = true;
+  out->source = "config.json quantization_config (compressed-tensors)";
+  return Status::Ok();
+}
+
+Status parse_quantization(const json& root, const std::string& file, ModelConfig* c) {
+  auto it = root.find("quantization_config");
+  if (it == root.end() || it->is_null()) return Status::Ok();
+  const json& q = *it;
+  if (!q.is_object()) {
+    return InvalidArgument(file + ": field 'quantization_config' must be an object, got " +
+                           json_type_name(q));
+  }
+  FieldReader r(q, file + ": quantization_config");
+  std::string method;
+  TS_RETURN_IF_ERROR(r.get_string("quant_method", &method));
+  if (method.empty()) return r.missing("quant_method");
+  QuantConfig quant;
+  quant.scheme = QuantScheme::kFp8;
+  quant.prequantized = true;
+  if (method == "fp8") {
+    TS_RETURN_IF_ERROR(parse_fp8_layout(q, file, c->num_hidden_layers, &quant));
+  } else if (method == "compressed-tensors") {
+    TS_RETURN_IF_ERROR(parse_compressed_tensors(q, file, c->num_hidden_layers, &quant));
+  } else {
+    return quant_unsupported(file, "quant_method", "'" + method + "'");
+  }
+  c->quant = std::move(quant);
+  return Status::Ok();
+}
+
 }  // namespace
 
 namespace {
@@ -316,6 +571,7 @@ StatusOr<ModelConfig> parse_model_config(const std::string& json_text, const std
   // transformers >= 4.56 writes "dtype"; older versions "torch_dtype".
   TS_RETURN_IF_ERROR(r.get_string(r.has("dtype") ? "dtype" : "torch_dtype", &c.torch_dtype));
   TS_RETURN_IF_ERROR(check_shapes(file, head_dim_given, c));
+  TS_RETURN_IF_ERROR(parse_quantization(root, file, &c));
   return c;
 }
 
@@ -356,6 +612,18 @@ StatusOr<ModelConfig> load_model_config(const std::string& model_dir) {
     generation_text << generation.rdbuf();
     TS_RETURN_IF_ERROR(apply_generation_config(generation_text.str(), generation_file, &*config));
   }
+  if (config->quant.scheme == QuantScheme::kFp8) {
+    spdlog::info(
+        "model {}: FP8 (e4m3) linear layers from {}: weight scales {}, activation scales {}; "
+        "embeddings, norms and lm_head stay 16-bit",
+        model_dir, config->quant.source,
+        !config->quant.weight_scale_stated ? "as the weight_scale tensors give them"
+        : config->quant.weight_scale == Fp8WeightScale::kChannel ? "per channel"
+                                                                 : "per tensor",
+        config->quant.activation_scale == Fp8ActivationScale::kDynamicPerToken
+            ? "dynamic per token"
+            : "static (the checkpoint's input_scale)");
+  }
   std::string ids;
   for (int32_t id : config->eos_token_ids) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
   spdlog::info("model {}: generation ends on EOS ids [{}] ({})", model_dir, ids,
@@ -369,6 +637,37 @@ StatusOr<ModelConfig> load_model_config(const std::string& model_dir) {
         config->max_sequence_tokens());
   }
   return config;
+}
+
+Status apply_quantization_option(const std::string& value, const std::string& option,
+                                 ModelConfig* config) {
+  const bool fp8_checkpoint = config->quant.scheme == QuantScheme::kFp8;
+  if (value == "auto") return Status::Ok();
+  if (value == "none") {
+    if (!fp8_checkpoint) return Status::Ok();
+    return InvalidArgument(option + " none: the checkpoint " + config->model_dir + " is FP8 (" +
+                           config->quant.source +
+                           "): its linear layers are stored as e4m3 and can only be served as "
+                           "FP8 (use " +
+                           option + " auto or fp8, or a 16-bit checkpoint)");
+  }
+  if (value == "fp8") {
+    if (fp8_checkpoint) return Status::Ok();  // already FP8
+    QuantConfig q;
+    q.scheme = QuantScheme::kFp8;
+    q.prequantized = false;
+    q.weight_scale = Fp8WeightScale::kChannel;
+    q.weight_scale_stated = true;
+    q.activation_scale = Fp8ActivationScale::kDynamicPerToken;
+    q.source = option + " fp8";
+    config->quant = std::move(q);
+    spdlog::info(
+        "model {}: {} fp8: the linear layers are quantized to e4m3 at load (per channel), their "
+        "inputs per token; embeddings, norms and lm_head stay 16-bit",
+        config->model_dir, option);
+    return Status::Ok();
+  }
+  return InvalidArgument(option + " must be auto, none or fp8, got '" + value + "'");
 }
 
 // Mirrors transformers' _compute_default_rope_parameters and _compute_llama3_parameters

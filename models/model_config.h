@@ -1,7 +1,8 @@
 // ModelConfig: the shape of a Llama-family model, read from a Hugging Face
 // config.json (LlamaForCausalLM / MistralForCausalLM), the end-of-sequence ids generation
-// stops on (generation_config.json, else config.json), and the RoPE inverse frequencies it
-// implies (plain and Llama-3.x "llama3" scaling).
+// stops on (generation_config.json, else config.json), how its linear layers are quantized
+// (quantization_config: FP8 checkpoints; or --quantization fp8), and the RoPE inverse
+// frequencies it implies (plain and Llama-3.x "llama3" scaling).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "models/quantization.h"
 
 namespace treeserve {
 
@@ -56,6 +58,8 @@ struct ModelConfig {
   std::vector<int32_t> eos_token_ids;
   std::string eos_token_ids_source;  // "generation_config.json", "config.json" or "" (none)
   std::string torch_dtype;           // "float32", "bfloat16", ... (informational)
+  // The linear layers' quantization (config.json's quantization_config, or --quantization).
+  QuantConfig quant;
 
   // The longest sequence treeserve serves: max_position_embeddings, or sliding_window when
   // that is smaller. The engine attends over whole sequences, which equals sliding-window
@@ -72,7 +76,30 @@ struct ModelConfig {
 // Reads <model_dir>/config.json and, when present, <model_dir>/generation_config.json.
 // NOT_FOUND when the directory or config.json is missing; INVALID_ARGUMENT (naming the file
 // and field) for bad JSON, missing or ill-typed fields, unsupported architectures or rope
-// types, inconsistent shapes, and EOS ids outside vocab_size.
+// types, inconsistent shapes, EOS ids outside vocab_size, and quantization schemes treeserve
+// does not serve.
+//
+// quantization_config (absent: 16-bit linear layers) is accepted in two layouts:
+//   "quant_method": "fp8" with "activation_scheme" "dynamic" or "static" (the weight scales'
+//     granularity is the weight_scale tensors' shape, decided at load; weight_block_size,
+//     block-wise FP8, is refused);
+//   "quant_method": "compressed-tensors", format "float-quantized" or "naive-quantized", one
+//     config group targeting "Linear": 8-bit float symmetric weights of strategy "channel" or
+//     "tensor", and 8-bit float input activations of strategy "token" (dynamic) or "tensor"
+//     (static).
+// Either may leave lm_head unquantized (ignore / ignored_layers / modules_to_not_convert);
+// listing a layer treeserve quantizes there is refused. Any other quant_method, integer or
+// 4-bit types, group or block strategies and weight-only schemes are refused naming the field
+// and what treeserve serves instead.
+StatusOr<ModelConfig> load_model_config(const std::string& model_dir);
+
+// Applies model.quantization / --quantization (`option` names it in messages) to a loaded
+// config: "auto" keeps the checkpoint's own scheme; "fp8" quantizes the linear layers of a
+// 16-bit checkpoint at load (per channel, dynamic per-token activations; source "<option>
+// fp8") and leaves an FP8 checkpoint as it is; "none" keeps a 16-bit checkpoint 16-bit and
+// is refused on an FP8 checkpoint. Any other value is INVALID_ARGUMENT naming the option.
+Status apply_quantization_option(const std::string& value, const std::string& option,
+                                 ModelConfig* config);
 StatusOr<ModelConfig> load_model_config(const std::string& model_dir);
 
 // Same checks on an already-parsed JSON text; `source` names it in messages.

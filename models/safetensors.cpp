@@ -32,11 +32,24 @@ const char* dtype_name(DType dtype) {
       return "F16";
     case DType::kBF16:
       return "BF16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }
 
-size_t dtype_size(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+    case DType::kF8E4M3:
+      return 1;
+  }
+  return 0;
+}
 
 int64_t TensorView::numel() const {
   int64_t n = 1;
@@ -62,7 +75,7 @@ struct Shard {
 
 struct Entry {
   std::string dtype_string;
-  std::optional<DType> dtype;  // nullopt: a dtype we do not load (I64, F64, F8_*...)
+  std::optional<DType> dtype;  // nullopt: a dtype we do not load (I64, F64, F8_E5M2, ...)
   std::vector<int64_t> shape;
   size_t begin = 0;  // absolute byte offsets in the shard
   size_t end = 0;
@@ -73,6 +86,7 @@ std::optional<DType> parse_dtype(const std::string& s) {
   if (s == "F32") return DType::kF32;
   if (s == "F16") return DType::kF16;
   if (s == "BF16") return DType::kBF16;
+  if (s == "F8_E4M3") return DType::kF8E4M3;
   return std::nullopt;
 }
 
@@ -81,7 +95,7 @@ size_t other_dtype_size(const std::string& s) {
   if (s == "F64" || s == "I64" || s == "U64") return 8;
   if (s == "I32" || s == "U32") return 4;
   if (s == "I16" || s == "U16") return 2;
-  if (s == "I8" || s == "U8" || s == "BOOL" || s == "F8_E4M3" || s == "F8_E5M2") return 1;
+  if (s == "I8" || s == "U8" || s == "BOOL" || s == "F8_E5M2") return 1;
   return 0;  // unknown: only the file bounds are checked
 }
 
@@ -336,7 +350,7 @@ StatusOr<TensorView> SafetensorsReader::tensor(const std::string& name) const {
   const Shard& shard = impl_->shards[e.shard];
   if (!e.dtype) {
     return InvalidArgument(shard.path + ": tensor '" + name + "' has dtype " + e.dtype_string +
-                           "; only F32, F16 and BF16 are supported");
+                           "; only F32, F16, BF16 and F8_E4M3 are supported");
   }
   TensorView v;
   v.name = name;

@@ -1,6 +1,7 @@
 // SafetensorsReader: read-only mmap of a Hugging Face checkpoint (one or many
 // *.safetensors shards) with by-name tensor lookup; TensorView points straight into
-// the mapping. Supported dtypes: F32, F16, BF16; to_float converts any of them.
+// the mapping. Supported dtypes: F32, F16, BF16 and F8_E4M3 (FP8 checkpoints' linear
+// weights, models/fp8.h); to_float converts any of them.
 #pragma once
 
 #include <cstddef>
@@ -13,10 +14,10 @@
 
 namespace treeserve {
 
-enum class DType { kF32, kF16, kBF16 };
+enum class DType { kF32, kF16, kBF16, kF8E4M3 };
 
-const char* dtype_name(DType dtype);  // "F32", "F16", "BF16"
-size_t dtype_size(DType dtype);
+const char* dtype_name(DType dtype);  // "F32", "F16", "BF16", "F8_E4M3"
+size_t dtype_size(DType dtype);       // 4, 2, 2, 1
 
 // A tensor inside a mapped shard. Valid while any copy of its SafetensorsReader lives.
 struct TensorView {
@@ -51,7 +52,8 @@ class SafetensorsReader {
                                                 const SafetensorsOptions& options = {});
 
   // NOT_FOUND naming the tensor (and the files searched) when absent;
-  // INVALID_ARGUMENT naming tensor, dtype and file when its dtype is not F32/F16/BF16.
+  // INVALID_ARGUMENT naming tensor, dtype and file when its dtype is not F32, F16, BF16 or
+  // F8_E4M3 (which tensors may have which dtype is load_llama_weights' business).
   StatusOr<TensorView> tensor(const std::string& name) const;
   bool contains(const std::string& name) const;
   std::vector<std::string> tensor_names() const;  // sorted
@@ -66,7 +68,8 @@ class SafetensorsReader {
 };
 
 // Converts view.numel() elements to float32 into dst. F16 handles subnormals,
-// infinities and NaN exactly; BF16 is a shift. Both are exact (no rounding needed).
+// infinities and NaN exactly; BF16 is a shift; F8_E4M3 gives each code's e4m3 value
+// (e4m3_to_float, unscaled: the weight_scale is applied by the caller). All are exact.
 void to_float(const TensorView& view, float* dst);
 
 float f16_to_f32(uint16_t bits);

@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "common/metrics.h"
+#include "common/route_key.h"
 #include "models/tokenizer.h"
 #include "scheduler/detail/scheduler_impl.h"
 
@@ -215,7 +216,7 @@ void Scheduler::Impl::close_finished_jobs() {
 // ---------------------------------------------------------------- commands
 
 void Scheduler::Impl::cmd_create_tree(std::vector<int32_t> prompt, int64_t lease_ms, uint64_t seq,
-                                      const std::string& tenant,
+                                      const std::string& tenant, const std::string& route,
                                       std::function<void(StatusOr<CreateTreeResult>)> done) {
   TenantState* owner = tenant_state(tenant);
   if (Status s = check_tree_quota(*owner); !s.ok()) return done(s);
@@ -235,8 +236,8 @@ void Scheduler::Impl::cmd_create_tree(std::vector<int32_t> prompt, int64_t lease
       !s.ok()) {
     return done(s);
   }
-  Tree* t =
-      add_tree(/*one_shot=*/false, lease_ms > 0 ? lease_ms : options_.tree_lease_default_ms, owner);
+  Tree* t = add_tree(/*one_shot=*/false, lease_ms > 0 ? lease_ms : options_.tree_lease_default_ms,
+                     owner, route);
   SchedBranch* root = add_branch(t, nullptr, 0);
   root->pending = std::move(prompt);
   if (metrics_) metrics_->prompt_tokens_total->inc(length);
@@ -354,7 +355,7 @@ Status Scheduler::Impl::cmd_generate(GenerateSpec spec, std::shared_ptr<Generate
     TS_RETURN_IF_ERROR(check_branch_quota(*owner, spec.n == 1 ? 1 : 1 + int64_t(spec.n)));
     TS_RETURN_IF_ERROR(check_page_quota(
         *owner, need_pages, "prompt plus n x max_tokens (" + std::to_string(need) + " tokens)"));
-    Tree* t = add_tree(/*one_shot=*/true, /*lease_ms=*/0, owner);
+    Tree* t = add_tree(/*one_shot=*/true, /*lease_ms=*/0, owner, route_key_ids(spec.prompt));
     SchedBranch* root = add_branch(t, nullptr, 0);
     root->pending = std::move(spec.prompt);
     if (metrics_) metrics_->prompt_tokens_total->inc(static_cast<double>(root->pending.size()));
@@ -641,13 +642,15 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::create(Backend* backend, const T
   if (!tokenizer) return InvalidArgument("tokenizer must not be null");
   if (options.max_step_tokens < 1) return InvalidArgument("max_step_tokens must be >= 1");
   if (options.max_step_rows < 1) return InvalidArgument("max_step_rows must be >= 1");
+  SchedulerOptions opts = options;
+  TS_RETURN_IF_ERROR(resolve_tree_id_options(&opts));
   const KvLayout& layout = backend->kv_layout();
   KvCacheConfig kc;
   kc.page_size = layout.page_size;
   kc.num_pages = static_cast<int32_t>(layout.num_pages);
   StatusOr<std::unique_ptr<KvCache>> kv = KvCache::create(kc);
   if (!kv.ok()) return kv.status();
-  auto impl = std::make_unique<Impl>(backend, tokenizer, options, metrics, std::move(*kv));
+  auto impl = std::make_unique<Impl>(backend, tokenizer, opts, metrics, std::move(*kv));
   // On the loop thread, as every other touch of the KV cache.
   StatusOr<bool> configured = impl->call<bool>([&](auto done) {
     Status s = impl->configure_tenants(options.tenants);
@@ -677,11 +680,13 @@ StatusOr<CreateTreeResult> Scheduler::create_tree(std::vector<int32_t> prompt,
   if (options.lease_ms < 0) {
     return InvalidArgument("lease_ms: must be >= 0 (0 = the default lease)");
   }
+  if (!options.route.empty()) TS_RETURN_IF_ERROR(check_route_key(options.route));
+  std::string route = options.route.empty() ? route_key_ids(prompt) : options.route;
   const uint64_t seq = impl_->next_call_seq_.fetch_add(1);
   auto submitted = impl_->submit<CreateTreeResult>(
-      [this, p = std::move(prompt), lease = options.lease_ms, seq,
-       tenant = options.tenant](std::function<void(StatusOr<CreateTreeResult>)> done) mutable {
-        impl_->cmd_create_tree(std::move(p), lease, seq, tenant, std::move(done));
+      [this, p = std::move(prompt), lease = options.lease_ms, seq, tenant = options.tenant,
+       route = std::move(route)](std::function<void(StatusOr<CreateTreeResult>)> done) mutable {
+        impl_->cmd_create_tree(std::move(p), lease, seq, tenant, route, std::move(done));
       });
   if (!submitted.ok()) return submitted.status();
   std::future<StatusOr<CreateTreeResult>>& result = *submitted;

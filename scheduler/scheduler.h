@@ -18,9 +18,13 @@
 // refused at once. A tree's tables hold its live branches only: a branch that ends (Prune,
 // a dropped beam) leaves them, so memory and GetTree grow with live branches, not history.
 //
-// Ids. Tree ids ("t_...") and branch ids ("b_...") carry 128 random bits (common/random_id.h):
-// unguessable, and never reused, within a run or across restarts. A branch's sampling stream
-// key is its creation index within its tree, so seeded sampling does not depend on the ids.
+// Ids. Tree ids ("t_<route>.<replica>.<incarnation>.<random>", common/route_key.h) and branch
+// ids ("b_...") carry 128 random bits (common/random_id.h): unguessable, and never reused,
+// within a run or across restarts. A tree id also names the tree's routing key (given by the
+// caller, else the key of its prompt's ids), this replica and its run, so that the server can
+// tell a call routed to the wrong replica from one naming an unknown tree. A branch's sampling
+// stream key is its creation index within its tree, so seeded sampling does not depend on the
+// ids.
 //
 // Leases. A tree that no call touches for its idle lease is deleted by the loop thread, its
 // KV kept as evictable cache (as DeleteTree). Any call naming the tree renews the lease; a
@@ -97,6 +101,10 @@ struct SchedulerOptions {
   int64_t tree_lease_default_ms = 600'000;
   // Tenants with quotas or a cache partition; each name at most once.
   std::vector<TenantLimits> tenants;
+  // What tree ids name (common/route_key.h): this replica ("" = "local") and its run (8 hex
+  // digits; "" = drawn at create).
+  std::string replica_id;
+  std::string incarnation;
 };
 
 // A caller's way to give up on a call: polled by the calling thread while it waits (at least
@@ -159,6 +167,9 @@ struct CreateTreeOptions {
   int64_t lease_ms = 0;   // the idle lease; 0 = SchedulerOptions::tree_lease_default_ms
   CancelCheck cancelled;  // true: the prefill stops and the tree is removed
   std::string tenant;     // who the tree belongs to
+  // The tree's routing key, the route part of its id (1 to 64 of [A-Za-z0-9._-]); "" = the
+  // routing key of the prompt's ids (route_key_ids).
+  std::string route;
 };
 
 struct GenerateSpec {

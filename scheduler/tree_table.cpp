@@ -19,16 +19,28 @@
 
 #include "common/metrics.h"
 #include "common/random_id.h"
+#include "common/route_key.h"
 #include "scheduler/detail/scheduler_impl.h"
 
 namespace treeserve {
 
 using Clock = std::chrono::steady_clock;
 
-Tree* Scheduler::Impl::add_tree(bool one_shot, int64_t lease_ms, TenantState* owner) {
+Status resolve_tree_id_options(SchedulerOptions* options) {
+  if (options->replica_id.empty()) options->replica_id = kDefaultReplicaId;
+  TS_RETURN_IF_ERROR(check_replica_id(options->replica_id, "replica_id"));
+  if (options->incarnation.empty()) options->incarnation = new_incarnation();
+  if (!parse_tree_id(make_tree_id("k", options->replica_id, options->incarnation))) {
+    return InvalidArgument("incarnation: must be 8 lowercase hex digits");
+  }
+  return Status::Ok();
+}
+
+Tree* Scheduler::Impl::add_tree(bool one_shot, int64_t lease_ms, TenantState* owner,
+                                const std::string& route) {
   auto tree = std::make_unique<Tree>();
   do {
-    tree->id = random_id("t_");
+    tree->id = make_tree_id(route, options_.replica_id, options_.incarnation);
   } while (trees_.count(tree->id));
   tree->owner = owner;
   tree->one_shot = one_shot;

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "common/metrics.h"
+#include "common/route_key.h"
 #include "engine/backend.h"
 #ifdef TREESERVE_HAVE_CUDA
 #include "engine/cuda_backend.h"
@@ -38,6 +39,7 @@
 #include "server/config.h"
 #include "server/http_api.h"
 #include "server/metrics_http.h"
+#include "server/routing.h"
 #include "server/tls.h"
 #include "server/treeserve_service.h"
 
@@ -54,6 +56,8 @@ struct CommandLine {
   std::optional<std::string> tls_cert, tls_key, tls_client_ca;
   std::optional<std::string> keys_file;
   std::optional<std::string> chat_template;
+  std::optional<std::string> quantization;
+  std::optional<std::string> replica_id;
   std::optional<int64_t> kv_cache_bytes, random_weights;
   std::optional<int32_t> page_size, tensor_parallel, gemm_split_k;
   std::optional<bool> cuda_graphs, gemm_autotune, p2p_all_reduce;
@@ -336,6 +340,10 @@ int run_treeserve(int argc, char** argv) {
   app.add_option("--keys-file", cl.keys_file,
                  "JSON file of API keys (or their SHA-256), each naming a tenant, and the "
                  "tenants' quotas and cache salts (server.keys_file; docs/operations.md)");
+  app.add_option("--replica-id", cl.replica_id,
+                 "this replica's name behind a proxy, in every tree id it makes: 1 to 32 of "
+                 "[a-z0-9-] (server.replica_id; default local; docs/api.md, \"Routing across "
+                 "replicas\")");
   app.add_option("--kv-cache-bytes", cl.kv_cache_bytes, "KV pool budget in bytes");
   app.add_option("--random-weights", cl.random_weights,
                  "serve random weights drawn from SEED instead of the checkpoint's (the model "
@@ -344,6 +352,10 @@ int run_treeserve(int argc, char** argv) {
   app.add_option("--chat-template", cl.chat_template,
                  "Jinja chat template file for messages prompts, in place of the checkpoint's "
                  "(model.chat_template)");
+  app.add_option("--quantization", cl.quantization,
+                 "auto | none | fp8: FP8 (e4m3) linear layers; fp8 quantizes a 16-bit "
+                 "checkpoint at load, auto serves the checkpoint as it is (model.quantization; "
+                 "default auto; docs/operations.md, \"Quantization (FP8)\")");
   app.add_option("--page-size", cl.page_size, "KV page size in tokens (1..256)");
   app.add_option("--tensor-parallel", cl.tensor_parallel,
                  "GPUs to split the model over (NCCL; cuda backend; default 1)");
@@ -398,6 +410,7 @@ int run_treeserve(int argc, char** argv) {
   if (cl.tls_key) config.server.tls_key_file = *cl.tls_key;
   if (cl.tls_client_ca) config.server.tls_client_ca_file = *cl.tls_client_ca;
   if (cl.keys_file) config.server.keys_file = *cl.keys_file;
+  if (cl.replica_id) config.server.replica_id = *cl.replica_id;
   if (cl.kv_cache_bytes) config.kv_cache.memory_bytes = *cl.kv_cache_bytes;
   if (cl.page_size) config.kv_cache.page_size = *cl.page_size;
   if (cl.tensor_parallel) config.engine.tensor_parallel = *cl.tensor_parallel;
@@ -407,6 +420,7 @@ int run_treeserve(int argc, char** argv) {
   if (cl.gemm_split_k) config.engine.gemm_split_k = *cl.gemm_split_k;
   if (cl.random_weights) config.model.random_weights_seed = *cl.random_weights;
   if (cl.chat_template) config.model.chat_template = *cl.chat_template;
+  if (cl.quantization) config.model.quantization = *cl.quantization;
   if (config.model.dir.empty()) config.model.dir = default_model_dir();
   if (Status s = validate_config(config); !s.ok()) return fail(s);
   spdlog::set_level(spdlog::level::from_str(config.log_level));
@@ -448,6 +462,12 @@ int run_treeserve(int argc, char** argv) {
   }
   auto model_config = load_model_config(config.model.dir);
   if (!model_config.ok()) return fail(model_config.status());
+  if (Status s = apply_quantization_option(
+          config.model.quantization, cl.quantization ? "--quantization" : "model.quantization",
+          &*model_config);
+      !s.ok()) {
+    return fail(s);
+  }
   auto tokenizer = Tokenizer::load_model_dir(config.model.dir);
   if (!tokenizer.ok()) return fail(tokenizer.status());
   auto chat_template =
@@ -495,6 +515,8 @@ int run_treeserve(int argc, char** argv) {
         "sliding-window attention only up to the window";
   }
   info.chat_template = chat_template->get();
+  // This run: tree ids name it, so an id from before a restart is told apart from a misroute.
+  info.incarnation = new_incarnation();
 
   // Size bounds (docs/api.md, Limits): a text field may hold max_prompt_tokens of the longest
   // token; a request, one such text and its stop strings plus 16 bytes a prompt token (ids,
@@ -534,6 +556,7 @@ int run_treeserve(int argc, char** argv) {
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(make_auth_interceptor_factory(
       auth->get(), {"/grpc.health.v1.Health/", "/treeserve.v1.TreeServe/"}));
+  interceptors.push_back(make_replica_interceptor_factory(config.server.replica_id));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
 
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -545,9 +568,12 @@ int run_treeserve(int argc, char** argv) {
   const std::string tls_mode = *tls == nullptr    ? "plaintext"
                                : (*tls)->mutual() ? "TLS, client certificates required"
                                                   : "TLS";
-  spdlog::info("treeserve {} listening on {} (port {}, {}, auth {}); loading the model",
-               TREESERVE_VERSION, config.server.listen, selected_port, tls_mode,
-               (*auth)->enabled() ? "by key from " + (*auth)->source() : "off");
+  spdlog::info(
+      "treeserve {} listening on {} (port {}, {}, auth {}) as replica {} (incarnation {}); "
+      "loading the model",
+      TREESERVE_VERSION, config.server.listen, selected_port, tls_mode,
+      (*auth)->enabled() ? "by key from " + (*auth)->source() : "off", config.server.replica_id,
+      info.incarnation);
   if (*tls != nullptr) {
     spdlog::info("TLS certificate {} ({})", (*tls)->cert_file, (*tls)->subject);
   }
@@ -591,6 +617,7 @@ int run_treeserve(int argc, char** argv) {
   http_options.model_name = info.model_name;
   http_options.threads = config.server.http_threads;
   http_options.max_body_bytes = 4 * int64_t(max_receive_bytes);
+  http_options.replica_id = config.server.replica_id;
   HttpApiServer http_api(server->InProcessChannel(inproc_args), auth->get(), tls->get(),
                          tokenizer->get(), http_options);
   if (!config.server.http_listen.empty()) {
@@ -738,6 +765,8 @@ int run_treeserve(int argc, char** argv) {
   sched.prefix_sharing = config.kv_cache.prefix_sharing;
   sched.max_sequence_tokens = model_config->max_sequence_tokens();
   if (keys_file) sched.tenants = scheduler_tenants(*keys_file);
+  sched.replica_id = config.server.replica_id;
+  sched.incarnation = info.incarnation;
   auto scheduler = Scheduler::create(engine.get(), tokenizer->get(), sched, &metrics);
   if (!scheduler.ok()) return fail_loading(scheduler.status());
 

@@ -8,6 +8,8 @@
 #include <sstream>
 #include <type_traits>
 
+#include "common/route_key.h"
+
 namespace treeserve {
 namespace {
 
@@ -119,6 +121,7 @@ Status merge_config_json(const std::string& json_text, const std::string& source
     TS_RETURN_IF_ERROR(s.get("shutdown_grace_ms", &c->server.shutdown_grace_ms));
     TS_RETURN_IF_ERROR(s.get("tree_lease_default_s", &c->server.tree_lease_default_s));
     TS_RETURN_IF_ERROR(s.get("tree_lease_max_s", &c->server.tree_lease_max_s));
+    TS_RETURN_IF_ERROR(s.get("replica_id", &c->server.replica_id));
     TS_RETURN_IF_ERROR(s.check_unknown());
   }
   TS_RETURN_IF_ERROR(sub_object(root, "model", source, &obj));
@@ -127,6 +130,7 @@ Status merge_config_json(const std::string& json_text, const std::string& source
     TS_RETURN_IF_ERROR(s.get("dir", &c->model.dir));
     TS_RETURN_IF_ERROR(s.get("random_weights_seed", &c->model.random_weights_seed));
     TS_RETURN_IF_ERROR(s.get("chat_template", &c->model.chat_template));
+    TS_RETURN_IF_ERROR(s.get("quantization", &c->model.quantization));
     TS_RETURN_IF_ERROR(s.check_unknown());
   }
   TS_RETURN_IF_ERROR(sub_object(root, "engine", source, &obj));
@@ -219,6 +223,7 @@ Status validate_config(const TreeserveConfig& c) {
     return InvalidArgument("server.http_threads must be in [1, 4096], got " +
                            std::to_string(c.server.http_threads));
   }
+  TS_RETURN_IF_ERROR(check_replica_id(c.server.replica_id, "server.replica_id (--replica-id)"));
   const auto& b = c.engine.backend;
   if (b != "cpu" && b != "cuda" && b != "auto") {
     return InvalidArgument("backend must be cpu, cuda or auto, got '" + b + "'");
@@ -249,6 +254,11 @@ Status validate_config(const TreeserveConfig& c) {
   if (c.engine.attention != "tree" && c.engine.attention != "baseline") {
     return InvalidArgument("engine.attention must be tree or baseline, got '" + c.engine.attention +
                            "'");
+  }
+  if (c.model.quantization != "auto" && c.model.quantization != "none" &&
+      c.model.quantization != "fp8") {
+    return InvalidArgument("model.quantization (--quantization) must be auto, none or fp8, got '" +
+                           c.model.quantization + "'");
   }
   if (c.model.random_weights_seed < -1) {
     return InvalidArgument("model.random_weights_seed must be >= 0 (or -1 = off), got " +
@@ -315,8 +325,12 @@ std::string config_to_json(const TreeserveConfig& c) {
                         {"max_request_bytes", c.server.max_request_bytes},
                         {"shutdown_grace_ms", c.server.shutdown_grace_ms},
                         {"tree_lease_default_s", c.server.tree_lease_default_s},
-                        {"tree_lease_max_s", c.server.tree_lease_max_s}}},
-                      {"model", {{"dir", c.model.dir}, {"chat_template", c.model.chat_template}}},
+                        {"tree_lease_max_s", c.server.tree_lease_max_s},
+                        {"replica_id", c.server.replica_id}}},
+                      {"model",
+                       {{"dir", c.model.dir},
+                        {"chat_template", c.model.chat_template},
+                        {"quantization", c.model.quantization}}},
                       {"engine",
                        {{"backend", c.engine.backend},
                         {"cpu_threads", c.engine.cpu_threads},

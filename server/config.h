@@ -35,6 +35,10 @@ struct ServerOptions {
   // lease_ms picks another, up to the maximum.
   int64_t tree_lease_default_s = 600;
   int64_t tree_lease_max_s = 86400;
+  // This replica's name among replicas behind a proxy: every tree id it makes names it, and a
+  // call naming a tree of another replica is refused naming that one (common/route_key.h;
+  // docs/api.md, "Routing across replicas"). 1 to 32 of [a-z0-9-].
+  std::string replica_id = "local";
 };
 
 struct ModelOptions {
@@ -46,6 +50,10 @@ struct ModelOptions {
   // A Jinja chat template file for `messages` prompts, in place of the checkpoint's own
   // (tokenizer_config.json's chat_template, chat_template.jinja); empty = the checkpoint's.
   std::string chat_template;
+  // The linear layers' quantization (models/model_config.h, apply_quantization_option):
+  // "auto" = the checkpoint's own (16-bit, or its FP8 quantization_config); "fp8" = FP8, a
+  // 16-bit checkpoint's weights quantized at load; "none" = 16-bit (refused on FP8 checkpoints).
+  std::string quantization = "auto";
 };
 
 struct EngineOptions {

@@ -7,6 +7,7 @@
 
 #include <ctime>
 
+#include "common/route_key.h"
 #include "server/http_call.h"
 #include "server/http_listener.h"
 #include "server/viewer_assets.h"
@@ -87,6 +88,11 @@ Status HttpApiServer::start(const std::string& address) {
   s.set_keep_alive_timeout(5);
   // A client that stops reading a stream for this long is gone: the write fails, the call ends.
   s.set_write_timeout(30, 0);
+  // Every response names the replica that wrote it, as the gRPC API's metadata does.
+  s.set_post_routing_handler(
+      [replica = options_.replica_id](const httplib::Request&, httplib::Response& res) {
+        res.set_header(kReplicaHeader, replica);
+      });
 
   s.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     http::write_json(res, {{"status", "ok"}});

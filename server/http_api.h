@@ -41,6 +41,7 @@ struct HttpApiOptions {
   std::string model_name;             // GET /v1/models, and each response's "model"
   int32_t threads = 64;               // connections served at once (server.http_threads)
   int64_t max_body_bytes = 64 << 20;  // larger request bodies get 413
+  std::string replica_id = "local";   // every response's x-treeserve-replica (server.replica_id)
 };
 
 class HttpApiServer {

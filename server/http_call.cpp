@@ -6,6 +6,7 @@
 #include <limits>
 #include <regex>
 
+#include "common/route_key.h"
 #include "server/http_listener.h"
 
 namespace treeserve::http {
@@ -183,15 +184,31 @@ void write_error(httplib::Response& res, const HttpError& error) {
 
 bool authenticate(const ApiContext& api, const httplib::Request& req, httplib::Response& res) {
   StatusOr<Principal> who = authenticate_http(api.auth, req);
-  if (who.ok()) return true;
-  write_error(res, make_error(who.status()));
-  return false;
+  if (!who.ok()) {
+    write_error(res, make_error(who.status()));
+    return false;
+  }
+  // Routing keys go on to the service as metadata, which cannot carry every byte a header can:
+  // a value that is not a key is refused here, with the service's message.
+  const size_t routes = req.get_header_value_count(kRouteHeader);
+  for (size_t i = 0; i < routes; ++i) {
+    if (Status s = check_route_key(req.get_header_value(kRouteHeader, i)); !s.ok()) {
+      write_error(res, make_error(s));
+      return false;
+    }
+  }
+  return true;
 }
 
 void prepare_context(const httplib::Request& req, grpc::ClientContext* ctx) {
   // Only a key the HTTP layer already accepted reaches here (or none, with keys off).
   if (req.has_header("Authorization")) {
     ctx->AddMetadata("authorization", req.get_header_value("Authorization"));
+  }
+  // Routing keys, checked by authenticate(); the service refuses more than one.
+  const size_t routes = req.get_header_value_count(kRouteHeader);
+  for (size_t i = 0; i < routes; ++i) {
+    ctx->AddMetadata(kRouteHeader, req.get_header_value(kRouteHeader, i));
   }
 }
 

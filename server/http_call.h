@@ -75,10 +75,12 @@ inline void write_error(httplib::Response& res, grpc::StatusCode code, const std
 void write_json(httplib::Response& res, const json& body);
 
 // "Authorization: Bearer <key>" against the server's keys, with the HTTP peer in the failure
-// log; on failure writes 401 and returns false.
+// log; on failure writes 401 and returns false. Then each x-treeserve-route value: one that is
+// not a routing key gets 400 naming the header (common/route_key.h).
 bool authenticate(const ApiContext& api, const httplib::Request& req, httplib::Response& res);
 
-// A client context for a TreeServe call on behalf of `req`: its authorization forwarded.
+// A client context for a TreeServe call on behalf of `req`: its authorization and routing key
+// forwarded.
 void prepare_context(const httplib::Request& req, grpc::ClientContext* ctx);
 
 // ---------------------------------------------------------------- request fields

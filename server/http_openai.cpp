@@ -276,10 +276,13 @@ class OpenAiFormatter : public GenerateFormatter {
           {"index", c.index},
           {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)}};
       json lp = nullptr;
-      if (shape_.logprobs) lp = shape_.chat ? json{{"content", c.logprobs}} : c.logprobs;
+      // Chat logprobs carry OpenAI's `refusal` list beside `content` (null: never a refusal).
+      if (shape_.logprobs) {
+        lp = shape_.chat ? json{{"content", c.logprobs}, {"refusal", nullptr}} : c.logprobs;
+      }
       choice["logprobs"] = lp;
       if (shape_.chat) {
-        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+        choice["message"] = {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
       } else {
         choice["text"] = c.text;
       }
@@ -331,11 +334,11 @@ class OpenAiFormatter : public GenerateFormatter {
                     {"top_logprobs", std::move(alts)}};
       if (c.logprobs.is_null()) c.logprobs = json::array();
       c.logprobs.push_back(entry);
-      return {{"content", json::array({std::move(entry)})}};
+      return {{"content", json::array({std::move(entry)})}, {"refusal", nullptr}};
     }
-    json top = nullptr;
+    // {token: logprob} per token, empty with `logprobs: 0` (no alternatives asked for).
+    json top = json::object();
     if (shape_.top_logprobs > 0) {
-      top = json::object();
       for (const v1::TopLogprob& t : m.top_logprobs()) {
         top[token_text(api_, t.token_id()).text] = t.logprob();
       }

@@ -248,7 +248,8 @@ void add_tree_routes(httplib::Server& server, ApiContext& api) {
                      {"radix_cached_tokens", info.radix_cached_tokens()},
                      {"live_trees", info.live_trees()},
                      {"live_branches", info.live_branches()},
-                     {"decode_steps", info.decode_steps()}});
+                     {"decode_steps", info.decode_steps()},
+                     {"replica_id", info.replica_id()}});
   });
 
   server.Get("/v1/trees", [&api](const Req& req, Res& res) {

@@ -1,8 +1,6 @@
 // The keys file: JSON -> tenants and keys, with every field checked (server/keys_file.h).
 #include "server/keys_file.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -176,23 +174,6 @@ bool parse_hex_digest(const std::string& hex, std::string* out) {
 }
 
 }  // namespace
-
-std::string sha256_digest(std::string_view data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
-  return std::string(reinterpret_cast<const char*>(md), len);
-}
-
-std::string sha256_hex(std::string_view key) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : sha256_digest(key)) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
-}
 
 Status check_api_key(const std::string& key, const std::string& source) {
   if (key.empty()) return InvalidArgument(source + " is set but empty");

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/sha256.h"  // sha256_digest: how the server holds keys
 #include "common/status.h"
 #include "scheduler/scheduler.h"
 
@@ -69,11 +70,6 @@ StatusOr<KeysFile> load_keys_file(const std::string& path);
 
 // The tenants as the scheduler takes them (quotas on trees, branches and KV pages; salts).
 std::vector<TenantLimits> scheduler_tenants(const KeysFile& keys);
-
-// The SHA-256 of `data` (32 raw bytes): how the server holds keys.
-std::string sha256_digest(std::string_view data);
-// Lower-case hex of the SHA-256 of `key`: what a keys file's "sha256" holds.
-std::string sha256_hex(std::string_view key);
 
 // INVALID_ARGUMENT naming `source` for an empty key or one holding whitespace or control
 // characters (a key travels as "authorization: Bearer <key>").

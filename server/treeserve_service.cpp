@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/metrics.h"
 #include "models/chat_template.h"
 #include "models/tokenizer.h"
 #include "scheduler/scheduler.h"
@@ -189,8 +190,17 @@ grpc::Status TreeServeService::check_auth(const grpc::ServerContext* context,
   if (tenants_ != nullptr) {
     if (Status s = tenants_->admit_request(caller.tenant); !s.ok()) return to_grpc(s);
   }
+  if (StatusOr<std::string> route = route_header(*context); !route.ok()) {
+    return to_grpc(route.status());
+  }
   if (principal != nullptr) *principal = std::move(caller);
   return grpc::Status::OK;
+}
+
+grpc::Status TreeServeService::check_replica(const std::string& tree_id) const {
+  ServerMetrics* metrics = scheduler_->metrics();
+  return to_grpc(check_tree_replica(tree_id, {config_.server.replica_id, info_.incarnation},
+                                    metrics ? metrics->misrouted_calls_total : nullptr));
 }
 
 grpc::Status TreeServeService::answer(const Status& status) const {
@@ -348,6 +358,9 @@ grpc::Status TreeServeService::CreateTree(grpc::ServerContext* ctx,
   // A client that gives up (cancel, deadline, disconnect) stops the prefill: no orphan tree.
   options.cancelled = [ctx] { return ctx->IsCancelled(); };
   options.tenant = who.tenant;
+  // The header's key (admit checked it), else the prompt's: every tree id carries a route.
+  StatusOr<std::string> route = route_header(*ctx);
+  options.route = route.ok() && !route->empty() ? *route : prompt_route_key(request->prompt());
   StatusOr<CreateTreeResult> r = scheduler_->create_tree(std::move(*prompt), options);
   if (!r.ok()) return answer(r.status());
   response->set_tree_id(r->tree_id);
@@ -366,6 +379,7 @@ grpc::Status TreeServeService::Branch(grpc::ServerContext* ctx, const v1::Branch
   Principal who;
   if (auto s = admit(ctx, *request, &who); !s.ok()) return s;
   if (auto s = require_id("tree_id", request->tree_id()); !s.ok()) return s;
+  if (auto s = check_replica(request->tree_id()); !s.ok()) return s;
   if (auto s = require_id("branch_id", request->branch_id()); !s.ok()) return s;
   if (request->n() < 1 || request->n() > config_.limits.max_n) {
     return grpc_invalid("n: " + std::to_string(request->n()) + " is outside [1, " +
@@ -386,6 +400,9 @@ grpc::Status TreeServeService::generate_stream(
   CallScope scope(this);
   Principal who;
   if (auto s = admit(ctx, *request, &who); !s.ok()) return s;
+  if (!request->tree_id().empty()) {
+    if (auto s = check_replica(request->tree_id()); !s.ok()) return s;
+  }
   StatusOr<TenantGate::StreamSlot> slot = open_stream(who);  // held until the call ends
   if (!slot.ok()) return to_grpc(slot.status());
   GenerateSpec spec;
@@ -485,6 +502,7 @@ grpc::Status TreeServeService::Prune(grpc::ServerContext* ctx, const v1::PruneRe
   Principal who;
   if (auto s = admit(ctx, *request, &who); !s.ok()) return s;
   if (auto s = require_id("tree_id", request->tree_id()); !s.ok()) return s;
+  if (auto s = check_replica(request->tree_id()); !s.ok()) return s;
   if (auto s = require_ids("branch_ids", request->branch_ids()); !s.ok()) return s;
   std::vector<std::string> ids(request->branch_ids().begin(), request->branch_ids().end());
   StatusOr<PruneSummary> r =
@@ -501,6 +519,7 @@ grpc::Status TreeServeService::Verify(grpc::ServerContext* ctx, const v1::Verify
   Principal who;
   if (auto s = admit(ctx, *request, &who); !s.ok()) return s;
   if (auto s = require_id("tree_id", request->tree_id()); !s.ok()) return s;
+  if (auto s = check_replica(request->tree_id()); !s.ok()) return s;
   if (auto s = require_id("branch_id", request->branch_id()); !s.ok()) return s;
   std::vector<int32_t> tokens(request->tokens().begin(), request->tokens().end());
   std::vector<int32_t> parents(request->parents().begin(), request->parents().end());
@@ -527,6 +546,7 @@ grpc::Status TreeServeService::GetTree(grpc::ServerContext* ctx, const v1::GetTr
   Principal who;
   if (auto s = admit(ctx, *request, &who); !s.ok()) return s;
   if (auto s = require_id("tree_id", request->tree_id()); !s.ok()) return s;
+  if (auto s = check_replica(request->tree_id()); !s.ok()) return s;
   if (request->page_size() < 0) return grpc_invalid("page_size: must be >= 0 (0 = 1024)");
   TreePage page;
   page.page_size = request->page_size() == 0 ? kGetTreeDefaultPageSize
@@ -567,6 +587,7 @@ grpc::Status TreeServeService::DeleteTree(grpc::ServerContext* ctx,
   Principal who;
   if (auto s = admit(ctx, *request, &who); !s.ok()) return s;
   if (auto s = require_id("tree_id", request->tree_id()); !s.ok()) return s;
+  if (auto s = check_replica(request->tree_id()); !s.ok()) return s;
   StatusOr<int64_t> freed = scheduler_->delete_tree(request->tree_id(), who.tenant);
   if (!freed.ok()) return to_grpc(freed.status());
   response->set_freed_tokens(*freed);
@@ -649,6 +670,7 @@ grpc::Status TreeServeService::GetServerInfo(grpc::ServerContext* ctx,
   response->set_live_trees(st.live_trees);
   response->set_live_branches(st.live_branches);
   response->set_decode_steps(st.steps);
+  response->set_replica_id(config_.server.replica_id);
   return grpc::Status::OK;
 }
 
@@ -726,6 +748,9 @@ grpc::Status TreeServeService::TreeSearch(
   }
   if (auto s = check_size(first); !s.ok()) return s;
   if (!first.has_start()) return grpc_invalid("start: the first message must be a start");
+  if (!first.start().tree_id().empty()) {
+    if (auto s = check_replica(first.start().tree_id()); !s.ok()) return s;
+  }
   StatusOr<TreeSearchSpec> spec = resolve_search(first.start());
   if (!spec.ok()) return to_grpc(spec.status());
   spec->tenant = who.tenant;

@@ -16,6 +16,7 @@
 #include "server/config.h"
 #include "server/parsed_service.h"
 #include "server/quotas.h"
+#include "server/routing.h"
 
 namespace treeserve {
 
@@ -41,6 +42,9 @@ struct ServingInfo {
   // Why max_sequence_tokens is what it is, when not max_position_embeddings (said in the
   // refusal of a prompt that does not fit), e.g. the model's sliding window.
   std::string context_limit_reason;
+  // This run of the replica (8 hex digits, drawn at start): tree ids name it, and an id of an
+  // earlier run is NOT_FOUND naming the restart (server/routing.h).
+  std::string incarnation;
 };
 
 class TreeServeService final : public ParsedRequestsService {
@@ -88,6 +92,7 @@ class TreeServeService final : public ParsedRequestsService {
   // UNAUTHENTICATED unless auth is off or the call carries "authorization: Bearer <token>".
   // Then UNAVAILABLE while the model loads (scheduler_ is read only after this check passed),
   // then RESOURCE_EXHAUSTED when the tenant is over its requests per second.
+  // Then INVALID_ARGUMENT for an x-treeserve-route header that is not a routing key.
   // `principal` (may be null) gets who the call acts for.
   // `method` ("CreateTree") names the call in the failed-authentication log.
   grpc::Status check_auth(const grpc::ServerContext* context, std::string_view method,
@@ -98,6 +103,9 @@ class TreeServeService final : public ParsedRequestsService {
   grpc::Status check_size(const google::protobuf::Message& request) const;
   // A scheduler call's status as the client gets it; tenant quota refusals are counted.
   grpc::Status answer(const Status& status) const;
+  // FAILED_PRECONDITION for a tree of another replica, NOT_FOUND for one of an earlier run
+  // (server/routing.h): before the scheduler looks the tree up, so before its tenant's.
+  grpc::Status check_replica(const std::string& tree_id) const;
   // A stream slot of the tenant (Generate, TreeSearch); empty without a TenantGate.
   StatusOr<TenantGate::StreamSlot> open_stream(const Principal& who) const;
   Status check_ids(const std::string& field, const std::vector<int32_t>& ids) const;

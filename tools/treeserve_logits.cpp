@@ -5,8 +5,12 @@
 // (tests/hf_compare/hf_compare.py) and the golden-data check of tests/tools/.
 //
 //   treeserve_logits --model DIR --ids 1,2,3 | --ids-file FILE [--backend cpu|cuda]
-//                    [--dtype auto|fp16|bf16] [--greedy N] [--vocab-limit N] [--chunk N]
-//                    [--branches FILE] [--random-weights SEED] [--threads N] --out FILE
+//                    [--dtype auto|fp16|bf16] [--quantization auto|none|fp8] [--greedy N]
+//                    [--vocab-limit N] [--chunk N] [--branches FILE] [--random-weights SEED]
+//                    [--threads N] --out FILE
+//
+// --quantization is the server's (model.quantization): auto serves an FP8 checkpoint as FP8
+// and a 16-bit one as it is; fp8 quantizes a 16-bit checkpoint's linear layers at load.
 //
 // --chunk N prefills the prompt in steps of N tokens, as the scheduler does with
 // max_step_tokens (0: the whole prompt in one step). --branches FILE (a JSON list of token-id
@@ -50,6 +54,7 @@ struct Args {
   std::string ids_file;
   std::string backend = "cpu";
   std::string dtype = "auto";
+  std::string quantization = "auto";
   int32_t greedy = 16;
   int64_t vocab_limit = 0;
   int64_t random_weights = -1;
@@ -292,6 +297,7 @@ Status run(const Args& a) {
   if (a.out.empty()) return InvalidArgument("--out FILE is required");
   StatusOr<ModelConfig> config = load_model_config(a.model);
   if (!config.ok()) return config.status();
+  TS_RETURN_IF_ERROR(apply_quantization_option(a.quantization, "--quantization", &*config));
   StatusOr<std::vector<int32_t>> prompt = read_ids(a);
   if (!prompt.ok()) return prompt.status();
   const int64_t vocab = config->vocab_size;
@@ -350,6 +356,7 @@ Status run(const Args& a) {
                  : (a.dtype == "bf16" || (a.dtype == "auto" && config->torch_dtype == "bfloat16"))
                      ? "bfloat16"
                      : "float16";
+  out["quantization"] = quant_scheme_name(config->quant.scheme);
   out["random_weights_seed"] = a.random_weights;
   out["vocab_size"] = vocab;
   out["vocab_limit"] = limit;
@@ -412,6 +419,9 @@ int main(int argc, char** argv) {
   app.add_option("--ids-file", a.ids_file, "file with the prompt token ids (JSON list or text)");
   app.add_option("--backend", a.backend, "cpu | cuda (default cpu)");
   app.add_option("--dtype", a.dtype, "CUDA weights: auto (config torch_dtype) | fp16 | bf16");
+  app.add_option("--quantization", a.quantization,
+                 "auto (the checkpoint's own) | none | fp8 (FP8 linear layers; a 16-bit "
+                 "checkpoint is quantized at load)");
   app.add_option("--greedy", a.greedy, "greedy continuation length (default 16)");
   app.add_option("--vocab-limit", a.vocab_limit, "sample only ids below this (0 = vocab_size)");
   app.add_option("--random-weights", a.random_weights, "random weights from SEED, not the dir's")

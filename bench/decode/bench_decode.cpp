@@ -77,6 +77,7 @@ struct Args {
   bool decode_kernel = CudaBackendOptions{}.attention_decode_kernel;  // --no-decode-kernel
   bool tail = CudaBackendOptions{}.attention_tail_kernel != TreeAttentionLimits::Tail::kOff;
   bool wide = CudaBackendOptions{}.attention_wide_kernel != TreeAttentionLimits::Wide::kOff;
+  bool fp8 = false;  // --quantization fp8: e4m3 linear layers (quantized from the random weights)
 };
 
 double copy_bandwidth_bytes_per_s() {
@@ -109,8 +110,13 @@ double copy_bandwidth_bytes_per_s() {
 double weight_bytes(const ModelConfig& c) {
   const double h = double(c.hidden_size), q = double(c.q_size()), kv = double(c.kv_size());
   const double im = double(c.intermediate_size);
-  const double layer = (q + 2 * kv) * h + h * q + 3 * im * h + 2 * h;
-  return 2.0 * (layer * double(c.num_hidden_layers) + double(c.vocab_size) * h);
+  const double matrices = (q + 2 * kv) * h + h * q + 3 * im * h;
+  // FP8: one byte an element plus a float scale per output row; the norms and the LM head stay
+  // 16-bit.
+  const bool fp8 = c.quant.scheme == QuantScheme::kFp8;
+  const double layer = fp8 ? matrices + 4.0 * ((q + 2 * kv) + h + 2 * im + h) + 2.0 * 2 * h
+                           : 2.0 * (matrices + 2 * h);
+  return layer * double(c.num_hidden_layers) + 2.0 * double(c.vocab_size) * h;
 }
 
 // One measured workload: a KvCache state with `branches` live, each decoding `rows_per_branch`
@@ -375,6 +381,10 @@ int run(const Args& args) {
     std::fprintf(stderr, "%s\n", config.status().message().c_str());
     return 1;
   }
+  if (args.fp8) {
+    config->quant.scheme = QuantScheme::kFp8;
+    config->quant.source = "--quantization fp8";
+  }
   if (cuda_device_count() == 0) {
     std::fprintf(stderr, "bench_decode: no CUDA device\n");
     return 1;
@@ -404,9 +414,10 @@ int run(const Args& args) {
     return 1;
   }
   const double wbytes = weight_bytes(*config);
-  std::printf("model: %s shape, %lld layers, hidden %lld, fp16 weights streamed per step %.2f GB\n",
+  std::printf("model: %s shape, %lld layers, hidden %lld, %s weights streamed per step %.2f GB\n",
               args.config.c_str(), (long long)config->num_hidden_layers,
-              (long long)config->hidden_size, wbytes / 1e9);
+              (long long)config->hidden_size, args.fp8 ? "fp8 (LM head fp16)" : "fp16",
+              wbytes / 1e9);
   const int64_t kv_token_bytes = config->num_hidden_layers * 2 * config->kv_size() * 2;
 
   std::vector<Result> results;
@@ -651,14 +662,22 @@ int main(int argc, char** argv) {
       args.tail = false;
     else if (a == "--no-wide")
       args.wide = false;
-    else {
+    else if (a == "--quantization") {
+      const std::string q = next();
+      if (q != "fp8" && q != "none") {
+        std::fprintf(stderr, "--quantization must be fp8 or none, got '%s'\n", q.c_str());
+        return 2;
+      }
+      args.fp8 = q == "fp8";
+    } else {
       std::fprintf(stderr,
                    "usage: bench_decode [--config F] [--steps N] [--json F] "
                    "[--workloads fewshot,sampled,spec,tot] [--kv-gib G] [--tensor-parallel N] "
                    "[--fewshot-branches 20,30,50] [--fewshot-prompt 4000] [--profile-last-step] "
                    "[--graphs|--no-graphs] "
                    "[--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N] [--max-chunk N] "
-                   "[--pair-margin N] [--no-decode-kernel] [--no-tail] [--no-wide]\n");
+                   "[--pair-margin N] [--no-decode-kernel] [--no-tail] [--no-wide] "
+                   "[--quantization fp8|none]\n");
       return 2;
     }
   }

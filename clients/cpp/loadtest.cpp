@@ -2,8 +2,9 @@
 // clients/loadtest.py (same workloads, presets, prompts and seeds, same printed summary and the
 // same --json schema), for machines that have no gRPC for Python. This file is the runner:
 // command line, the Python-compatible PRNG and the run context the workloads draw their
-// prompts from, the recorder, the thread pool that runs the workload units, the GetServerInfo
-// poller, the results and the end checks. The workloads are in loadtest_workloads.cpp.
+// prompts from, the recorder, the thread pool that runs the workload units, the results and the
+// end checks. The workloads are in loadtest_workloads.cpp, the pool checks (GetServerInfo of the
+// server or of each replica, and its poller) in loadtest_pool.cpp.
 #include "clients/cpp/loadtest.h"
 
 #include <openssl/sha.h>
@@ -19,6 +20,7 @@
 #include <fstream>
 #include <future>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 namespace treeserve::loadtest {
@@ -275,63 +277,6 @@ double round_to(double x, double digits) {
   return std::round(x * f) / f;
 }
 
-// Polls GetServerInfo every `interval` seconds on a thread of its own.
-class KvMonitor {
- public:
-  struct Sample {
-    double t;
-    int64_t in_use, evictable, free;
-    int live_trees, live_branches;
-    int64_t decode_steps;
-  };
-  KvMonitor(std::shared_ptr<grpc::Channel> channel, const std::string& auth, double t0,
-            double interval)
-      : client_(channel, auth, /*timeout_s=*/10), t0_(t0), interval_(interval) {}
-
-  void start() {
-    thread_ = std::thread([this] {
-      std::unique_lock<std::mutex> l(mu_);
-      while (!stop_) {
-        l.unlock();
-        try {
-          sample();
-        } catch (const RpcError&) {  // a failed poll must not stop the load test
-        }
-        l.lock();
-        cv_.wait_for(l, std::chrono::duration<double>(interval_), [this] { return stop_; });
-      }
-    });
-  }
-  void stop() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-    try {
-      sample();
-    } catch (const RpcError&) {
-    }
-  }
-  std::vector<Sample> samples;  // read after stop()
-
- private:
-  void sample() {
-    pb::ServerInfo i = client_.server_info();
-    Sample s{now_s() - t0_,  kv_pages_in_use(i), i.kv_pages_evictable(), i.kv_pages_free(),
-             i.live_trees(), i.live_branches(),  i.decode_steps()};
-    std::lock_guard<std::mutex> l(samples_mu_);
-    samples.push_back(s);
-  }
-  Client client_;
-  double t0_, interval_;
-  std::thread thread_;
-  std::mutex mu_, samples_mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-};
-
 struct RunOutcome {
   double wall = 0;
   int ran = 0, skipped = 0;
@@ -385,7 +330,8 @@ RunOutcome run_units(RunContext& ctx, const std::vector<Unit>& units, int concur
 }
 
 struct Args {
-  std::string target = "127.0.0.1:50051", auth_token, workload, scale = "small";
+  std::string target = "127.0.0.1:50051", auth_token, workload, scale = "small", replicas;
+  bool proxy = false;
   std::string workloads_dir, prompt_kind = "tokens", json, plot;
   int64_t seed = 1;
   double temperature = 1.0;
@@ -402,9 +348,24 @@ Json server_json(const pb::ServerInfo& info) {
           {"tensor_parallel", info.tensor_parallel()}};
 }
 
+// The addresses whose pools the checks sum; empty: the checks are skipped (--proxy alone).
+std::vector<std::string> pool_targets(const Args& args) {
+  std::vector<std::string> out;
+  if (!args.replicas.empty()) {
+    std::stringstream in(args.replicas);
+    for (std::string t; std::getline(in, t, ',');) {
+      if (!t.empty()) out.push_back(t);
+    }
+    return out;
+  }
+  if (!args.proxy) out.push_back(args.target);
+  return out;
+}
+
+// `idle`: the pool at the end; none when the pool checks are skipped.
 Json build_results(const Args& args, const Json& params, const pb::ServerInfo& info, Recorder& rec,
-                   const KvMonitor& mon, const RunOutcome& run, const pb::ServerInfo& idle,
-                   int leaks) {
+                   const std::vector<KvMonitor::Sample>& samples, const RunOutcome& run,
+                   const std::optional<pb::ServerInfo>& idle, int leaks) {
   const auto& reqs = rec.requests_;
   int64_t tokens = 0;
   std::vector<double> ttft, latency, used;
@@ -418,16 +379,16 @@ Json build_results(const Args& args, const Json& params, const pb::ServerInfo& i
              {"mean", nullptr},
              {"peak_occupied", nullptr},
              {"total", info.kv_pages_total()},
-             {"samples", mon.samples.size()}};
-  if (!mon.samples.empty()) {
-    int64_t lo = mon.samples[0].in_use, hi = lo, peak = 0;
+             {"samples", samples.size()}};
+  if (!samples.empty()) {
+    int64_t lo = samples[0].in_use, hi = lo, peak = 0;
     double sum = 0;
-    for (const auto& s : mon.samples) {
+    for (const auto& s : samples) {
       lo = std::min(lo, s.in_use), hi = std::max(hi, s.in_use);
       peak = std::max(peak, s.in_use + s.evictable);
       sum += double(s.in_use);
     }
-    kv["min"] = lo, kv["max"] = hi, kv["mean"] = sum / double(mon.samples.size());
+    kv["min"] = lo, kv["max"] = hi, kv["mean"] = sum / double(samples.size());
     kv["peak_occupied"] = peak;
   }
   Json counters = Json::object(), finish = Json::object(), lists = Json::object();
@@ -439,7 +400,7 @@ Json build_results(const Args& args, const Json& params, const pb::ServerInfo& i
   auto counter = [&](const char* k) { return rec.counters_.count(k) ? rec.counters_.at(k) : 0; };
 
   Json tl_kv = Json::array(), tl_req = Json::array(), tl_itl = Json::array();
-  for (const auto& s : mon.samples) tl_kv.push_back({round_to(s.t, 4), s.in_use, s.evictable});
+  for (const auto& s : samples) tl_kv.push_back({round_to(s.t, 4), s.in_use, s.evictable});
   for (const auto& r : reqs) {
     tl_req.push_back({round_to(r.end, 4), round_to(r.end - r.start, 4),
                       r.first ? Json(round_to(*r.first - r.start, 4)) : Json(nullptr)});
@@ -459,6 +420,7 @@ Json build_results(const Args& args, const Json& params, const pb::ServerInfo& i
       {"prompt_kind", args.prompt_kind},
       {"warmup", args.warmup},
       {"seed", args.seed},
+      {"pool_checked", pool_targets(args).empty() ? Json(nullptr) : Json(pool_targets(args))},
       {"client", "treeserve_loadtest (C++)"},
       {"server", server_json(info)},
       {"wall_s", run.wall},
@@ -472,22 +434,22 @@ Json build_results(const Args& args, const Json& params, const pb::ServerInfo& i
       {"itl_s", summary(rec.itl_)},
       {"request_latency_s", summary(latency)},
       {"kv_pages", kv},
-      {"decode_steps", mon.samples.size() > 1 ? Json(mon.samples.back().decode_steps -
-                                                     mon.samples.front().decode_steps)
-                                              : Json(nullptr)},
+      {"decode_steps", samples.size() > 1
+                           ? Json(samples.back().decode_steps - samples.front().decode_steps)
+                           : Json(nullptr)},
       {"prompt_tokens", counter("prompt_tokens")},
       {"cached_tokens", counter("cached_tokens")},
       {"finish_reasons", finish},
       {"counters", counters},
       {"notes", rec.notes_},
       {"lists", lists},
-      {"idle_after", is_idle(idle) && idle.live_trees() == 0},
-      {"idle_state",
-       {{"kv_pages_free", idle.kv_pages_free()},
-        {"kv_pages_evictable", idle.kv_pages_evictable()},
-        {"kv_pages_total", idle.kv_pages_total()},
-        {"live_trees", idle.live_trees()},
-        {"live_branches", idle.live_branches()}}},
+      {"idle_after", idle ? Json(is_idle(*idle) && idle->live_trees() == 0) : Json(nullptr)},
+      {"idle_state", idle ? Json{{"kv_pages_free", idle->kv_pages_free()},
+                                 {"kv_pages_evictable", idle->kv_pages_evictable()},
+                                 {"kv_pages_total", idle->kv_pages_total()},
+                                 {"live_trees", idle->live_trees()},
+                                 {"live_branches", idle->live_branches()}}
+                          : Json(nullptr)},
       {"leftover_trees_deleted", leaks},
       {"timeline", {{"kv", tl_kv}, {"requests", tl_req}, {"itl", tl_itl}}},
   };
@@ -604,7 +566,16 @@ int run(int argc, char** argv) {
       "usage error."};
   std::vector<std::string> names;
   for (const auto& w : workloads()) names.push_back(w.name);
-  app.add_option("--target", args.target, "server host:port")->capture_default_str();
+  app.add_option("--target", args.target,
+                 "server host:port, or a proxy's in front of several replicas (every call "
+                 "carries x-treeserve-route)")
+      ->capture_default_str();
+  app.add_option("--replicas", args.replicas,
+                 "the replicas' own host:port, comma-separated: the pool checks (idle at start "
+                 "and end, KV pages over time) sum their GetServerInfo (default: --target's)");
+  app.add_flag("--proxy", args.proxy,
+               "--target is a proxy: without --replicas the pool checks are skipped (through a "
+               "proxy GetServerInfo reaches one replica)");
   app.add_option("--auth-token", args.auth_token, "bearer token for server.auth_token");
   app.add_option("--workload", args.workload)->required()->check(CLI::IsMember(names));
   app.add_option("--scale", args.scale)
@@ -701,11 +672,28 @@ int run(int argc, char** argv) {
                  e.details().c_str());
     return 2;
   }
-  if (!is_idle(info) || info.live_trees()) {
+  const std::vector<std::string> targets = pool_targets(args);
+  std::optional<Pool> pool;
+  if (targets.empty()) {
     std::fprintf(stderr,
-                 "warning: server is not idle at start (%d trees, %lld pages in use); figures "
-                 "include other clients' load\n",
-                 info.live_trees(), static_cast<long long>(kv_pages_in_use(info)));
+                 "note: --proxy without --replicas: GetServerInfo through the proxy reaches one "
+                 "replica, so the pool checks (idle at start and end, KV pages over time) are "
+                 "skipped; pass --replicas HOST:PORT,... to sum the replicas' pools\n");
+  } else {
+    pool.emplace(targets, args.auth_token, /*timeout_s=*/10);
+    try {
+      info = pool->server_info();
+    } catch (const RpcError& e) {
+      std::fprintf(stderr, "error: cannot reach a replica of %s: %s\n", args.replicas.c_str(),
+                   e.details().c_str());
+      return 2;
+    }
+    if (!is_idle(info) || info.live_trees()) {
+      std::fprintf(stderr,
+                   "warning: server is not idle at start (%d trees, %lld pages in use); figures "
+                   "include other clients' load\n",
+                   info.live_trees(), static_cast<long long>(kv_pages_in_use(info)));
+    }
   }
   Options opts;
   opts.seed = args.seed;
@@ -726,14 +714,19 @@ int run(int argc, char** argv) {
   }
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
-  KvMonitor mon(channel, args.auth_token, t0, args.poll_interval);
-  mon.start();
+  std::optional<KvMonitor> mon;
+  if (pool) {
+    mon.emplace(*pool, t0, args.poll_interval);
+    mon->start();
+  }
   int concurrency = params.contains("concurrency") ? params["concurrency"].get<int>() : 1;
   RunOutcome run = run_units(ctx, units, concurrency, args.warmup);
   int leaks = ctx.delete_leftovers();
-  mon.stop();
-  pb::ServerInfo idle = client.wait_idle(args.idle_timeout);
-  Json res = build_results(args, params, info, rec, mon, run, idle, leaks);
+  if (mon) mon->stop();
+  std::optional<pb::ServerInfo> idle;
+  if (pool) idle = pool->wait_idle(args.idle_timeout);
+  Json res = build_results(args, params, info, rec,
+                           mon ? mon->samples : std::vector<KvMonitor::Sample>{}, run, idle, leaks);
   if (!args.quiet) {
     print_results(res);
   } else {
@@ -741,12 +734,12 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "error: %s\n", rec.errors_[i].c_str());
     }
   }
-  if (!res["idle_after"].get<bool>()) {
+  if (idle && !res["idle_after"].get<bool>()) {
     std::fprintf(stderr,
                  "warning: server did not return to idle: free %lld + evictable %lld != total "
                  "%lld, %d live trees, %d live branches\n",
-                 (long long)idle.kv_pages_free(), (long long)idle.kv_pages_evictable(),
-                 (long long)idle.kv_pages_total(), idle.live_trees(), idle.live_branches());
+                 (long long)idle->kv_pages_free(), (long long)idle->kv_pages_evictable(),
+                 (long long)idle->kv_pages_total(), idle->live_trees(), idle->live_branches());
   }
   if (leaks) {
     std::fprintf(stderr, "warning: %d trees were left by failed requests and deleted at the end\n",

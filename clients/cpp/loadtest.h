@@ -1,13 +1,16 @@
 // treeserve_loadtest: the C++ port of clients/loadtest.py (for machines without gRPC for
-// Python). This header is what the runner (loadtest.cpp) and the workloads
-// (loadtest_workloads.cpp) share: the RPC wrapper, the Python-compatible PRNG that makes the
-// prompts token-for-token the ones loadtest.py sends, the recorder and the run context.
+// Python). This header is what the runner (loadtest.cpp), the workloads
+// (loadtest_workloads.cpp) and the pool checks (loadtest_pool.cpp) share: the RPC wrapper, the
+// Python-compatible PRNG that makes the prompts token-for-token the ones loadtest.py sends, the
+// recorder, the run context and the pool the checks read.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -18,6 +21,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -82,7 +86,9 @@ struct BranchStream {
 };
 
 // One synchronous stub over a shared channel; every method throws RpcError on a non-OK status.
-// Thread-safe (gRPC stubs are).
+// Thread-safe (gRPC stubs are). Calls on a tree carry x-treeserve-route with the tree's routing
+// key (read from its id), CreateTree the key of its prompt (common/route_key.h), so the
+// channel may lead to a proxy in front of several replicas.
 class Client {
  public:
   Client(std::shared_ptr<grpc::Channel> channel, std::string auth_token, double timeout_s = 0);
@@ -108,11 +114,9 @@ class Client {
       const std::function<bool(const pb::TreeSearchLevel&)>& on_level);
   // The vocabulary size, by bisecting on Detokenize's INVALID_ARGUMENT (as the Python client).
   int vocab_size();
-  // Polls GetServerInfo until free + evictable == total or `timeout_s` passes.
-  pb::ServerInfo wait_idle(double timeout_s, double interval_s = 0.1);
 
  private:
-  void prepare(grpc::ClientContext& ctx) const;
+  void prepare(grpc::ClientContext& ctx, const std::string& route) const;
   std::unique_ptr<pb::TreeServe::Stub> stub_;
   std::string auth_token_;
   double timeout_s_;
@@ -120,6 +124,44 @@ class Client {
 
 int64_t kv_pages_in_use(const pb::ServerInfo& info);
 bool is_idle(const pb::ServerInfo& info);
+
+// The KV pool the checks read (loadtest_pool.cpp): one server's, or the sum over replicas'
+// (each read directly: through a proxy a GetServerInfo reaches one replica). server_info()
+// sums the counts and joins the replica ids with ",".
+class Pool {
+ public:
+  Pool(const std::vector<std::string>& targets, const std::string& auth, double timeout_s);
+  pb::ServerInfo server_info();
+  // Polls until free + evictable == total or `timeout_s` passes.
+  pb::ServerInfo wait_idle(double timeout_s, double interval_s = 0.1);
+
+ private:
+  std::deque<Client> clients_;
+};
+
+// Polls the pool's GetServerInfo every `interval` seconds on a thread of its own.
+class KvMonitor {
+ public:
+  struct Sample {
+    double t;
+    int64_t in_use, evictable, free;
+    int live_trees, live_branches;
+    int64_t decode_steps;
+  };
+  KvMonitor(Pool& pool, double t0, double interval) : pool_(pool), t0_(t0), interval_(interval) {}
+  void start();
+  void stop();                  // and one last sample
+  std::vector<Sample> samples;  // read after stop()
+
+ private:
+  void sample();
+  Pool& pool_;
+  double t0_, interval_;
+  std::thread thread_;
+  std::mutex mu_, samples_mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+};
 
 // Thread-safe sink for what the workloads measure; times relative to t0.
 class Recorder {

@@ -10,6 +10,7 @@
 
 #include "clients/cpp/loadtest.h"
 #include "clients/cpp/loadtest_presets_json.h"  // kPresetsJson, from embed_presets.cmake
+#include "common/route_key.h"
 
 namespace treeserve::loadtest {
 
@@ -42,8 +43,9 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, std::string auth_token, d
       auth_token_(std::move(auth_token)),
       timeout_s_(timeout_s) {}
 
-void Client::prepare(grpc::ClientContext& ctx) const {
+void Client::prepare(grpc::ClientContext& ctx, const std::string& route) const {
   if (!auth_token_.empty()) ctx.AddMetadata("authorization", "Bearer " + auth_token_);
+  if (!route.empty()) ctx.AddMetadata(kRouteHeader, route);
   if (timeout_s_ > 0) {
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::microseconds(int64_t(timeout_s_ * 1e6)));
@@ -71,23 +73,28 @@ void set_prompt(pb::Prompt* out, const Prompt& p) {
 }
 }  // namespace
 
-#define TS_CALL(Method, Req, Resp, req) \
-  call<Req, Resp>(stub_.get(), &pb::TreeServe::Stub::Method, req, [this](auto& c) { prepare(c); })
+// `route`: the call's x-treeserve-route ("" = none).
+#define TS_CALL(Method, Req, Resp, req, route)                    \
+  call<Req, Resp>(stub_.get(), &pb::TreeServe::Stub::Method, req, \
+                  [this, r = std::string(route)](auto& c) { prepare(c, r); })
 
 pb::ServerInfo Client::server_info() {
-  return TS_CALL(GetServerInfo, pb::GetServerInfoRequest, pb::ServerInfo, {});
+  return TS_CALL(GetServerInfo, pb::GetServerInfoRequest, pb::ServerInfo, {}, "");
 }
 
 std::string Client::detokenize(const std::vector<int32_t>& ids) {
   pb::DetokenizeRequest req;
   req.mutable_ids()->Assign(ids.begin(), ids.end());
-  return TS_CALL(Detokenize, pb::DetokenizeRequest, pb::DetokenizeResponse, req).text();
+  return TS_CALL(Detokenize, pb::DetokenizeRequest, pb::DetokenizeResponse, req, "").text();
 }
 
 pb::CreateTreeResponse Client::create_tree(const Prompt& prompt) {
   pb::CreateTreeRequest req;
   set_prompt(req.mutable_prompt(), prompt);
-  return TS_CALL(CreateTree, pb::CreateTreeRequest, pb::CreateTreeResponse, req);
+  // The prompt's routing key, as the Python client sends it (common/route_key.h).
+  const std::string route =
+      prompt.is_text ? route_key_text(prompt.text) : route_key_ids(prompt.ids);
+  return TS_CALL(CreateTree, pb::CreateTreeRequest, pb::CreateTreeResponse, req, route);
 }
 
 std::vector<std::string> Client::branch(const std::string& tree, const std::string& branch, int n) {
@@ -95,7 +102,7 @@ std::vector<std::string> Client::branch(const std::string& tree, const std::stri
   req.set_tree_id(tree);
   req.set_branch_id(branch);
   req.set_n(n);
-  auto r = TS_CALL(Branch, pb::BranchRequest, pb::BranchResponse, req);
+  auto r = TS_CALL(Branch, pb::BranchRequest, pb::BranchResponse, req, route_of_tree(tree));
   return {r.branch_ids().begin(), r.branch_ids().end()};
 }
 
@@ -103,7 +110,7 @@ void Client::prune(const std::string& tree, const std::vector<std::string>& bran
   pb::PruneRequest req;
   req.set_tree_id(tree);
   for (const auto& b : branches) req.add_branch_ids(b);
-  TS_CALL(Prune, pb::PruneRequest, pb::PruneResponse, req);
+  TS_CALL(Prune, pb::PruneRequest, pb::PruneResponse, req, route_of_tree(tree));
 }
 
 pb::VerifyResponse Client::verify(const std::string& tree, const std::string& branch,
@@ -115,13 +122,13 @@ pb::VerifyResponse Client::verify(const std::string& tree, const std::string& br
   req.mutable_tokens()->Assign(tokens.begin(), tokens.end());
   req.mutable_parents()->Assign(parents.begin(), parents.end());
   req.mutable_sampling()->set_temperature(temperature);
-  return TS_CALL(Verify, pb::VerifyRequest, pb::VerifyResponse, req);
+  return TS_CALL(Verify, pb::VerifyRequest, pb::VerifyResponse, req, route_of_tree(tree));
 }
 
 void Client::delete_tree(const std::string& tree) {
   pb::DeleteTreeRequest req;
   req.set_tree_id(tree);
-  TS_CALL(DeleteTree, pb::DeleteTreeRequest, pb::DeleteTreeResponse, req);
+  TS_CALL(DeleteTree, pb::DeleteTreeRequest, pb::DeleteTreeResponse, req, route_of_tree(tree));
 }
 
 #undef TS_CALL
@@ -130,7 +137,7 @@ std::optional<pb::TreeSearchDone> Client::tree_search(
     const pb::TreeSearchStart& start,
     const std::function<bool(const pb::TreeSearchLevel&)>& on_level) {
   grpc::ClientContext ctx;
-  prepare(ctx);
+  prepare(ctx, route_of_tree(start.tree_id()));
   auto stream = stub_->TreeSearch(&ctx);
   pb::TreeSearchRequest req;
   *req.mutable_start() = start;
@@ -167,7 +174,7 @@ std::vector<BranchStream> Client::generate_collect(const std::string& tree,
   s->set_temperature(temperature);
   s->set_seed(seed);
   grpc::ClientContext ctx;
-  prepare(ctx);
+  prepare(ctx, route_of_tree(tree));
   auto reader = stub_->Generate(&ctx, req);
   std::vector<BranchStream> out;
   std::map<std::string, size_t> index;
@@ -204,15 +211,6 @@ int Client::vocab_size() {
     (valid(mid) ? lo : hi) = mid;
   }
   return hi;
-}
-
-pb::ServerInfo Client::wait_idle(double timeout_s, double interval_s) {
-  double end = now_s() + timeout_s;
-  while (true) {
-    pb::ServerInfo info = server_info();
-    if (is_idle(info) || now_s() >= end) return info;
-    std::this_thread::sleep_for(std::chrono::duration<double>(interval_s));
-  }
 }
 
 int64_t kv_pages_in_use(const pb::ServerInfo& i) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/cuda_backend.h"
+#include "engine/cuda_fp8.h"
 #include "engine/cuda_ops.h"
 #include "engine/cuda_sampling.h"
 #include "engine/detail/cuda_buffers.h"
@@ -45,6 +46,15 @@ inline Status cublas_status(cublasStatus_t s, const char* what) {
                   ")");
 }
 
+// An FP8 linear layer: e4m3 weights [n][k], one float scale per output row, and for static
+// activation scales the input's scale (a device float; null: each input row is scaled by its
+// own largest value, per step).
+struct Fp8Linear {
+  uint8_t* w = nullptr;
+  float* scale = nullptr;
+  float* input_scale = nullptr;
+};
+
 struct LayerWeights {
   void* input_norm = nullptr;  // T [hidden]
   void* qkv = nullptr;         // T [q + 2 kv][hidden]
@@ -52,6 +62,9 @@ struct LayerWeights {
   void* post_norm = nullptr;   // T [hidden]
   void* gate_up = nullptr;     // T [2 im][hidden]
   void* down = nullptr;        // T [hidden][im]
+  // FP8 models (config.quant): the four linear layers in e4m3 instead (the 16-bit pointers
+  // above are then null, the norms stay).
+  Fp8Linear qkv8, o8, gate_up8, down8;
 };
 
 inline void* byte_offset(void* p, int64_t elems, int64_t elem_bytes) {
@@ -71,6 +84,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
         device_(options.device + rank),
         comm_(comm) {
     dtype_ = options.bfloat16 ? cuda::Dtype::kBFloat16 : cuda::Dtype::kFloat16;
+    fp8_ = config.quant.scheme == QuantScheme::kFp8;
     h_ = config.hidden_size;
     d_ = config.head_dim;
     nh_ = int32_t(shard_.num_q_heads);
@@ -225,7 +239,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   struct GraphKey {
     int64_t rows = 0, n_logits = 0;
     TreeAttentionGrid grid;  // the attention's (tree_attention_graph_grid)
-    std::array<const void*, 12> buffers{};
+    std::array<const void*, 14> buffers{};
     bool operator==(const GraphKey&) const = default;
   };
   struct StepGraph {
@@ -261,12 +275,23 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   // norm (when norm is not null). Tensor parallel: the GEMM is row-parallel (k is this
   // rank's slice), so its float32 partial sums are all-reduced first. same_shape: w's kind in
   // every layer (for tuning).
-  Status residual_gemm(const void* x, const void* w, std::span<const void* const> same_shape,
-                       int64_t rows, int64_t k, const void* norm, void* out, const char* name) {
+  // FP8 models pass the layer as w8 (w is then null).
+  Status residual_gemm(const void* x, const void* w, const Fp8Linear& w8,
+                       std::span<const void* const> same_shape, int64_t rows, int64_t k,
+                       const void* norm, void* out, const char* name) {
     const float eps = float(config_.rms_norm_eps);
     int32_t parts = 1;
-    if (world_ == 1) TS_RETURN_IF_ERROR(split_k_parts(x, w, same_shape, rows, k, &parts));
-    if (parts > 1) {
+    if (world_ == 1 && !fp8_) {
+      TS_RETURN_IF_ERROR(split_k_parts(x, w, same_shape, rows, k, &parts));
+    }
+    if (fp8_) {
+      // FP8 (one GPU): float32 out, added and normed by the float-delta kernel.
+      float* partial = partial_.as<float>();
+      TS_RETURN_IF_ERROR(fp8_gemm(x, w8, partial, rows, h_, k, true, same_shape));
+      prof_.mark(name, stream_);
+      cuda::add_rms_norm_f32_delta(dtype_, residual_.as<float>(), partial, 1, 0, norm, eps, rows,
+                                   h_, out, stream_);
+    } else if (parts > 1) {
       // Split-K: float parts [parts][rows][h], summed in order and rounded once by the norm.
       TS_RETURN_IF_ERROR(gemm_.run_split_k(x, w, split_parts_, rows, h_, k, parts, model_type(),
                                            stream_, same_shape));
@@ -361,6 +386,48 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     return gemm_.run(x, w, y, m, n, k, t, f32_out ? CUDA_R_32F : t, stream_, same_shape);
   }
 
+  // FP8: y [m][n] = x [m][k] . w [n][k]^T with x (T) quantized to e4m3 first (per row, or by
+  // the layer's static input scale) into xq_ / xs_. same_shape: the e4m3 matrices of w's kind.
+  Status fp8_gemm(const void* x, const Fp8Linear& w, void* y, int64_t m, int64_t n, int64_t k,
+                  bool f32_out, std::span<const void* const> same_shape) {
+    uint8_t* xq = xq_.as<uint8_t>();
+    float* xs = xs_.as<float>();
+    if (w.input_scale) {
+      cuda::quantize_rows_fp8_static(dtype_, x, m, k, w.input_scale, xq, xs, stream_);
+    } else {
+      cuda::quantize_rows_fp8(dtype_, x, m, k, xq, xs, stream_);
+    }
+    const cudaDataType_t t = model_type();
+    return gemm_.run_fp8(xq, xs, w.w, w.scale, y, m, n, k, f32_out ? CUDA_R_32F : t, stream_,
+                         same_shape);
+  }
+
+  // The QKV and gate/up GEMMs: 16-bit or FP8 as the model is.
+  Status linear(const void* x, const void* w16, const Fp8Linear& w8, void* y, int64_t m, int64_t n,
+                int64_t k, std::span<const void* const> same_shape) {
+    if (fp8_) return fp8_gemm(x, w8, y, m, n, k, false, same_shape);
+    return gemm(x, w16, y, m, n, k, false, same_shape);
+  }
+
+  // FP8 weights from a 16-bit source on the device (T [rows][cols] at src): quantized per
+  // output row into dst (cuda_fp8.h).
+  void quantize_weight(const void* src, int64_t rows, int64_t cols, uint8_t* dst_w,
+                       float* dst_scale) {
+    cuda::quantize_rows_fp8(dtype_, src, rows, cols, dst_w, dst_scale, stream_);
+  }
+
+  // The elements of the largest matrix of a layer (the FP8 stage).
+  int64_t fp8_stage_elems() const;
+
+  // Device memory for an FP8 layer of n rows of k (weights, scales, and the input scale when
+  // the checkpoint has static activation scales).
+  Status alloc_fp8(Fp8Linear* l, int64_t n, int64_t k);
+
+  // Loads the FP8 layers: from the checkpoint's e4m3 tensors and scales, or by quantizing its
+  // 16-bit matrices on the device (staged through `stage`, T, as large as the largest).
+  Status load_fp8_layer(const LlamaLayerWeights& src, LayerWeights* dst, WeightUploader* up,
+                        void* stage);
+
   cudaDataType_t model_type() const { return options_.bfloat16 ? CUDA_R_16BF : CUDA_R_16F; }
 
   static size_t align8(size_t n) { return (n + 7) & ~size_t(7); }
@@ -386,6 +453,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   int32_t nh_ = 0, nkv_ = 0;
   int64_t q_size_ = 0, kv_size_ = 0, im_ = 0, vocab_ = 0;
   cuda::Dtype dtype_ = cuda::Dtype::kFloat16;
+  bool fp8_ = false;  // config.quant.scheme == kFp8: e4m3 linear layers
   KvLayout layout_;
   float scale_ = 1.0f;
   cudaStream_t stream_ = nullptr;
@@ -419,7 +487,10 @@ class CudaBackend final : public Backend, public detail::CudaRank {
 
   DeviceBuffer argmax_, residual_, x_, tmp_, qkv_, q_, attn_, gu_, act_, final_, logits_, meta_;
   DeviceBuffer sample_params_, sample_out_;
-  DeviceBuffer partial_;  // float [rows][hidden]: row-parallel GEMM partial sums (world_ > 1)
+  // float [rows][hidden]: row-parallel GEMM partial sums (world_ > 1), FP8 O and down outputs.
+  DeviceBuffer partial_;
+  // FP8: a GEMM input in e4m3, uint8 [rows][max(hidden, q, im)], and its row scales.
+  DeviceBuffer xq_, xs_;
   // Peer-to-peer all-reduce (options_.p2p_all_reduce): float [p2p_max_rows][hidden] x 2,
   // uint32 flags [kP2PBlocks][kMaxP2PRanks] then call numbers [kP2PBlocks] (one allocation),
   // the kernel's arguments per buffer parity, and the step's call count.

@@ -3,7 +3,8 @@
 // CTAs on 132 SMs for Llama-3-8B's O projection at 50 rows).
 //
 //   y [m][n] = x [m][k] . w [n][k]^T   (row-major; fp16 or bf16 in, float32 accumulate,
-//                                       y in the input dtype or float32)
+//                                       y in the input dtype or float32; or e4m3 in with
+//                                       per-row scales, run_fp8)
 //
 // Split-K by batching (run_split_k): the K axis cut into S slices run as one strided-batched
 // matmul, batch s writing the float32 part y_s = x[:, slice s] . w[:, slice s]^T, so S times
@@ -103,6 +104,16 @@ class LtGemm {
                      int32_t splits, cudaDataType_t in, cudaStream_t stream,
                      std::span<const void* const> same_shape = {});
 
+  // FP8: y = x . w^T with x and w in e4m3 (CUDA_R_8F_E4M3) and element (i, j) scaled by
+  // x_scale[i] * w_scale[j] (cublasLt's outer-vector scaling: one float per row of x, one per
+  // row of w), accumulated in float32; out CUDA_R_16F, CUDA_R_16BF or CUDA_R_32F. k must be a
+  // multiple of 16 and every operand 16-byte aligned (cublasLt's FP8 rules). Tuned and cached
+  // like run() (the scales do not change a shape's timing); with autotune off the heuristic's
+  // first candidate runs, since cuBLAS has no FP8 GEMM with vector scales to fall back on.
+  Status run_fp8(const void* x, const float* x_scale, const void* w, const float* w_scale, void* y,
+                 int64_t m, int64_t n, int64_t k, cudaDataType_t out, cudaStream_t stream,
+                 std::span<const void* const> same_shape = {});
+
   // The median time in microseconds (*us) of one call as the tuning cache holds it for this
   // call's bucket: run() (splits == 1, `out` as there) or run_split_k (splits > 1, out must be
   // CUDA_R_32F). Arguments and tuning rules are those calls' (the bucket is tuned now if it is
@@ -154,6 +165,10 @@ class LtGemm {
   Status tune(const Plan& plan, const PlanKey& key, const void* x, void* y, cudaStream_t stream,
               std::span<const void* const> weights, TunedGemm* chosen);
   Status run_fallback(const PlanKey& key, const void* x, const void* w, void* y);
+  // FP8 plans: the scale vectors of the next matmul (cublasLt reads the pointers when a
+  // matmul is enqueued, so a plan shared by every layer takes each call's own).
+  Status set_scales(const Plan& plan, const float* w_scale, const float* x_scale) const;
+  static bool is_fp8(int32_t type) { return type == CUDA_R_8F_E4M3; }
   static void destroy(Plan* plan);
 
   int32_t device_ = 0;
@@ -163,6 +178,9 @@ class LtGemm {
   size_t workspace_bytes_ = 0;
   bool autotune_ = true;
   std::unordered_map<PlanKey, Plan, PlanKeyHash> plans_;
+  // run_fp8's scales, for launch() and tuning.
+  const float* w_scale_ = nullptr;
+  const float* x_scale_ = nullptr;
 };
 
 }  // namespace treeserve::detail

@@ -90,7 +90,7 @@ struct TenantState {
 // ends leaves both at once (its record is kept until the loop is between steps, so pointers
 // taken during a step stay valid), and a live branch's parent is always live.
 struct Tree {
-  std::string id;                // "t_" + random
+  std::string id;                // "t_<route>.<replica>.<incarnation>.<random>"
   TenantState* owner = nullptr;  // never null; its branches live in owner->ns
   bool one_shot = false;
   bool counted = false;  // in owner->live_trees (made by CreateTree)
@@ -207,7 +207,7 @@ class Scheduler::Impl {
 
   // Commands (loop thread).
   void cmd_create_tree(std::vector<int32_t> prompt, int64_t lease_ms, uint64_t seq,
-                       const std::string& tenant,
+                       const std::string& tenant, const std::string& route,
                        std::function<void(StatusOr<CreateTreeResult>)> done);
   // The caller of CreateTree `seq` gave up: its prefill stops and its tree goes.
   void cmd_abort_create(uint64_t seq);
@@ -252,8 +252,8 @@ class Scheduler::Impl {
   Status namespace_limit_refusal(CacheNamespace ns) const;
 
   // Tree tables and leases (tree_table.cpp; loop thread).
-  // A new tree of `owner` under a fresh random id; lease_ms 0 = no lease (one-shot).
-  Tree* add_tree(bool one_shot, int64_t lease_ms, TenantState* owner);
+  // A new tree of `owner` under a fresh id carrying `route`; lease_ms 0 = no lease (one-shot).
+  Tree* add_tree(bool one_shot, int64_t lease_ms, TenantState* owner, const std::string& route);
   // The tree, its lease renewed (any call naming a tree renews it). A tree of another tenant
   // is NOT_FOUND exactly as an unknown id is.
   StatusOr<Tree*> find_tree(const std::string& id, const std::string& tenant);
@@ -361,5 +361,9 @@ class Scheduler::Impl {
   bool stopping_ = false;
   std::thread thread_;
 };
+
+// Fills in the replica and run tree ids name ("local", a fresh incarnation) and checks them:
+// INVALID_ARGUMENT naming replica_id or incarnation (tree_table.cpp).
+Status resolve_tree_id_options(SchedulerOptions* options);
 
 }  // namespace treeserve

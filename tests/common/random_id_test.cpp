@@ -45,6 +45,21 @@ TEST(RandomId, NeverRepeatsAcrossThreads) {
   }
 }
 
+// random_hex: two lowercase hex digits a byte, each position taking all 16 values.
+TEST(RandomId, Hex) {
+  EXPECT_EQ(random_hex(0), "");
+  std::vector<std::set<char>> seen(32);
+  for (int i = 0; i < 2000; ++i) {
+    const std::string h = random_hex(16);
+    ASSERT_EQ(h.size(), 32u);
+    for (size_t pos = 0; pos < h.size(); ++pos) {
+      ASSERT_NE(std::string("0123456789abcdef").find(h[pos]), std::string::npos) << h;
+      seen[pos].insert(h[pos]);
+    }
+  }
+  for (const auto& s : seen) EXPECT_EQ(s.size(), 16u);
+}
+
 TEST(RandomId, BytesLargerThanTheBlock) {
   std::vector<unsigned char> a(10000), b(10000);
   random_bytes(a.data(), a.size());

@@ -21,6 +21,7 @@
 #include "engine/cuda_backend.h"
 #include "engine/cuda_ops.h"
 #include "engine/detail/cuda_buffers.h"
+#include "tests/gpu/gemm_test_util.h"
 
 namespace treeserve {
 namespace {
@@ -29,35 +30,8 @@ using detail::DeviceBuffer;
 using detail::LtGemm;
 using detail::TunedGemm;
 
-#define REQUIRE_GPU()                                                                 \
-  do {                                                                                \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped"; \
-  } while (0)
-
-constexpr size_t kWorkspaceBytes = 32 << 20;
-
-// A stream, a cuBLAS handle on it and the workspace both libraries share (as the backend).
-struct Gpu {
-  cudaStream_t stream = nullptr;
-  cublasHandle_t cublas = nullptr;
-  DeviceBuffer workspace;
-  Gpu() {
-    EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
-    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-    EXPECT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
-    EXPECT_EQ(cublasSetStream(cublas, stream), CUBLAS_STATUS_SUCCESS);
-    EXPECT_TRUE(workspace.reserve(kWorkspaceBytes, "workspace").ok());
-    EXPECT_EQ(cublasSetWorkspace(cublas, workspace.ptr, kWorkspaceBytes), CUBLAS_STATUS_SUCCESS);
-  }
-  ~Gpu() {
-    cudaStreamSynchronize(stream);
-    cublasDestroy(cublas);
-    cudaStreamDestroy(stream);
-  }
-  Status init(LtGemm* g, bool autotune = true) {
-    return g->init(0, cublas, workspace.ptr, kWorkspaceBytes, autotune);
-  }
-};
+using testing::Gpu;
+constexpr size_t kWorkspaceBytes = testing::kGemmWorkspaceBytes;
 
 float half_bits_to_float(uint16_t h) {
   const int exp = (h >> 10) & 0x1f, man = h & 0x3ff;

@@ -3,13 +3,25 @@
 // streamed with n = 3 and logprobs, errors as the SDK's error classes, and a stream the client
 // aborts, after which the server's pool is idle again. Every response is read by the SDK
 // (its JSON and SSE parsing, its stream helpers) and checked against the fields the SDK's
-// types declare.
-// usage: node openai_sdk_test.mjs BASE_URL   ($TREESERVE_API_KEY: the server's key, if any)
+// types declare. Every response object the SDK hands back (whole answers, each streamed chunk,
+// the stream helper's final chat completion, the models list, error bodies) is also saved to
+// RESPONSES_JSON as {type, where, value}: sdk_types_gen.mjs turns them into TypeScript that
+// tsc checks against the SDK's own declared types (run.sh).
+// usage: node openai_sdk_test.mjs BASE_URL RESPONSES_JSON
+//        ($TREESERVE_API_KEY: the server's key, if any)
 import assert from "node:assert/strict";
+import { writeFileSync } from "node:fs";
 import OpenAI from "openai";
 
-const base = process.argv[2];
-if (!base) throw new Error("usage: node openai_sdk_test.mjs BASE_URL");
+const [base, responsesPath] = process.argv.slice(2);
+if (!base || !responsesPath) {
+  throw new Error("usage: node openai_sdk_test.mjs BASE_URL RESPONSES_JSON");
+}
+// type: the name sdk_types_gen.mjs maps to the SDK's type; a copy, taken as it arrives.
+const saved = [];
+function save(type, where, value) {
+  saved.push({ type, where, value: JSON.parse(JSON.stringify(value)) });
+}
 const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: process.env.TREESERVE_API_KEY ?? "none",
                             maxRetries: 0, timeout: 120_000 });
 const prompt = "Once upon a time, in a quiet village, there lived";
@@ -50,6 +62,8 @@ async function poolIdle() {
 
 async function models() {
   const page = await client.models.list();
+  save("ModelsPage", "GET /v1/models", page.body);
+  for (const m of page.data) save("Model", "GET /v1/models: data[]", m);
   assert.ok(page.data.length >= 1);
   const m = page.data[0];
   assert.equal(m.object, "model");
@@ -62,6 +76,7 @@ async function models() {
 async function completions(model) {
   const c = await client.completions.create({ model, prompt, max_tokens: 8, temperature: 0, n: 3,
                                               logprobs: 2 });
+  save("Completion", "completion, n = 3, logprobs: 2", c);
   checkHeader(c, "text_completion", "completion");
   assert.equal(c.choices.length, 3);
   c.choices.forEach((choice, i) => {
@@ -85,6 +100,7 @@ async function completions(model) {
                                                    stream_options: { include_usage: true } });
   let text = "", usage = null, finish = null;
   for await (const chunk of stream) {
+    save("CompletionChunk", "completion stream, include_usage", chunk);
     checkHeader(chunk, "text_completion", "completion chunk");
     if (chunk.usage) usage = chunk.usage;
     for (const ch of chunk.choices) {
@@ -96,6 +112,21 @@ async function completions(model) {
   assert.ok(finishReasons.has(finish));
   checkUsage(usage, "completion stream");
   assert.ok(usage.prompt_tokens_details.cached_tokens > 0, "the prompt was cached by now");
+
+  // logprobs: 0 (the token's own logprob only) and the token_ids extension, whole and streamed.
+  const ids = await client.completions.create({ model, prompt, max_tokens: 4, temperature: 0,
+                                                logprobs: 0, return_token_ids: true });
+  save("Completion", "completion, logprobs: 0, return_token_ids", ids);
+  assert.equal(ids.choices[0].token_ids.length, ids.usage.completion_tokens);
+  const idStream = await client.completions.create({ model, prompt, max_tokens: 4,
+                                                     temperature: 0, logprobs: 0, stream: true,
+                                                     return_token_ids: true });
+  let streamed = 0;
+  for await (const chunk of idStream) {
+    save("CompletionChunk", "completion stream, logprobs: 0, return_token_ids", chunk);
+    for (const ch of chunk.choices) streamed += ch.token_ids?.length ?? 0;
+  }
+  assert.equal(streamed, ids.choices[0].token_ids.length);
 }
 
 async function chatCompletions(model) {
@@ -103,6 +134,7 @@ async function chatCompletions(model) {
   const c = await client.chat.completions.create({ model, messages, n: 3, max_tokens: 12,
                                                    temperature: 0, logprobs: true,
                                                    top_logprobs: 2 });
+  save("ChatCompletion", "chat completion, n = 3, logprobs", c);
   checkHeader(c, "chat.completion", "chat completion");
   assert.equal(c.choices.length, 3);
   c.choices.forEach((choice, i) => {
@@ -123,17 +155,20 @@ async function chatCompletions(model) {
   });
   checkUsage(c.usage, "chat completion");
 
-  // Streamed, n = 3, through the SDK's stream helper, which rebuilds the whole completion
-  // from the chunks: the same contents as the whole answer's.
+  // Streamed, n = 3, with logprobs, through the SDK's stream helper, which rebuilds the whole
+  // completion from the chunks: the same contents as the whole answer's.
   const stream = client.chat.completions.stream({ model, messages, n: 3, max_tokens: 12,
-                                                  temperature: 0,
+                                                  temperature: 0, logprobs: true,
+                                                  top_logprobs: 2,
                                                   stream_options: { include_usage: true } });
   const seen = new Set();
   for await (const chunk of stream) {
+    save("ChatCompletionChunk", "chat stream, n = 3, logprobs, include_usage", chunk);
     checkHeader(chunk, "chat.completion.chunk", "chat chunk");
     for (const ch of chunk.choices) seen.add(ch.index);
   }
   const final = await stream.finalChatCompletion();
+  save("ParsedChatCompletion", "chat stream: the SDK's finalChatCompletion()", final);
   assert.deepEqual([...seen].sort(), [0, 1, 2]);
   assert.equal(final.choices.length, 3);
   for (const choice of final.choices) {
@@ -142,23 +177,59 @@ async function chatCompletions(model) {
     assert.ok(finishReasons.has(choice.finish_reason));
   }
   checkUsage(final.usage, "chat stream");
+
+  // The token_ids extension, whole and streamed.
+  const ids = await client.chat.completions.create({ model, messages, max_tokens: 4,
+                                                     temperature: 0, return_token_ids: true });
+  save("ChatCompletion", "chat completion, return_token_ids", ids);
+  assert.equal(ids.choices[0].token_ids.length, ids.usage.completion_tokens);
+  const idStream = await client.chat.completions.create({ model, messages, max_tokens: 4,
+                                                          temperature: 0, stream: true,
+                                                          return_token_ids: true });
+  for await (const chunk of idStream) {
+    save("ChatCompletionChunk", "chat stream, return_token_ids", chunk);
+  }
+}
+
+// An assert.rejects check that also saves the error object the SDK read from the body.
+function apiError(where, check) {
+  return (e) => {
+    if (e instanceof OpenAI.APIError) save("ErrorObject", where, e.error);
+    return check(e);
+  };
 }
 
 async function errors(model) {
   await assert.rejects(
     client.completions.create({ model, prompt, temperature: "hot" }),
-    (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === "temperature" &&
-           e.code === "INVALID_ARGUMENT" && e.type === "invalid_request_error");
+    apiError("completion, temperature: \"hot\"",
+             (e) => e instanceof OpenAI.BadRequestError && e.status === 400 &&
+                    e.param === "temperature" && e.code === "INVALID_ARGUMENT" &&
+                    e.type === "invalid_request_error"));
   await assert.rejects(
     client.completions.create({ model, prompt, max_tokens: 10_000_000 }),
-    (e) => e instanceof OpenAI.BadRequestError && e.param === "max_tokens");
+    apiError("completion, max_tokens too large",
+             (e) => e instanceof OpenAI.BadRequestError && e.param === "max_tokens"));
   await assert.rejects(client.get("/trees/t_unknown"),
-                       (e) => e instanceof OpenAI.NotFoundError && e.param === "tree_id");
+                       apiError("GET /v1/trees/t_unknown",
+                                (e) => e instanceof OpenAI.NotFoundError && e.param === "tree_id"));
   await assert.rejects(client.chat.completions.create({ model, messages: [] }),
-                       (e) => e instanceof OpenAI.BadRequestError && e.param === "messages");
+                       apiError("chat, messages: []",
+                                (e) => e instanceof OpenAI.BadRequestError &&
+                                       e.param === "messages"));
   await assert.rejects(
     client.chat.completions.create({ model, messages: [{ role: "user", content: 5 }] }),
-    (e) => e instanceof OpenAI.BadRequestError && e.param === "messages[0].content");
+    apiError("chat, content: 5", (e) => e instanceof OpenAI.BadRequestError &&
+                                        e.param === "messages[0].content"));
+  // The whole body, which the SDK unwraps to its `error` (fetch, with the SDK's key).
+  const r = await fetch(`${base}/v1/completions`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json",
+               Authorization: `Bearer ${process.env.TREESERVE_API_KEY ?? "none"}` },
+    body: JSON.stringify({ model, prompt, n: 0 }),
+  });
+  assert.equal(r.status, 400);
+  save("ErrorBody", "completion, n: 0 (fetch: the whole body)", await r.json());
 }
 
 async function abortMidStream(model) {
@@ -169,7 +240,8 @@ async function abortMidStream(model) {
   const before = await client.get("/server");
   let chunks = 0;
   try {
-    for await (const _ of stream) {
+    for await (const chunk of stream) {
+      save("CompletionChunk", "completion stream, n = 4, aborted", chunk);
       if (++chunks === 5) controller.abort();  // the SDK closes the connection
     }
   } catch (e) {
@@ -180,10 +252,14 @@ async function abortMidStream(model) {
   assert.ok(after.decode_steps - before.decode_steps < 3000, "the generation ran on");
 }
 
-const model = await models();
-await completions(model);
-await chatCompletions(model);
-await errors(model);
-await abortMidStream(model);
-await poolIdle();
-console.log("openai SDK test passed");
+try {
+  const model = await models();
+  await completions(model);
+  await chatCompletions(model);
+  await errors(model);
+  await abortMidStream(model);
+  await poolIdle();
+} finally {
+  writeFileSync(responsesPath, JSON.stringify(saved, null, 1));
+}
+console.log(`openai SDK test passed (${saved.length} response objects saved)`);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "models/fp8.h"
 #include "models/safetensors.h"
 
 namespace treeserve {
@@ -132,6 +133,23 @@ TEST(HalfFloatTest, DtypeNamesAndSizes) {
   EXPECT_EQ(dtype_size(DType::kF32), 4u);
   EXPECT_EQ(dtype_size(DType::kF16), 2u);
   EXPECT_EQ(dtype_size(DType::kBF16), 2u);
+  EXPECT_STREQ(dtype_name(DType::kF8E4M3), "F8_E4M3");
+  EXPECT_EQ(dtype_size(DType::kF8E4M3), 1u);
+}
+
+TEST(HalfFloatTest, ToFloatF8E4M3IsEachCodesValue) {
+  std::vector<unsigned char> codes(256);
+  for (int c = 0; c < 256; ++c) codes[size_t(c)] = static_cast<unsigned char>(c);
+  TensorView view;
+  view.dtype = DType::kF8E4M3;
+  view.shape = {16, 16};
+  view.data = codes.data();
+  view.nbytes = codes.size();
+  std::vector<float> out(256);
+  to_float(view, out.data());
+  for (int c = 0; c < 256; ++c) {
+    EXPECT_EQ(bits_of(out[size_t(c)]), bits_of(e4m3_to_float(uint8_t(c)))) << c;
+  }
 }
 
 }  // namespace

@@ -306,9 +306,37 @@ TEST(SafetensorsErrorTest, UnsupportedDtypeNamesTensorDtypeAndFile) {
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();  // other tensors stay usable
   EXPECT_TRUE(reader->tensor("ok").ok());
   EXPECT_TRUE(status_is(reader->tensor("ids").status(), StatusCode::kInvalidArgument,
-                        {dir.file("m.safetensors"), "'ids'", "I64", "F32, F16 and BF16"}));
+                        {dir.file("m.safetensors"), "'ids'", "I64", "F32, F16, BF16 and F8_E4M3"}));
   EXPECT_TRUE(status_is(reader->tensor("odd").status(), StatusCode::kInvalidArgument,
                         {"'odd'", "F4_E2M1"}));
+}
+
+// FP8 checkpoints' weights: F8_E4M3 tensors are read (one byte each) and to_float gives each
+// code's e4m3 value; the other 8-bit float, F8_E5M2, stays refused by name.
+TEST(SafetensorsTest, ReadsF8E4M3AndRefusesF8E5M2) {
+  TempDir dir;
+  const std::string codes = {'\x38', '\x7e', '\xfe', '\x01', '\x00', '\x80'};
+  write_file(dir.file("m.safetensors"),
+             safetensors_bytes(
+                 {{"w", "F8_E4M3", {2, 3}, codes}, {"e5", "F8_E5M2", {2}, std::string(2, '\0')}}));
+  auto reader = SafetensorsReader::open_files({dir.file("m.safetensors")});
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  auto w = reader->tensor("w");
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->dtype, DType::kF8E4M3);
+  EXPECT_EQ(w->nbytes, 6u);
+  EXPECT_EQ(w->numel(), 6);
+  std::vector<float> out(6);
+  to_float(*w, out.data());
+  EXPECT_EQ(out, (std::vector<float>{1.0f, 448.0f, -448.0f, 1.0f / 512.0f, 0.0f, -0.0f}));
+  EXPECT_TRUE(std::signbit(out[5]));
+  EXPECT_TRUE(status_is(reader->tensor("e5").status(), StatusCode::kInvalidArgument,
+                        {"'e5'", "F8_E5M2", "F8_E4M3"}));
+  // An F8_E4M3 tensor whose byte span is not one byte an element is refused at open.
+  write_file(dir.file("bad.safetensors"),
+             safetensors_bytes({{"w", "F8_E4M3", {2, 3}, std::string(12, '\0')}}));
+  EXPECT_TRUE(status_is(SafetensorsReader::open_files({dir.file("bad.safetensors")}).status(),
+                        StatusCode::kInvalidArgument, {"'w'", "F8_E4M3", "needs 6"}));
 }
 
 TEST(SafetensorsErrorTest, MissingTensorNamesTensorAndFile) {

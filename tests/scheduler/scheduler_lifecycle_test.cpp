@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/metrics.h"
+#include "common/route_key.h"
 #include "engine/backend.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/tree_search.h"
@@ -229,8 +230,9 @@ TEST(SchedulerLifecycle, FailedPrefillLeavesNoTree) {
   expect_idle(s);
 }
 
-// Ids are "t_"/"b_" plus 22 URL-safe base64 characters (128 random bits), different on every
-// run; the sampling stream key is still the branch's index, so seeded sampling repeats.
+// Branch ids are "b_" plus 22 URL-safe base64 characters (128 random bits), tree ids
+// "t_<route>.local.<incarnation>.<32 hex digits>"; both differ on every run, and the sampling
+// stream key is still the branch's index, so seeded sampling repeats.
 TEST(SchedulerLifecycle, IdsAreRandomAndSeededSamplingRepeats) {
   auto run = [](std::string* tree_id, std::vector<std::string>* ids) {
     Served sv = serve(64);
@@ -264,11 +266,53 @@ TEST(SchedulerLifecycle, IdsAreRandomAndSeededSamplingRepeats) {
     }
     return true;
   };
-  EXPECT_TRUE(well_formed(t1, "t_")) << t1;
+  for (const std::string& t : {t1, t2}) {
+    auto parts = parse_tree_id(t);
+    ASSERT_TRUE(parts) << t;
+    EXPECT_EQ(parts->replica, "local");
+    EXPECT_EQ(parts->route, route_key_ids(prompt(12, 7)));
+  }
+  EXPECT_NE(parse_tree_id(t1)->incarnation, parse_tree_id(t2)->incarnation);  // 2^-32 to fail
   std::set<std::string> all(b1.begin(), b1.end());
   all.insert(b2.begin(), b2.end());
   EXPECT_EQ(all.size(), 8u);
   for (const std::string& id : all) EXPECT_TRUE(well_formed(id, "b_")) << id;
+}
+
+// A tree id carries the caller's route (else its prompt's key), the replica and the run the
+// options name; a route that is not a routing key, or a replica id that is not one, is refused.
+TEST(SchedulerLifecycle, TreeIdsCarryRouteReplicaAndIncarnation) {
+  SchedulerOptions o;
+  o.replica_id = "r-7";
+  o.incarnation = "0123abcd";
+  Served sv = serve(64, o);
+  Scheduler& s = *sv.scheduler;
+  CreateTreeOptions with_route;
+  with_route.route = "user.42";
+  auto routed = s.create_tree(prompt(12, 3), with_route);
+  ASSERT_TRUE(routed.ok()) << routed.status().message();
+  EXPECT_EQ(routed->tree_id.rfind("t_user.42.r-7.0123abcd.", 0), 0u) << routed->tree_id;
+  auto keyed = s.create_tree(prompt(12, 3));
+  ASSERT_TRUE(keyed.ok());
+  auto parts = parse_tree_id(keyed->tree_id);
+  ASSERT_TRUE(parts) << keyed->tree_id;
+  EXPECT_EQ(parts->route, route_key_ids(prompt(12, 3)));
+  EXPECT_EQ(parts->replica, "r-7");
+  EXPECT_EQ(parts->incarnation, "0123abcd");
+  CreateTreeOptions bad;
+  bad.route = "not a key";
+  EXPECT_EQ(s.create_tree(prompt(12, 3), bad).status().code(), StatusCode::kInvalidArgument);
+  for (const std::string& id : {routed->tree_id, keyed->tree_id}) {
+    EXPECT_TRUE(s.delete_tree(id).ok());
+  }
+  expect_idle(s);
+
+  SchedulerOptions wrong;
+  wrong.replica_id = "Replica_1";
+  auto created = Scheduler::create(sv.backend.get(), sv.tokenizer.get(), wrong, nullptr);
+  EXPECT_EQ(created.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(created.status().message().rfind("replica_id: must be 1 to 32", 0), 0u)
+      << created.status().message();
 }
 
 // Forks and prunes do not grow a tree: after many rounds GetTree lists only the live branches

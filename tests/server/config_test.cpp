@@ -75,6 +75,26 @@ TEST(Config, LeasesAndScoreTimeout) {
             std::string::npos);
 }
 
+// server.replica_id: "local" by default, read and written back, its format checked by name.
+TEST(Config, ReplicaId) {
+  TreeserveConfig c;
+  EXPECT_EQ(c.server.replica_id, "local");
+  ASSERT_TRUE(merge_config_json(R"({"server": {"replica_id": "r-2"}})", "r.json", &c).ok());
+  EXPECT_EQ(c.server.replica_id, "r-2");
+  EXPECT_TRUE(validate_config(c).ok());
+  TreeserveConfig back;
+  ASSERT_TRUE(merge_config_json(config_to_json(c), "dump", &back).ok());
+  EXPECT_EQ(back.server.replica_id, "r-2");
+  for (const char* bad : {"", "R2", "r_2", "-r2", "r.2"}) {
+    c.server.replica_id = bad;
+    const Status s = validate_config(c);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(s.message().rfind("server.replica_id (--replica-id): must be 1 to 32 characters", 0),
+              0u)
+        << s.message();
+  }
+}
+
 TEST(Config, ErrorsNameTheKeyAndSource) {
   TreeserveConfig c;
   Status s = merge_config_json(R"({"limits": {"max_n": "many"}})", "a.json", &c);
@@ -213,6 +233,26 @@ TEST(Config, RandomWeightsSeed) {
   EXPECT_EQ(back.model.random_weights_seed, 7);
   Status s = merge_config_json(R"({"model": {"random_weights_seed": "x"}})", "r.json", &c);
   EXPECT_NE(s.message().find("model.random_weights_seed"), std::string::npos) << s.message();
+}
+
+TEST(Config, Quantization) {
+  TreeserveConfig c;
+  EXPECT_EQ(c.model.quantization, "auto");  // the checkpoint's own
+  for (const char* ok : {"auto", "none", "fp8"}) {
+    ASSERT_TRUE(merge_config_json(std::string(R"({"model": {"quantization": ")") + ok + "\"}}",
+                                  "q.json", &c)
+                    .ok());
+    EXPECT_EQ(c.model.quantization, ok);
+    EXPECT_TRUE(validate_config(c).ok()) << ok;
+  }
+  TreeserveConfig back;
+  ASSERT_TRUE(merge_config_json(config_to_json(c), "dump", &back).ok());
+  EXPECT_EQ(back.model.quantization, "fp8");
+  c.model.quantization = "int4";
+  Status s = validate_config(c);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("--quantization"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("'int4'"), std::string::npos) << s.message();
 }
 
 TEST(Config, ListenAddresses) {

@@ -1,6 +1,8 @@
 // treeserve_logits (the HF-comparison tool) run as a process on the tiny model: its first-token
 // logits and greedy continuation equal the Hugging Face golden data (tests/golden/), its vocab
-// limit holds, random weights are reproducible, and bad input exits non-zero with a message.
+// limit holds, random weights are reproducible, FP8 checkpoints and --quantization fp8 run (and
+// agree bit for bit where they should), and bad input (broken FP8 checkpoints included) exits
+// non-zero with a message.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -8,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -216,6 +219,90 @@ TEST_F(TreeserveLogits, BadInputExitsNonZeroWithMessage) {
     ToolRun r = run_tool(c.args);
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
+  }
+}
+
+// FP8: every layout of the generated checkpoints (tests/models/make_fp8_checkpoint.py) runs on
+// the CPU backend; the fp8-layout checkpoint per channel with dynamic activations and
+// --quantization fp8 on the float32 model give the same logits and tokens, bit for bit.
+TEST_F(TreeserveLogits, Fp8CheckpointsAndTheQuantizationFlag) {
+  const std::string ids = "1,300,301,302,17,45";
+  const std::string models = TREESERVE_FP8_MODELS_DIR;
+  ToolRun flag = run_tool({"--model", TREESERVE_TINY_MODEL_DIR, "--ids", ids, "--greedy", "6",
+                           "--quantization", "fp8"});
+  ASSERT_EQ(flag.exit_code, 0) << flag.output;
+  EXPECT_EQ(flag.result["quantization"], "fp8");
+  ToolRun plain = run_tool({"--model", TREESERVE_TINY_MODEL_DIR, "--ids", ids, "--greedy", "1"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_EQ(plain.result["quantization"], "none");
+  EXPECT_NE(flag.result["first_logits"], plain.result["first_logits"]);
+  for (const char* layout :
+       {"fp8-channel-dynamic", "fp8-tensor-static", "ct-channel-token", "ct-tensor-tensor"}) {
+    ToolRun r = run_tool({"--model", models + "/" + layout, "--ids", ids, "--greedy", "6"});
+    ASSERT_EQ(r.exit_code, 0) << layout << ": " << r.output;
+    EXPECT_EQ(r.result["quantization"], "fp8") << layout;
+    EXPECT_LT(max_abs_diff(r.result["first_logits"], plain.result["first_logits"]), 1.5f) << layout;
+    if (std::string(layout) == "fp8-channel-dynamic") {
+      EXPECT_EQ(r.result["first_logits"], flag.result["first_logits"]);  // bit for bit
+      EXPECT_EQ(r.result["greedy"], flag.result["greedy"]);
+    }
+  }
+  // fp8 on an FP8 checkpoint is the checkpoint; none is refused.
+  ToolRun again = run_tool({"--model", models + "/fp8-channel-dynamic", "--ids", ids, "--greedy",
+                            "6", "--quantization", "fp8"});
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(again.result["first_logits"], flag.result["first_logits"]);
+  ToolRun none =
+      run_tool({"--model", models + "/ct-tensor-tensor", "--ids", ids, "--quantization", "none"});
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.output.find("--quantization none"), std::string::npos) << none.output;
+  EXPECT_NE(none.output.find("is FP8"), std::string::npos) << none.output;
+  ToolRun bad =
+      run_tool({"--model", TREESERVE_TINY_MODEL_DIR, "--ids", ids, "--quantization", "int8"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--quantization must be auto, none or fp8, got 'int8'"),
+            std::string::npos)
+      << bad.output;
+}
+
+// Broken FP8 checkpoints (the generator's test options) are refused with a message naming the
+// tensor or field.
+TEST_F(TreeserveLogits, BrokenFp8CheckpointsAreRefusedByName) {
+  struct Case {
+    std::vector<std::string> generator_args;
+    std::vector<std::string> messages;
+  };
+  const std::vector<Case> cases = {
+      {{"--layout", "fp8", "--omit", "layers.1.mlp.down_proj.weight_scale"},
+       {"'model.layers.1.mlp.down_proj.weight_scale' not found",
+        "weight_scale beside each e4m3 weight"}},
+      {{"--layout", "compressed-tensors", "--keep-16bit", "layers.0.self_attn.k_proj.weight"},
+       {"'model.layers.0.self_attn.k_proj.weight' is F32, expected F8_E4M3"}},
+      {{"--layout", "fp8", "--weights", "tensor", "--activations", "static", "--omit",
+        "layers.2.self_attn.q_proj.input_scale"},
+       {"'model.layers.2.self_attn.q_proj.input_scale' not found", "static activation scales"}},
+      {{"--layout", "fp8", "--quantization-config",
+        R"({"quant_method": "awq", "bits": 4, "group_size": 128})"},
+       {"quantization_config.quant_method 'awq' is not supported", "treeserve serves FP8"}},
+      {{"--layout", "fp8", "--quantization-config",
+        R"({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]})"},
+       {"quantization_config.weight_block_size [128,128] (block-wise FP8) is not supported"}},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    const std::string dir = treeserve::testing_support::test_temp_dir() + "broken_fp8_" +
+                            std::to_string(getpid()) + "_" + std::to_string(n++);
+    std::string cmd = std::string("'") + TREESERVE_PYTHON3 + "' '" + TREESERVE_FP8_GENERATOR +
+                      "' '" + TREESERVE_TINY_MODEL_DIR + "' '" + dir + "'";
+    for (const std::string& a : c.generator_args) cmd += " '" + a + "'";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    ToolRun r = run_tool({"--model", dir, "--ids", "1,2,3", "--greedy", "1"});
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    for (const std::string& m : c.messages) {
+      EXPECT_NE(r.output.find(m), std::string::npos) << "want '" << m << "' in: " << r.output;
+    }
+    EXPECT_NE(r.output.find(dir), std::string::npos) << r.output;  // the file is named
+    std::filesystem::remove_all(dir);
   }
 }
 

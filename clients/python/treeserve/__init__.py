@@ -7,6 +7,11 @@ API (OpenAI's completions and the tree API as JSON; treeserve.http, standard lib
     h = TreeServeHTTPClient("http://127.0.0.1:8000")
     print(h.completions("Once upon a time", max_tokens=16)["choices"][0]["text"])
 
+Behind a proxy in front of several replicas, every call carries the header x-treeserve-route
+(a tree's routing key, read from its id, or a new prompt's: route_key, route_of_tree), so the
+proxy sends each call to the replica holding its tree (docs/api.md, "Routing across
+replicas").
+
 The gRPC stubs are the modules treeserve.treeserve_pb2 and treeserve.treeserve_pb2_grpc
 (also `treeserve.pb`, `treeserve.pb_grpc`). An installed package carries them, generated
 when it was built. Imported from a source checkout without installing (clients/python on
@@ -37,7 +42,8 @@ _find_stubs()
 from .client import (BranchStream, TreeServeClient, collect_stream,  # noqa: E402
                      finish_reason_name, is_idle, kv_pages_in_use, pb, pb_grpc)
 from .http import TreeServeHTTPClient, TreeServeHTTPError  # noqa: E402
+from .routing import REPLICA_HEADER, ROUTE_HEADER, route_key, route_of_tree  # noqa: E402
 
 __all__ = ["TreeServeClient", "TreeServeHTTPClient", "TreeServeHTTPError", "BranchStream",
            "collect_stream", "finish_reason_name", "is_idle", "kv_pages_in_use", "pb", "pb_grpc",
-           "__version__"]
+           "route_key", "route_of_tree", "ROUTE_HEADER", "REPLICA_HEADER", "__version__"]

@@ -1,23 +1,50 @@
 """TreeServeClient: a thin client over treeserve's gRPC API (treeserve.v1.TreeServe), one
 method per RPC, plus stream helpers (collect_stream, BranchStream) and pool checks (is_idle,
-kv_pages_in_use). Needs grpcio (Debian: python3-grpcio)."""
+kv_pages_in_use). Needs grpcio (Debian: python3-grpcio).
+
+Every call on a tree carries the header x-treeserve-route with the tree's routing key (read
+from its id), and CreateTree and one-shot Generate calls the key of their prompt, so a proxy
+in front of several replicas sends each call where its tree lives (routing.py)."""
 from . import treeserve_pb2 as pb
 from . import treeserve_pb2_grpc as pb_grpc
+from .routing import (ROUTE_HEADER, ROUTE_PREFIX_BYTES, ROUTE_PREFIX_IDS, route_key,
+                      route_of_tree)
 
 
 class TreeServeClient:
-    """Thin wrapper: one method per RPC, keyword arguments for the common fields."""
+    """Thin wrapper: one method per RPC, keyword arguments for the common fields.
 
-    def __init__(self, target="127.0.0.1:50051", auth_token=None, timeout=None):
+    target: a server's host:port, or a proxy's in front of several replicas.
+    route_prefix_bytes / route_prefix_ids: how much of a prompt its routing key hashes (N bytes
+    of text or messages, M token ids)."""
+
+    def __init__(self, target="127.0.0.1:50051", auth_token=None, timeout=None,
+                 route_prefix_bytes=ROUTE_PREFIX_BYTES, route_prefix_ids=ROUTE_PREFIX_IDS):
         import grpc
         self._grpc = grpc
         self.channel = grpc.insecure_channel(target)
         self.stub = pb_grpc.TreeServeStub(self.channel)
         self.timeout = timeout
         self.metadata = [("authorization", "Bearer " + auth_token)] if auth_token else None
+        self.route_prefix_bytes = route_prefix_bytes
+        self.route_prefix_ids = route_prefix_ids
 
-    def _call(self, method, request, timeout=None):
-        return method(request, timeout=timeout or self.timeout, metadata=self.metadata)
+    def _metadata(self, route=None):
+        """The call's metadata: the key, and x-treeserve-route when `route` is given."""
+        if not route:
+            return self.metadata
+        return (self.metadata or []) + [(ROUTE_HEADER, route)]
+
+    def prompt_route(self, prompt):
+        """The routing key of a prompt (text or token ids) with this client's N and M."""
+        return route_key(prompt, route_prefix_bytes=self.route_prefix_bytes,
+                         route_prefix_ids=self.route_prefix_ids)
+
+    def _call(self, method, request, timeout=None, route=None):
+        return method(request, timeout=timeout or self.timeout, metadata=self._metadata(route))
+
+    def _tree_call(self, method, request, timeout=None):
+        return self._call(method, request, timeout, route_of_tree(request.tree_id))
 
     @staticmethod
     def prompt(text_or_ids):
@@ -38,10 +65,10 @@ class TreeServeClient:
         """A new tree. lease_ms: its idle lease (the server deletes a tree no call has named for
         that long); 0 = the server's default (server.tree_lease_default_s)."""
         return self._call(self.stub.CreateTree, pb.CreateTreeRequest(
-            prompt=self.prompt(prompt), lease_ms=lease_ms))
+            prompt=self.prompt(prompt), lease_ms=lease_ms), route=self.prompt_route(prompt))
 
     def branch(self, tree_id, branch_id, n, at_offset=0):
-        r = self._call(self.stub.Branch, pb.BranchRequest(
+        r = self._tree_call(self.stub.Branch, pb.BranchRequest(
             tree_id=tree_id, branch_id=branch_id, n=n, at_offset=at_offset))
         return list(r.branch_ids)
 
@@ -59,7 +86,10 @@ class TreeServeClient:
             req.append.CopyFrom(self.prompt(append))
         if prompt is not None:
             req.prompt.CopyFrom(self.prompt(prompt))
-        return self.stub.Generate(req, timeout=timeout or self.timeout, metadata=self.metadata)
+        route = route_of_tree(tree_id) if tree_id else (
+            self.prompt_route(prompt) if prompt is not None else None)
+        return self.stub.Generate(req, timeout=timeout or self.timeout,
+                                  metadata=self._metadata(route))
 
     def tree_search(self, tree_id, branch_id="", expand=2, keep=1, depth=1, score=None,
                     timeout=None, **sampling):
@@ -81,7 +111,7 @@ class TreeServeClient:
         if not score:
             requests.put(None)  # nothing more to send: half-close after the start
         call = self.stub.TreeSearch(iter(requests.get, None), timeout=timeout or self.timeout,
-                                    metadata=self.metadata)
+                                    metadata=self._metadata(route_of_tree(tree_id)))
         try:
             for resp in call:
                 kind = resp.WhichOneof("message")
@@ -98,18 +128,18 @@ class TreeServeClient:
             call.cancel()  # a no-op once the call has ended
 
     def prune(self, tree_id, branch_ids, retain_kv=False):
-        return self._call(self.stub.Prune, pb.PruneRequest(
+        return self._tree_call(self.stub.Prune, pb.PruneRequest(
             tree_id=tree_id, branch_ids=list(branch_ids), retain_kv=retain_kv))
 
     def verify(self, tree_id, branch_id, tokens, parents, **sampling):
-        return self._call(self.stub.Verify, pb.VerifyRequest(
+        return self._tree_call(self.stub.Verify, pb.VerifyRequest(
             tree_id=tree_id, branch_id=branch_id, tokens=list(tokens), parents=list(parents),
             sampling=pb.SamplingParams(**sampling)))
 
     def get_tree(self, tree_id, page_size=0, page_token=""):
         """One page of the tree's live branches (TreeInfo; page_size 0 = the server's default of
         1024; next_page_token is "" on the last page). tree_branches() walks every page."""
-        return self._call(self.stub.GetTree, pb.GetTreeRequest(
+        return self._tree_call(self.stub.GetTree, pb.GetTreeRequest(
             tree_id=tree_id, page_size=page_size, page_token=page_token))
 
     def tree_branches(self, tree_id, page_size=0):
@@ -123,7 +153,7 @@ class TreeServeClient:
                 return
 
     def delete_tree(self, tree_id):
-        return self._call(self.stub.DeleteTree, pb.DeleteTreeRequest(tree_id=tree_id))
+        return self._tree_call(self.stub.DeleteTree, pb.DeleteTreeRequest(tree_id=tree_id))
 
     def vocab_size(self):
         """The model's vocabulary size, found by probing Detokenize (ids outside the vocabulary
