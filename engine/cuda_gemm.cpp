@@ -318,6 +318,8 @@ Status LtGemm::run_fallback(const PlanKey& key, const void* x, const void* w, vo
 Status LtGemm::make_plan(const PlanKey& key, const void* x, const void* w, void* y,
                          cudaStream_t stream, std::span<const void* const> same_shape, Plan* plan) {
   TS_RETURN_IF_ERROR(make_descriptors(key, plan));
+  // cublasLt's heuristic refuses a vector-scaled FP8 matmul whose scale pointers are unset.
+  if (is_fp8(key.in)) TS_RETURN_IF_ERROR(set_scales(*plan, w_scale_, x_scale_));
   if (!autotune_) return use_first_candidate(key, plan);  // FP8 (run_fallback serves the rest)
   const int64_t bucket = gemm_rows_bucket(key.m);
   const TuneKey tune_key{device_, bucket, key.n, key.k, key.in, key.out, key.align, key.splits};
@@ -384,6 +386,7 @@ Status LtGemm::tune_bucket(const Plan& plan, const PlanKey& key, int64_t bucket,
   if (is_fp8(key.in)) x_scale_ = reinterpret_cast<const float*>(static_cast<char*>(xs) + x_bytes);
   Plan top_plan;
   Status status = make_descriptors(top, &top_plan);
+  if (status.ok() && is_fp8(key.in)) status = set_scales(top_plan, w_scale_, x_scale_);
   // Zero rows (timing does not depend on the values; uninitialised ones could hold NaNs).
   if (status.ok()) {
     status = cuda_status(cudaMemsetAsync(xs, 0, x_bytes + scale_bytes, stream), "scratch rows");
@@ -514,7 +517,9 @@ Status LtGemm::tune(const Plan& plan, const PlanKey& key, const void* x, void* y
   std::vector<cublasLtMatmulHeuristicResult_t> found;
   TS_RETURN_IF_ERROR(heuristic(plan, key, kCandidates, &found));
   if (found.empty()) return Status::Ok();
-  if (is_fp8(key.in)) TS_RETURN_IF_ERROR(set_scales(plan, w_scale_, x_scale_));
+  if (is_fp8(key.in)) {
+    TS_RETURN_IF_ERROR(set_scales(plan, w_scale_, x_scale_));
+  }
 
   std::vector<cudaEvent_t> events(kReps + 1, nullptr);
   Status status = Status::Ok();

@@ -61,6 +61,7 @@ struct Args {
   int32_t threads = 0;
   int32_t page_size = 16;
   int32_t chunk = 0;
+  bool gemm_autotune = true;
   std::string branches_file;
   std::string out;
 };
@@ -148,6 +149,7 @@ StatusOr<std::unique_ptr<Backend>> make_backend(const Args& a, const ModelConfig
     o.num_pages = num_pages;
     o.page_size = a.page_size;
     o.bfloat16 = a.dtype == "bf16" || (a.dtype == "auto" && config.torch_dtype == "bfloat16");
+    o.gemm_autotune = a.gemm_autotune;
     return weights ? create_cuda_backend(config, *weights, o)
                    : create_cuda_backend_random(config, o, seed);
 #else
@@ -429,6 +431,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", a.threads, "CPU backend threads (0 = all cores)");
   app.add_option("--page-size", a.page_size, "KV page size in tokens (default 16)");
   app.add_option("--chunk", a.chunk, "prefill in steps of N tokens (0 = one step)");
+  app.add_flag("!--no-gemm-autotune", a.gemm_autotune,
+               "CUDA: cuBLAS's default GEMM choice instead of timing candidates, so that two runs "
+               "choose the same algorithms (bit-identical logits for identical weights)");
   app.add_option("--branches", a.branches_file,
                  "JSON list of id lists: fork the prompt once per list, run them in one step");
   app.add_option("--out", a.out, "JSON output file")->required();

@@ -349,23 +349,29 @@ void print_tuned_gemms(double copy_bw) {
               "n", "k", "K/S", "out", "algo", "tile", "stages", "splitK", "red", "us", "TB/s",
               "heur. us", "cands");
   for (const detail::TunedGemm& t : tuned) {
-    const char* out = t.out == CUDA_R_32F ? "f32" : t.in == CUDA_R_16BF ? "bf16" : "f16";
+    // e4m3 inputs (FP8 layers) are marked "8" before the output type.
+    const bool e4m3 = t.in == CUDA_R_8F_E4M3;
+    const std::string out = std::string(e4m3 ? "8" : "") + (t.out == CUDA_R_32F    ? "f32"
+                                                            : t.out == CUDA_R_16BF ? "bf16"
+                                                                                   : "f16");
     if (t.fallback) {
       std::printf("%3d %5lld %5lld %7lld %6lld %3d %4s  cublasGemmEx (no cublasLt candidate ran)\n",
                   t.device, (long long)t.m_bucket, (long long)t.m_tuned, (long long)t.n,
-                  (long long)t.k, t.splits, out);
+                  (long long)t.k, t.splits, out.c_str());
       continue;
     }
-    const double tbps = double(t.n) * double(t.k) * 2.0 / (double(t.us) * 1e-6) / 1e12;
+    const double tbps =
+        double(t.n) * double(t.k) * (e4m3 ? 1.0 : 2.0) / (double(t.us) * 1e-6) / 1e12;
     std::printf("%3d %5lld %5lld %7lld %6lld %3d %4s %5d %9s %6d %6d %4d %9.1f %7.2f %9.1f %6d\n",
                 t.device, (long long)t.m_bucket, (long long)t.m_tuned, (long long)t.n,
-                (long long)t.k, t.splits, out, t.algo_id, tile_name(t.tile).c_str(), t.stages,
-                t.split_k, t.reduction, t.us, tbps, t.heuristic_us, t.candidates);
+                (long long)t.k, t.splits, out.c_str(), t.algo_id, tile_name(t.tile).c_str(),
+                t.stages, t.split_k, t.reduction, t.us, tbps, t.heuristic_us, t.candidates);
   }
   std::printf(
       "(m: the bucket's rows, m@: the rows it was timed at; K/S: K slices as one strided batch, "
       "float parts (gemm_split_k); splitK: cublasLt's own; red: reduction scheme, "
-      "cublasLtReductionScheme_t; heur. us: cublasLt's first candidate)\n");
+      "cublasLtReductionScheme_t; heur. us: cublasLt's first candidate; out 8f16: e4m3 inputs, "
+      "weights counted at one byte)\n");
 }
 
 int run(const Args& args) {

@@ -213,9 +213,11 @@ def main():
         for label, extra in (("fp8_checkpoint", ["--model", d8]),
                              ("quantized_at_load", ["--model", d16, "--quantization", "fp8"])):
             tool_out = os.path.join(out_dir, f"treeserve_fp8_{label}_{n}.json")
+            # Without autotuning both runs take cuBLAS's default GEMM for each shape (timing
+            # picks may differ between processes and change the last bits).
             cmd = [args.tool, *extra, "--backend", "cuda", "--dtype", "fp16", "--ids-file",
                    ids_file, "--greedy", str(args.greedy), "--chunk", str(args.chunk), "--out",
-                   tool_out]
+                   tool_out, "--no-gemm-autotune"]
             t = time.time()
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=args.tool_timeout)
             timings[f"treeserve_{label}_{n}_s"] = time.time() - t
@@ -237,6 +239,7 @@ def main():
             row = r32["steps"][div]
             margin = float(row[r32["tokens"][div]] - row[tokens[div]])
         case = {"prompt_len": n, "at_load_identical_to_fp8_checkpoint": identical,
+                "at_load_vs_fp8_checkpoint": err(b, a),
                 "treeserve_vs_hf_fp32": ts, "hf_fp16_vs_hf_fp32": floor, "within": within,
                 "greedy": {"treeserve": tokens, "hf_fp32": r32["tokens"], "hf_fp16": r16["tokens"],
                            "first_divergence": div, "hf_fp32_margin_there": margin,
