@@ -519,6 +519,7 @@ Status LtGemm::tune(const Plan& plan, const PlanKey& key, const void* x, void* y
   if (found.empty()) return Status::Ok();
   if (is_fp8(key.in)) {
     TS_RETURN_IF_ERROR(set_scales(plan, w_scale_, x_scale_));
+    add_fp8_variants(plan, &found);
   }
 
   std::vector<cudaEvent_t> events(kReps + 1, nullptr);
@@ -572,6 +573,51 @@ Status LtGemm::tune(const Plan& plan, const PlanKey& key, const void* x, void* y
     if (e) cudaEventDestroy(e);
   }
   return status;
+}
+
+// For vector-scaled FP8 at decode shapes cublasLt's heuristic offers a single configuration
+// (128x128 tiles, no split: 32 CTAs for a 4096-wide output on 132 SMs). Its split-K variants
+// (reduced in float32 by a separate kernel, a fixed order) and the algorithm's other tiles
+// fill the GPU; each passes cublasLtMatmulAlgoCheck before it is timed.
+void LtGemm::add_fp8_variants(const Plan& plan,
+                              std::vector<cublasLtMatmulHeuristicResult_t>* found) const {
+  const cublasLtMatmulAlgo_t base = (*found)[0].algo;
+  const uint32_t base_tile = algo_config<uint32_t>(base, CUBLASLT_ALGO_CONFIG_TILE_ID);
+  std::vector<uint32_t> tiles(64);
+  size_t written = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_TILE_IDS, tiles.data(),
+                                        tiles.size() * sizeof(uint32_t),
+                                        &written) != CUBLAS_STATUS_SUCCESS) {
+    written = 0;
+  }
+  tiles.resize(std::min(tiles.size(), written / sizeof(uint32_t)));
+  auto add = [&](uint32_t tile, int32_t split) {
+    if (found->size() >= size_t(kFp8Candidates)) return;
+    cublasLtMatmulAlgo_t a = base;
+    const uint32_t red =
+        split > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE : CUBLASLT_REDUCTION_SCHEME_NONE;
+    if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                             sizeof tile) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
+                                             sizeof split) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red,
+                                             sizeof red) != CUBLAS_STATUS_SUCCESS) {
+      return;
+    }
+    cublasLtMatmulHeuristicResult_t r{};
+    if (cublasLtMatmulAlgoCheck(lt_, plan.desc, plan.a, plan.b, plan.c, plan.c, &a, &r) ==
+            CUBLAS_STATUS_SUCCESS &&
+        r.workspaceSize <= workspace_bytes_) {
+      r.algo = a;
+      r.state = CUBLAS_STATUS_SUCCESS;
+      found->push_back(r);
+    }
+  };
+  for (int32_t split : {2, 3, 4, 6, 8}) add(base_tile, split);
+  for (uint32_t tile : tiles) {
+    if (tile == base_tile || tile == CUBLASLT_MATMUL_TILE_UNDEFINED) continue;
+    for (int32_t split : {1, 2, 4}) add(tile, split);
+  }
 }
 
 std::vector<TunedGemm> LtGemm::tuned_shapes() {

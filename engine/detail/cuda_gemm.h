@@ -169,6 +169,10 @@ class LtGemm {
   // matmul is enqueued, so a plan shared by every layer takes each call's own).
   Status set_scales(const Plan& plan, const float* w_scale, const float* x_scale) const;
   static bool is_fp8(int32_t type) { return type == CUDA_R_8F_E4M3; }
+  // FP8: the heuristic's split-K and other-tile variants, appended to *found (cuda_gemm.cpp).
+  static constexpr int kFp8Candidates = 40;
+  void add_fp8_variants(const Plan& plan,
+                        std::vector<cublasLtMatmulHeuristicResult_t>* found) const;
   static void destroy(Plan* plan);
 
   int32_t device_ = 0;
