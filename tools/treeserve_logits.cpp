@@ -62,6 +62,7 @@ struct Args {
   int32_t page_size = 16;
   int32_t chunk = 0;
   bool gemm_autotune = true;
+  int32_t tensor_parallel = 1;
   std::string branches_file;
   std::string out;
 };
@@ -150,6 +151,7 @@ StatusOr<std::unique_ptr<Backend>> make_backend(const Args& a, const ModelConfig
     o.page_size = a.page_size;
     o.bfloat16 = a.dtype == "bf16" || (a.dtype == "auto" && config.torch_dtype == "bfloat16");
     o.gemm_autotune = a.gemm_autotune;
+    o.tensor_parallel = a.tensor_parallel;
     return weights ? create_cuda_backend(config, *weights, o)
                    : create_cuda_backend_random(config, o, seed);
 #else
@@ -431,6 +433,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", a.threads, "CPU backend threads (0 = all cores)");
   app.add_option("--page-size", a.page_size, "KV page size in tokens (default 16)");
   app.add_option("--chunk", a.chunk, "prefill in steps of N tokens (0 = one step)");
+  app.add_option("--tensor-parallel", a.tensor_parallel,
+                 "CUDA: split the model over N GPUs (NCCL), as the server's --tensor-parallel")
+      ->check(CLI::Range(1, 8));
   app.add_flag("!--no-gemm-autotune", a.gemm_autotune,
                "CUDA: cuBLAS's default GEMM choice instead of timing candidates, so that two runs "
                "choose the same algorithms (bit-identical logits for identical weights)");

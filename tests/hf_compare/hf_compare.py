@@ -58,6 +58,8 @@ def parse_args():
     p.add_argument("--branches", type=int, default=4, help="forked suffixes per prompt")
     p.add_argument("--greedy", type=int, default=16)
     p.add_argument("--chunk", type=int, default=512, help="treeserve prefill step (tokens)")
+    p.add_argument("--tensor-parallel", type=int, default=1,
+                   help="treeserve on N GPUs (a reduced-layer 70B shape on two, say)")
     p.add_argument("--reuse", action="store_true",
                    help="load the checkpoints in --model-dir instead of creating them")
     p.add_argument("--keep", action="store_true", help="keep --model-dir afterwards")
@@ -227,6 +229,8 @@ def main():
             cmd = [args.tool, "--model", dirs[d], "--backend", "cuda", "--dtype", d,
                    "--ids-file", ids_file, "--greedy", str(args.greedy), "--chunk",
                    str(args.chunk), "--out", tool_out]
+            if args.tensor_parallel > 1:
+                cmd += ["--tensor-parallel", str(args.tensor_parallel)]
             if suffixes:
                 cmd += ["--branches", branches_file]
             t = time.time()

@@ -214,6 +214,7 @@ TEST_F(TreeserveLogits, BadInputExitsNonZeroWithMessage) {
       {{"--model", m, "--ids", "1", "--greedy", "4000"}, "max_position_embeddings"},
       {{"--model", m, "--ids", "1", "--chunk", "-1"}, "--chunk must be >= 0"},
       {{"--model", m, "--ids", "1", "--branches", "/nonexistent/b.json"}, "cannot be opened"},
+      {{"--model", m, "--ids", "1", "--tensor-parallel", "9"}, "--tensor-parallel"},
   };
   for (const Case& c : cases) {
     ToolRun r = run_tool(c.args);
