@@ -89,6 +89,62 @@ def first_divergence(ours, theirs, step_logits):
     return None
 
 
+def random_model(torch, shape, seed, device):
+    """LlamaForCausalLM of `shape` (a config.json dict), transformers' own initialisation from
+    `seed`, built in fp16 on `device`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(**{k: v for k, v in shape.items() if k != "architectures"},
+                         architectures=["LlamaForCausalLM"])
+    torch.manual_seed(seed)
+    torch.set_default_device(device)
+    torch.set_default_dtype(torch.float16)
+    try:
+        return LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(torch.float32)
+        torch.set_default_device("cpu")
+
+
+def random_prompts(torch, shape, lengths, seed, branches=0):
+    """{n: (ids, suffixes)} for each length n: n ids drawn from `seed`, BOS first, and
+    `branches` suffixes of SUFFIX_LENGTHS ids."""
+    vocab = shape["vocab_size"]
+    gen = torch.Generator().manual_seed(seed)
+    bos = shape.get("bos_token_id")
+    prompts = {}
+    for n in lengths:
+        ids = torch.randint(0, vocab, (n,), generator=gen).tolist()
+        if isinstance(bos, int) and 0 <= bos < vocab:
+            ids[0] = bos
+        suffixes = [torch.randint(0, vocab, (SUFFIX_LENGTHS[i % len(SUFFIX_LENGTHS)],),
+                                  generator=gen).tolist() for i in range(branches)]
+        prompts[n] = (ids, suffixes)
+    return prompts
+
+
+def greedy_run(torch, m, ids, greedy, device):
+    """The last position's float32 logits (on the CPU), a greedy continuation of `greedy`
+    tokens with the KV cache, and each of its steps' logits."""
+    # Only the last position's logits (the whole [n, vocab] would be 4 GB at 8000 ids).
+    keep = ({"logits_to_keep": 1}
+            if "logits_to_keep" in inspect.signature(m.forward).parameters else {})
+    out = m(input_ids=torch.tensor([ids], dtype=torch.long, device=device), use_cache=True,
+            **keep)
+    first = out.logits[0, -1].float().cpu()
+    past, steps, tokens = out.past_key_values, [first], []
+    for k in range(greedy):
+        tok = int(steps[-1].argmax())
+        tokens.append(tok)
+        if k + 1 == greedy:
+            break
+        out = m(input_ids=torch.tensor([[tok]], device=device), past_key_values=past,
+                use_cache=True)
+        past = out.past_key_values
+        steps.append(out.logits[0, -1].float().cpu())
+    del out, past
+    return {"first": first, "steps": steps, "tokens": tokens}
+
+
 def main():
     args = parse_args()
     if not os.access(args.tool, os.X_OK):
@@ -98,7 +154,7 @@ def main():
     try:
         import torch
         import transformers
-        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers import LlamaForCausalLM
     except ImportError as e:
         sys.exit(f"{e}: hf_compare.py needs torch and transformers")
     if not torch.cuda.is_available():
@@ -122,7 +178,6 @@ def main():
         shape["num_hidden_layers"] = args.layers
     shape.pop("torch_dtype", None)
     shape.pop("dtype", None)
-    vocab = shape["vocab_size"]
     timings = {}
 
     # 1. The checkpoints.
@@ -130,16 +185,7 @@ def main():
     if not (args.reuse and all(os.path.exists(os.path.join(p, "config.json"))
                                for p in dirs.values())):
         t = time.time()
-        config = LlamaConfig(**{k: v for k, v in shape.items() if k != "architectures"},
-                             architectures=["LlamaForCausalLM"])
-        torch.manual_seed(args.seed)
-        torch.set_default_device(device)
-        torch.set_default_dtype(torch.float16)
-        try:
-            model = LlamaForCausalLM(config)
-        finally:
-            torch.set_default_dtype(torch.float32)
-            torch.set_default_device("cpu")
+        model = random_model(torch, shape, args.seed, device)
         for d in dtypes:
             model = model.to(dtype=half_of[d])
             if os.path.exists(dirs[d]):
@@ -152,44 +198,20 @@ def main():
         print(f"checkpoints saved in {timings['create_and_save_s']:.0f} s", flush=True)
 
     # Prompts and suffixes, seeded; BOS first.
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    bos = shape.get("bos_token_id")
-    prompts = {}
-    for n in lengths:
-        ids = torch.randint(0, vocab, (n,), generator=gen).tolist()
-        if isinstance(bos, int) and 0 <= bos < vocab:
-            ids[0] = bos
-        suffixes = [torch.randint(0, vocab, (SUFFIX_LENGTHS[i % len(SUFFIX_LENGTHS)],),
-                                  generator=gen).tolist() for i in range(args.branches)]
-        prompts[n] = (ids, suffixes)
+    prompts = random_prompts(torch, shape, lengths, args.seed + 1, args.branches)
 
     def hf_runs(m, ids, suffixes):
-        """Last-position logits, a greedy continuation with each step's logits (float32, CPU)
-        and each prompt + suffix's last-position logits."""
-        # Only the last position's logits (the whole [n, vocab] would be 4 GB at 8000 ids).
+        """greedy_run's logits and tokens, and each prompt + suffix's last-position logits."""
         keep = ({"logits_to_keep": 1}
                 if "logits_to_keep" in inspect.signature(m.forward).parameters else {})
         with torch.no_grad():
-            x = torch.tensor([ids], dtype=torch.long, device=device)
-            out = m(input_ids=x, use_cache=True, **keep)
-            first = out.logits[0, -1].float().cpu()
-            past, steps, tokens = out.past_key_values, [first], []
-            for k in range(args.greedy):
-                tok = int(steps[-1].argmax())
-                tokens.append(tok)
-                if k + 1 == args.greedy:
-                    break
-                out = m(input_ids=torch.tensor([[tok]], device=device), past_key_values=past,
-                        use_cache=True)
-                past = out.past_key_values
-                steps.append(out.logits[0, -1].float().cpu())
-            del out, past
+            run = greedy_run(torch, m, ids, args.greedy, device)
             branch = []
             for s in suffixes:
                 y = torch.tensor([ids + s], dtype=torch.long, device=device)
                 branch.append(m(input_ids=y, use_cache=False, **keep).logits[0, -1].float().cpu())
         torch.cuda.empty_cache()
-        return {"first": first, "steps": steps, "tokens": tokens, "branches": branch}
+        return {**run, "branches": branch}
 
     out_dir = os.path.dirname(os.path.abspath(args.out))
     report = {

@@ -26,7 +26,6 @@ On a GPU machine with torch + transformers (no internet needed):
 
 import argparse
 import gc
-import inspect
 import json
 import os
 import shutil
@@ -36,6 +35,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from hf_compare import greedy_run, random_model, random_prompts  # noqa: E402
 DEFAULT_CONFIG = os.path.join(REPO, "configs", "models", "llama-3-8b.json")
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -65,7 +66,7 @@ def main():
     import torch
     import transformers
     from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
     device = torch.device("cuda")
@@ -80,7 +81,6 @@ def main():
         shape["num_hidden_layers"] = args.layers
     shape.pop("torch_dtype", None)
     shape.pop("dtype", None)
-    vocab = shape["vocab_size"]
     timings = {}
 
     def quantize(w):
@@ -94,16 +94,7 @@ def main():
     t = time.time()
     d16, d8 = os.path.join(args.model_dir, "fp16"), os.path.join(args.model_dir, "fp8")
     shutil.rmtree(args.model_dir, ignore_errors=True)
-    config = LlamaConfig(**{k: v for k, v in shape.items() if k != "architectures"},
-                         architectures=["LlamaForCausalLM"])
-    torch.manual_seed(args.seed)
-    torch.set_default_device(device)
-    torch.set_default_dtype(torch.float16)
-    try:
-        model = LlamaForCausalLM(config)
-    finally:
-        torch.set_default_dtype(torch.float32)
-        torch.set_default_device("cpu")
+    model = random_model(torch, shape, args.seed, device)
     model.save_pretrained(d16, safe_serialization=True)
     tensors = {}
     quantized = {}
@@ -134,15 +125,8 @@ def main():
     timings["create_quantize_save_s"] = time.time() - t
     print(f"checkpoints saved in {timings['create_quantize_save_s']:.0f} s", flush=True)
 
-    # Prompts, seeded; BOS first.
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    bos = shape.get("bos_token_id")
-    prompts = {}
-    for n in lengths:
-        ids = torch.randint(0, vocab, (n,), generator=gen).tolist()
-        if isinstance(bos, int) and 0 <= bos < vocab:
-            ids[0] = bos
-        prompts[n] = ids
+    # Prompts, seeded; BOS first (the same as hf_compare.py's for the same seed).
+    prompts = {n: ids for n, (ids, _) in random_prompts(torch, shape, lengths, args.seed + 1).items()}
 
     def fake_quant_input(module, inputs):
         (x,) = inputs
@@ -159,25 +143,8 @@ def main():
             for name, w in deq.items():
                 mods[name].weight.copy_(w.to(device=device, dtype=dt))
                 mods[name].register_forward_pre_hook(fake_quant_input)
-        keep = ({"logits_to_keep": 1}
-                if "logits_to_keep" in inspect.signature(m.forward).parameters else {})
-        out = {}
         with torch.no_grad():
-            for n, ids in prompts.items():
-                o = m(input_ids=torch.tensor([ids], device=device), use_cache=True, **keep)
-                first = o.logits[0, -1].float().cpu()
-                past, steps, tokens = o.past_key_values, [first], []
-                for k in range(args.greedy):
-                    tok = int(steps[-1].argmax())
-                    tokens.append(tok)
-                    if k + 1 == args.greedy:
-                        break
-                    o = m(input_ids=torch.tensor([[tok]], device=device), past_key_values=past,
-                          use_cache=True)
-                    past = o.past_key_values
-                    steps.append(o.logits[0, -1].float().cpu())
-                out[n] = {"first": first, "steps": steps, "tokens": tokens}
-                del o, past
+            out = {n: greedy_run(torch, m, ids, args.greedy, device) for n, ids in prompts.items()}
         del m
         gc.collect()
         torch.cuda.empty_cache()
