@@ -8,7 +8,8 @@ bin=$1 py=$2 src=$3
 port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 tmp=$(mktemp -d)
 log=$tmp/server.log
-"$bin" --backend cpu --listen 127.0.0.1:$port >"$log" 2>&1 &
+"$bin" --backend cpu --listen 127.0.0.1:$port \
+  --chat-template "$src/tests/models/chat_templates/chatml.jinja" >"$log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; rm -rf "$tmp"' EXIT
 for _ in $(seq 1 300); do
@@ -34,9 +35,23 @@ assert ids == [t.root_branch_id] + kids, ids
 assert len(c.get_tree(t.tree_id).branches) == 6
 d = c.create_tree("Once upon a time")
 assert d.lease_ms == 600000, d
+listed = [x.tree_id for x in c.trees(page_size=1)]
+assert listed == [t.tree_id, d.tree_id], listed
+assert c.list_trees(page_size=1).next_page_token
 for tree in (t, d):
     c.delete_tree(tree.tree_id)
-print("lease and paging ok")
+assert list(c.trees()) == []
+print("lease, paging and listing ok")
+# A chat prompt: rendered by the server's template, its routing key from the messages.
+from treeserve import route_key
+msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+m = c.create_tree(msgs)
+assert m.prompt_tokens > 0, m
+assert m.tree_id.startswith("t_" + route_key(messages=msgs) + "."), m.tree_id
+text = "".join(r.text for r in c.generate(m.tree_id, [m.root_branch_id], max_tokens=4))
+assert isinstance(text, str)
+c.delete_tree(m.tree_id)
+print("chat messages ok")
 PY
 kill -TERM $pid
 wait $pid

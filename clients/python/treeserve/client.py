@@ -36,7 +36,11 @@ class TreeServeClient:
         return (self.metadata or []) + [(ROUTE_HEADER, route)]
 
     def prompt_route(self, prompt):
-        """The routing key of a prompt (text or token ids) with this client's N and M."""
+        """The routing key of a prompt (text, token ids or chat messages) with this client's N
+        and M."""
+        if _is_messages(prompt):
+            return route_key(messages=prompt, route_prefix_bytes=self.route_prefix_bytes,
+                             route_prefix_ids=self.route_prefix_ids)
         return route_key(prompt, route_prefix_bytes=self.route_prefix_bytes,
                          route_prefix_ids=self.route_prefix_ids)
 
@@ -48,8 +52,14 @@ class TreeServeClient:
 
     @staticmethod
     def prompt(text_or_ids):
+        """A Prompt from text, token ids, or chat messages: a list of {"role": ..., "content":
+        ...} dicts, rendered by the server with the model's chat template (with the assistant's
+        turn header at the end)."""
         if isinstance(text_or_ids, str):
             return pb.Prompt(text=text_or_ids)
+        if _is_messages(text_or_ids):
+            return pb.Prompt(messages=pb.ChatMessages(messages=[
+                pb.ChatMessage(role=m["role"], content=m["content"]) for m in text_or_ids]))
         return pb.Prompt(tokens=pb.TokenIds(ids=list(text_or_ids)))
 
     def tokenize(self, text):
@@ -152,6 +162,23 @@ class TreeServeClient:
             if not token:
                 return
 
+    def list_trees(self, page_size=0, page_token=""):
+        """One page of the caller's live trees (ListTreesResponse, oldest first; page_size 0 =
+        the server's default of 100; next_page_token is "" on the last page). Through a proxy
+        in front of several replicas it lists the trees of the replica it reaches."""
+        return self._call(self.stub.ListTrees, pb.ListTreesRequest(
+            page_size=page_size, page_token=page_token))
+
+    def trees(self, page_size=0):
+        """Yields every TreeListing of list_trees(), page by page."""
+        token = ""
+        while True:
+            page = self.list_trees(page_size=page_size, page_token=token)
+            yield from page.trees
+            token = page.next_page_token
+            if not token:
+                return
+
     def delete_tree(self, tree_id):
         return self._tree_call(self.stub.DeleteTree, pb.DeleteTreeRequest(tree_id=tree_id))
 
@@ -232,6 +259,11 @@ def collect_stream(responses, clock=None):
         if m.finish_reason != pb.FINISH_NONE:
             s.finish_reason = m.finish_reason
     return out
+
+
+def _is_messages(prompt):
+    """Whether a prompt is chat messages (a non-empty list of dicts), not text or token ids."""
+    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and isinstance(prompt[0], dict)
 
 
 def finish_reason_name(value):
