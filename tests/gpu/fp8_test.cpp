@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -20,6 +21,9 @@
 #include "engine/cuda_fp8.h"
 #include "engine/detail/cuda_buffers.h"
 #include "engine/detail/cuda_gemm.h"
+#include "models/llama_weights.h"
+#include "models/model_config.h"
+#include "models/safetensors.h"
 #include "tests/gpu/gemm_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -228,6 +232,49 @@ TEST(Fp8Gemm, RefusesAKThatIsNotAMultipleOf16) {
   EXPECT_NE(s.message().find("multiple of 16"), std::string::npos) << s.message();
 }
 
+// Runs a 41-token prompt and 24 greedy steps on both backends (the CPU's tokens drive both);
+// returns the largest logit difference and how many greedy tokens agree.
+struct Lockstep {
+  float worst = 0;
+  int agree = 0, steps = 0;
+};
+Lockstep run_lockstep(Backend* cpu, Backend* gpu, int64_t pages, int32_t page_size) {
+  Lockstep r;
+  testing::StepBuilder sb(pages, page_size);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 41; ++i) prompt.push_back(1 + (i * 53 + 7) % 500);
+  auto nb = sb.kv().create_branch(prompt);
+  EXPECT_TRUE(nb.ok());
+  if (!nb.ok()) return r;
+  sb.add_rows(nb->id, prompt, nb->slots, 0, true);
+  int32_t pos = int32_t(prompt.size());
+  for (int step = 0; step < 24; ++step) {
+    EXPECT_TRUE(sb.build_view().ok());
+    Logits a, b;
+    Status sc = cpu->forward(sb.batch(), &a);
+    Status sg = gpu->forward(sb.batch(), &b);
+    EXPECT_TRUE(sc.ok()) << sc.message();
+    EXPECT_TRUE(sg.ok()) << sg.message();
+    if (!sc.ok() || !sg.ok()) return r;
+    const float* x = a.row(a.num_rows - 1);
+    const float* y = b.row(b.num_rows - 1);
+    float err = 0;
+    for (int64_t v = 0; v < a.vocab; ++v) err = std::max(err, std::fabs(x[v] - y[v]));
+    r.worst = std::max(r.worst, err);
+    const int32_t next = int32_t(std::max_element(x, x + a.vocab) - x);
+    r.agree += next == int32_t(std::max_element(y, y + b.vocab) - y);
+    ++r.steps;
+    sb.clear();
+    std::vector<KvSlot> slots;
+    EXPECT_TRUE(sb.kv().append(nb->id, std::vector<int32_t>{next}, &slots).ok());
+    sb.add_rows(nb->id, {next}, slots, pos++, true);
+  }
+  return r;
+}
+
+constexpr int32_t kPageSize = 16;
+constexpr int64_t kPages = 256;
+
 // The tiny model quantized at load on both backends: the CPU backend emulates the FP8 layers
 // (the same quantization rule, float32 products), the GPU runs them in e4m3 GEMMs.
 TEST(Fp8Backend, TinyModelMatchesTheCpuEmulation) {
@@ -237,8 +284,6 @@ TEST(Fp8Backend, TinyModelMatchesTheCpuEmulation) {
   ModelConfig config = ckpt->config;
   config.quant.scheme = QuantScheme::kFp8;
   config.quant.source = "--quantization fp8";
-  constexpr int32_t kPageSize = 16;
-  constexpr int64_t kPages = 256;
   CpuBackendOptions co;
   co.page_size = kPageSize;
   co.num_pages = kPages;
@@ -252,44 +297,55 @@ TEST(Fp8Backend, TinyModelMatchesTheCpuEmulation) {
     go.cuda_graphs = graphs;
     auto gpu = create_cuda_backend(config, ckpt->weights, go);
     ASSERT_TRUE(gpu.ok()) << gpu.status().message();
-    testing::StepBuilder sb(kPages, kPageSize);
-    std::vector<int32_t> prompt;
-    for (int i = 0; i < 41; ++i) prompt.push_back(1 + (i * 53 + 7) % 500);
-    auto nb = sb.kv().create_branch(prompt);
-    ASSERT_TRUE(nb.ok());
-    sb.add_rows(nb->id, prompt, nb->slots, 0, true);
-    int32_t pos = int32_t(prompt.size());
-    float worst = 0;
-    int agree = 0, steps = 0;
-    for (int step = 0; step < 24; ++step) {
-      ASSERT_TRUE(sb.build_view().ok());
-      Logits a, b;
-      ASSERT_TRUE((*cpu)->forward(sb.batch(), &a).ok());
-      Status sg = (*gpu)->forward(sb.batch(), &b);
-      ASSERT_TRUE(sg.ok()) << sg.message();
-      const float* x = a.row(a.num_rows - 1);
-      const float* y = b.row(b.num_rows - 1);
-      float err = 0;
-      for (int64_t v = 0; v < a.vocab; ++v) err = std::max(err, std::fabs(x[v] - y[v]));
-      worst = std::max(worst, err);
-      const int32_t next = int32_t(std::max_element(x, x + a.vocab) - x);
-      agree += next == int32_t(std::max_element(y, y + b.vocab) - y);
-      ++steps;
-      sb.clear();
-      std::vector<KvSlot> slots;
-      ASSERT_TRUE(sb.kv().append(nb->id, std::vector<int32_t>{next}, &slots).ok());
-      sb.add_rows(nb->id, {next}, slots, pos++, true);
-    }
+    const Lockstep r = run_lockstep(cpu->get(), gpu->get(), kPages, kPageSize);
     std::printf("  FP8 tiny model, %s: max |cpu - gpu| logit %.4f, greedy agrees %d of %d\n",
-                graphs ? "graphs" : "eager", worst, agree, steps);
+                graphs ? "graphs" : "eager", r.worst, r.agree, r.steps);
     // The GPU quantizes the checkpoint's float32 weights after rounding them to fp16 and its
     // activations from fp16 (the CPU from float32), so inputs near an e4m3 rounding boundary
     // land on the other side: each such element moves by a whole e4m3 step (1/8 relative),
     // and the model amplifies it (HF's own fp16 and float32 runs of the same FP8 Llama-3-8B
     // differ by 2.2 in the logits). Measured on an H200: 0.76 and 17 of 24. Wrong scales or
     // layouts give errors of the logits' own size.
-    EXPECT_LE(worst, 1.5f);
-    EXPECT_GE(agree, steps / 2);
+    EXPECT_LE(r.worst, 1.5f);
+    EXPECT_GE(r.agree, r.steps / 2);
+  }
+}
+
+// Every FP8 checkpoint layout the loader takes (tests/models/make_fp8_checkpoint.py: the fp8
+// layout per channel with dynamic inputs and per tensor with static ones, compressed-tensors
+// per channel and token with BF16 scales, and per tensor with static inputs), through the
+// loader onto both backends: the same e4m3 weights, so only the activations' rounding differs.
+TEST(Fp8Backend, Fp8CheckpointLayoutsMatchTheCpuBackend) {
+  REQUIRE_GPU();
+  for (const char* layout :
+       {"fp8-channel-dynamic", "fp8-tensor-static", "ct-channel-token", "ct-tensor-tensor"}) {
+    SCOPED_TRACE(layout);
+    // $TREESERVE_FP8_MODELS_DIR: a copy carried to a GPU machine (as the tiny model's).
+    const char* env = std::getenv("TREESERVE_FP8_MODELS_DIR");
+    const std::string dir = std::string(env ? env : TREESERVE_FP8_MODELS_DIR) + "/" + layout;
+    auto config = load_model_config(dir);
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    ASSERT_EQ(config->quant.scheme, QuantScheme::kFp8);
+    ASSERT_TRUE(config->quant.prequantized);
+    auto reader = SafetensorsReader::open_dir(dir);
+    ASSERT_TRUE(reader.ok()) << reader.status().message();
+    auto weights = load_llama_weights(*config, *reader);
+    ASSERT_TRUE(weights.ok()) << weights.status().message();
+    CpuBackendOptions co;
+    co.page_size = kPageSize;
+    co.num_pages = kPages;
+    auto cpu = create_cpu_backend(*config, *weights, co);
+    ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+    CudaBackendOptions go;
+    go.num_pages = kPages;
+    go.page_size = kPageSize;
+    auto gpu = create_cuda_backend(*config, *weights, go);
+    ASSERT_TRUE(gpu.ok()) << gpu.status().message();
+    const Lockstep r = run_lockstep(cpu->get(), gpu->get(), kPages, kPageSize);
+    std::printf("  %s: max |cpu - gpu| logit %.4f, greedy agrees %d of %d\n", layout, r.worst,
+                r.agree, r.steps);
+    EXPECT_LE(r.worst, 1.5f);
+    EXPECT_GE(r.agree, r.steps / 2);
   }
 }
 
