@@ -2,8 +2,8 @@
 // bit for bit (float32 and fp16 rows, zero rows, saturation); LtGemm::run_fp8 against a
 // float64 reference over the dequantized operands at Llama-3-8B's decode shapes, autotuned
 // and not, fp16 and float32 out; and the CUDA backend with FP8 linear layers (quantized at
-// load from the tiny checkpoint) against the CPU backend's FP8 emulation, eager and from CUDA
-// graphs.
+// load from the tiny checkpoint, eager and from CUDA graphs, and from each generated FP8
+// checkpoint layout) against the CPU backend's FP8 emulation.
 #include "models/fp8.h"
 
 #include <gtest/gtest.h>
