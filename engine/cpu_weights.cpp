@@ -47,12 +47,6 @@ void fake_quantize_rows(float* w, int64_t rows, int64_t cols) {
   scale_rows(w, rows, cols, scale);
 }
 
-std::vector<float> scale_values(const TensorView& t) {
-  std::vector<float> v(size_t(t.numel()));
-  if (!v.empty()) to_float(t, v.data());
-  return v;
-}
-
 // Appends one projection as float32 rows: as it is, or under FP8 dequantized (float(q) *
 // weight_scale of the row) from the checkpoint's e4m3 weight, or quantized and dequantized
 // from a 16-bit one. *input_scale becomes the largest static input scale seen.
@@ -76,21 +70,13 @@ Status append_linear(const ModelConfig& c, const TensorView& w, const Fp8Scales&
     fake_quantize_rows(out, rows, cols);
     return Status::Ok();
   }
-  const std::vector<float> scale = scale_values(scales.weight_scale);
-  if (scale.size() != 1 && int64_t(scale.size()) != rows) {
-    return InvalidArgument("tensor '" + scales.weight_scale.name + "' has " +
-                           std::to_string(scale.size()) + " scales, expected 1 or " +
-                           std::to_string(rows) + " for '" + w.name + "'");
-  }
-  scale_rows(out, rows, cols, scale);
+  StatusOr<std::vector<float>> scale = fp8_row_scales(scales, rows);
+  if (!scale.ok()) return scale.status();
+  scale_rows(out, rows, cols, *scale);
   if (c.quant.activation_scale == Fp8ActivationScale::kStaticPerTensor) {
-    const std::vector<float> s = scale_values(scales.input_scale);
-    if (s.size() != 1 || !(s[0] > 0.0f) || !std::isfinite(s[0])) {
-      return InvalidArgument("tensor '" + w.name +
-                             "': static activation scales need one positive finite "
-                             "input_scale beside it");
-    }
-    *input_scale = std::max(*input_scale, s[0]);
+    StatusOr<float> s = fp8_input_scale(scales);
+    if (!s.ok()) return s.status();
+    *input_scale = std::max(*input_scale, *s);
   }
   return Status::Ok();
 }

@@ -158,30 +158,33 @@ Status CudaBackend::load(const LlamaWeights& weights) {
     return up.upload_block(t, {h}, 0, 1, 0, h, dst);
   };
   TS_RETURN_IF_ERROR(rows(weights.embed_tokens, {v, h}, v0, vocab_, embed_));
-  // FP8 from a 16-bit checkpoint: each matrix staged in the model dtype, then quantized.
-  DeviceBuffer stage;
-  if (fp8_ && !config_.quant.prequantized) {
-    TS_RETURN_IF_ERROR(stage.reserve(size_t(fp8_stage_elems()) * 2, "FP8 staging"));
-  }
+  // FP8 from a 16-bit checkpoint: each matrix is uploaded in the model dtype into a stage
+  // instead of its own buffer, then quantized per row into its e4m3 layer.
+  Fp8Stage stage;
+  if (fp8_ && !config_.quant.prequantized) TS_RETURN_IF_ERROR(stage.init(this));
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LlamaLayerWeights& src = weights.layers[i];
     LayerWeights& dst = layers_[i];
     TS_RETURN_IF_ERROR(vec(src.input_layernorm, dst.input_norm));
-    if (fp8_) {
-      TS_RETURN_IF_ERROR(vec(src.post_attention_layernorm, dst.post_norm));
-      TS_RETURN_IF_ERROR(load_fp8_layer(src, &dst, &up, stage.ptr));
+    TS_RETURN_IF_ERROR(vec(src.post_attention_layernorm, dst.post_norm));
+    if (fp8_ && config_.quant.prequantized) {
+      TS_RETURN_IF_ERROR(load_fp8_layer(src, &dst));
       continue;
     }
-    TS_RETURN_IF_ERROR(rows(src.q_proj, {q, h}, q0, q_size_, dst.qkv));
+    void* qkv = stage.target(dst.qkv);
+    TS_RETURN_IF_ERROR(rows(src.q_proj, {q, h}, q0, q_size_, qkv));
+    TS_RETURN_IF_ERROR(rows(src.k_proj, {kv, h}, kv0, kv_size_, byte_offset(qkv, q_size_ * h, 2)));
     TS_RETURN_IF_ERROR(
-        rows(src.k_proj, {kv, h}, kv0, kv_size_, byte_offset(dst.qkv, q_size_ * h, 2)));
-    TS_RETURN_IF_ERROR(rows(src.v_proj, {kv, h}, kv0, kv_size_,
-                            byte_offset(dst.qkv, (q_size_ + kv_size_) * h, 2)));
-    TS_RETURN_IF_ERROR(cols(src.o_proj, {h, q}, q0, q_size_, dst.o));
-    TS_RETURN_IF_ERROR(vec(src.post_attention_layernorm, dst.post_norm));
-    TS_RETURN_IF_ERROR(rows(src.gate_proj, {im, h}, im0, im_, dst.gate_up));
-    TS_RETURN_IF_ERROR(rows(src.up_proj, {im, h}, im0, im_, byte_offset(dst.gate_up, im_ * h, 2)));
-    TS_RETURN_IF_ERROR(cols(src.down_proj, {h, im}, im0, im_, dst.down));
+        rows(src.v_proj, {kv, h}, kv0, kv_size_, byte_offset(qkv, (q_size_ + kv_size_) * h, 2)));
+    stage.quantize(&dst.qkv8, q_size_ + 2 * kv_size_, h);
+    TS_RETURN_IF_ERROR(cols(src.o_proj, {h, q}, q0, q_size_, stage.target(dst.o)));
+    stage.quantize(&dst.o8, h, q_size_);
+    void* gate_up = stage.target(dst.gate_up);
+    TS_RETURN_IF_ERROR(rows(src.gate_proj, {im, h}, im0, im_, gate_up));
+    TS_RETURN_IF_ERROR(rows(src.up_proj, {im, h}, im0, im_, byte_offset(gate_up, im_ * h, 2)));
+    stage.quantize(&dst.gate_up8, 2 * im_, h);
+    TS_RETURN_IF_ERROR(cols(src.down_proj, {h, im}, im0, im_, stage.target(dst.down)));
+    stage.quantize(&dst.down8, h, im_);
   }
   TS_RETURN_IF_ERROR(vec(weights.norm, norm_));
   if (!config_.tie_word_embeddings) {
@@ -206,45 +209,11 @@ Status CudaBackend::alloc_fp8(Fp8Linear* l, int64_t n, int64_t k) {
   return Status::Ok();
 }
 
-namespace {
-
-// A checkpoint scale tensor as floats (F32, or F16 / BF16 widened).
-std::vector<float> scale_values(const TensorView& t) {
-  std::vector<float> v(size_t(t.numel()));
-  if (!v.empty()) to_float(t, v.data());
-  return v;
-}
-
-// Appends `rows` per-row weight scales of one projection: its weight_scale, one value for the
-// whole matrix ([] or [1]) or one per row ([rows] or [rows, 1]).
-Status append_row_scales(const TensorView& t, int64_t rows, std::vector<float>* out) {
-  const std::vector<float> v = scale_values(t);
-  if (v.size() == 1) {
-    out->insert(out->end(), size_t(rows), v[0]);
-  } else if (int64_t(v.size()) == rows) {
-    out->insert(out->end(), v.begin(), v.end());
-  } else {
-    return InvalidArgument(t.file + ": tensor '" + t.name + "' has " + std::to_string(v.size()) +
-                           " scales; expected 1 or " + std::to_string(rows));
-  }
-  for (float s : *out) {
-    if (!(s > 0.0f) || !std::isfinite(s)) {
-      return InvalidArgument(t.file + ": tensor '" + t.name +
-                             "' holds a scale that is not a "
-                             "positive finite number");
-    }
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
 int64_t CudaBackend::fp8_stage_elems() const {
   return std::max({(q_size_ + 2 * kv_size_) * h_, h_ * q_size_, 2 * im_ * h_, h_ * im_});
 }
 
-Status CudaBackend::load_fp8_layer(const LlamaLayerWeights& src, LayerWeights* dst,
-                                   WeightUploader* up, void* stage) {
+Status CudaBackend::load_fp8_layer(const LlamaLayerWeights& src, LayerWeights* dst) {
   const int64_t h = h_, q = q_size_, kv = kv_size_, im = im_;
   struct Part {
     const TensorView* weight;
@@ -271,17 +240,6 @@ Status CudaBackend::load_fp8_layer(const LlamaLayerWeights& src, LayerWeights* d
   for (const Matrix& m : matrices) {
     int64_t n = 0;
     for (const Part& p : m.parts) n += p.rows;
-    if (!config_.quant.prequantized) {
-      // 16-bit rows into the stage (the parts one after another), then quantized per row.
-      int64_t row = 0;
-      for (const Part& p : m.parts) {
-        TS_RETURN_IF_ERROR(up->upload_block(*p.weight, {p.rows, m.cols}, 0, p.rows, 0, m.cols,
-                                            byte_offset(stage, row * m.cols, 2)));
-        row += p.rows;
-      }
-      quantize_weight(stage, n, m.cols, m.dst->w, m.dst->scale);
-      continue;
-    }
     // The checkpoint's e4m3 bytes as they are, the scales per row, and for static activation
     // scales the largest of the parts' input scales (one quantization of the shared input
     // serves the fused matrix; a larger scale only costs the smaller ones some precision).
@@ -300,15 +258,13 @@ Status CudaBackend::load_fp8_layer(const LlamaLayerWeights& src, LayerWeights* d
       TS_CUDA(cudaMemcpy(m.dst->w + row * m.cols, w.data, size_t(p.rows * m.cols),
                          cudaMemcpyHostToDevice),
               "FP8 weight upload");
-      TS_RETURN_IF_ERROR(append_row_scales(p.scales->weight_scale, p.rows, &row_scales));
+      StatusOr<std::vector<float>> scales = fp8_row_scales(*p.scales, p.rows);
+      if (!scales.ok()) return scales.status();
+      row_scales.insert(row_scales.end(), scales->begin(), scales->end());
       if (m.dst->input_scale) {
-        const std::vector<float> s = scale_values(p.scales->input_scale);
-        if (s.size() != 1 || !(s[0] > 0.0f) || !std::isfinite(s[0])) {
-          return InvalidArgument(p.scales->input_scale.file + ": tensor '" +
-                                 p.scales->input_scale.name +
-                                 "' must be one positive finite scale");
-        }
-        input_scale = std::max(input_scale, s[0]);
+        StatusOr<float> s = fp8_input_scale(*p.scales);
+        if (!s.ok()) return s.status();
+        input_scale = std::max(input_scale, *s);
       }
       row += p.rows;
     }
@@ -337,40 +293,26 @@ Status CudaBackend::randomize(uint64_t seed) {
   auto ones = [&](void* p, int64_t n) { cuda::fill_random(dtype_, p, n, 0, 0.0f, 1.0f, stream_); };
   block(embed_, vocab_, h, seed++, h, v0, 0, 1);
   // FP8: the same 16-bit values drawn into a stage, then quantized per row.
-  DeviceBuffer stage;
-  if (fp8_) TS_RETURN_IF_ERROR(stage.reserve(size_t(fp8_stage_elems()) * 2, "FP8 staging"));
+  Fp8Stage stage;
+  if (fp8_) TS_RETURN_IF_ERROR(stage.init(this));
   for (LayerWeights& l : layers_) {
     ones(l.input_norm, h);
-    if (fp8_) {
-      void* st = stage.ptr;
-      const uint64_t s_qkv = seed++;
-      block(st, q_size_, h, s_qkv, h, q0, 0, h);
-      block(byte_offset(st, q_size_ * h, 2), kv_size_, h, s_qkv, h, q + kv0, 0, h);
-      block(byte_offset(st, (q_size_ + kv_size_) * h, 2), kv_size_, h, s_qkv, h, q + kv + kv0, 0,
-            h);
-      quantize_weight(st, q_size_ + 2 * kv_size_, h, l.qkv8.w, l.qkv8.scale);
-      block(st, h, q_size_, seed++, q, 0, q0, q);
-      quantize_weight(st, h, q_size_, l.o8.w, l.o8.scale);
-      ones(l.post_norm, h);
-      const uint64_t s_gu = seed++;
-      block(st, im_, h, s_gu, h, im0, 0, h);
-      block(byte_offset(st, im_ * h, 2), im_, h, s_gu, h, im + im0, 0, h);
-      quantize_weight(st, 2 * im_, h, l.gate_up8.w, l.gate_up8.scale);
-      block(st, h, im_, seed++, im, 0, im0, im);
-      quantize_weight(st, h, im_, l.down8.w, l.down8.scale);
-      continue;
-    }
     const uint64_t s_qkv = seed++;  // [q | k | v][h]
-    block(l.qkv, q_size_, h, s_qkv, h, q0, 0, h);
-    block(byte_offset(l.qkv, q_size_ * h, 2), kv_size_, h, s_qkv, h, q + kv0, 0, h);
-    block(byte_offset(l.qkv, (q_size_ + kv_size_) * h, 2), kv_size_, h, s_qkv, h, q + kv + kv0, 0,
-          h);
-    block(l.o, h, q_size_, seed++, q, 0, q0, q);  // [h][q]
+    void* qkv = stage.target(l.qkv);
+    block(qkv, q_size_, h, s_qkv, h, q0, 0, h);
+    block(byte_offset(qkv, q_size_ * h, 2), kv_size_, h, s_qkv, h, q + kv0, 0, h);
+    block(byte_offset(qkv, (q_size_ + kv_size_) * h, 2), kv_size_, h, s_qkv, h, q + kv + kv0, 0, h);
+    stage.quantize(&l.qkv8, q_size_ + 2 * kv_size_, h);
+    block(stage.target(l.o), h, q_size_, seed++, q, 0, q0, q);  // [h][q]
+    stage.quantize(&l.o8, h, q_size_);
     ones(l.post_norm, h);
     const uint64_t s_gu = seed++;  // [gate | up][h]
-    block(l.gate_up, im_, h, s_gu, h, im0, 0, h);
-    block(byte_offset(l.gate_up, im_ * h, 2), im_, h, s_gu, h, im + im0, 0, h);
-    block(l.down, h, im_, seed++, im, 0, im0, im);  // [h][im]
+    void* gate_up = stage.target(l.gate_up);
+    block(gate_up, im_, h, s_gu, h, im0, 0, h);
+    block(byte_offset(gate_up, im_ * h, 2), im_, h, s_gu, h, im + im0, 0, h);
+    stage.quantize(&l.gate_up8, 2 * im_, h);
+    block(stage.target(l.down), h, im_, seed++, im, 0, im0, im);  // [h][im]
+    stage.quantize(&l.down8, h, im_);
   }
   ones(norm_, h);
   if (!config_.tie_word_embeddings) block(lm_head_, vocab_, h, seed++, h, v0, 0, h);

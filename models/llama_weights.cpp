@@ -47,14 +47,20 @@ Status fetch_unquantized(const ModelConfig& c, const SafetensorsReader& reader,
                          "compressed-tensors)");
 }
 
+// A scale tensor's values as floats.
+std::vector<float> scale_floats(const TensorView& t) {
+  std::vector<float> v(size_t(t.numel()));
+  if (!v.empty()) to_float(t, v.data());
+  return v;
+}
+
 // A scale tensor: F32, BF16 or F16, every value positive and finite.
 Status check_scale_values(const TensorView& t) {
   if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) {
     return InvalidArgument(t.file + ": tensor '" + t.name + "' is " + dtype_name(t.dtype) +
                            ", expected F32 (or BF16 / F16) for a scale");
   }
-  std::vector<float> v(size_t(t.numel()));
-  if (!v.empty()) to_float(t, v.data());
+  const std::vector<float> v = scale_floats(t);
   for (size_t i = 0; i < v.size(); ++i) {
     if (!(v[i] > 0.0f) || !std::isfinite(v[i])) {
       return InvalidArgument(t.file + ": tensor '" + t.name + "' holds " + std::to_string(v[i]) +
@@ -143,6 +149,27 @@ Status fetch_fp8_linear(const ModelConfig& c, const SafetensorsReader& reader,
 }
 
 }  // namespace
+
+StatusOr<std::vector<float>> fp8_row_scales(const Fp8Scales& scales, int64_t rows) {
+  const TensorView& t = scales.weight_scale;
+  std::vector<float> v = scale_floats(t);
+  if (v.size() == 1) return std::vector<float>(size_t(rows), v[0]);
+  if (int64_t(v.size()) != rows) {
+    return InvalidArgument(t.file + ": tensor '" + t.name + "' has " + std::to_string(v.size()) +
+                           " scales, expected 1 or " + std::to_string(rows));
+  }
+  return v;
+}
+
+StatusOr<float> fp8_input_scale(const Fp8Scales& scales) {
+  const TensorView& t = scales.input_scale;
+  const std::vector<float> v = scale_floats(t);
+  if (v.size() != 1) {
+    return InvalidArgument(t.file + ": tensor '" + t.name + "' must hold one input scale, has " +
+                           std::to_string(v.size()));
+  }
+  return v[0];
+}
 
 StatusOr<LlamaWeights> load_llama_weights(const ModelConfig& c, const SafetensorsReader& reader) {
   LlamaWeights w{TensorView{}, {}, TensorView{}, TensorView{}, reader, c.quant};

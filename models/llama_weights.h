@@ -27,6 +27,15 @@ struct Fp8Scales {
   TensorView input_scale;
 };
 
+// A projection's weight scales as floats, one per output row of its `rows` (a per-tensor scale
+// repeated): what both backends multiply each row by. INVALID_ARGUMENT naming the tensor unless
+// weight_scale holds 1 or `rows` values (load_llama_weights has checked that, and that every
+// value is positive and finite).
+StatusOr<std::vector<float>> fp8_row_scales(const Fp8Scales& scales, int64_t rows);
+
+// The static input scale: INVALID_ARGUMENT naming the tensor unless input_scale holds one value.
+StatusOr<float> fp8_input_scale(const Fp8Scales& scales);
+
 // HF Linear layout: weight is [out_features, in_features]. For FP8 checkpoints the seven
 // projections are F8_E4M3 with their scales in the *_scale fields; the norms stay 16-bit.
 struct LlamaLayerWeights {

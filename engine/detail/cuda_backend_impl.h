@@ -409,12 +409,27 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     return gemm(x, w16, y, m, n, k, false, same_shape);
   }
 
-  // FP8 weights from a 16-bit source on the device (T [rows][cols] at src): quantized per
-  // output row into dst (cuda_fp8.h).
-  void quantize_weight(const void* src, int64_t rows, int64_t cols, uint8_t* dst_w,
-                       float* dst_scale) {
-    cuda::quantize_rows_fp8(dtype_, src, rows, cols, dst_w, dst_scale, stream_);
-  }
+  // FP8 weights from 16-bit ones (a checkpoint's, or random): each matrix goes into the stage,
+  // T as large as a layer's largest, in place of its own 16-bit buffer (null under FP8), and
+  // is then quantized per output row into its e4m3 layer. Without init() (16-bit models) the
+  // matrices go to their own buffers and quantize() does nothing.
+  class Fp8Stage {
+   public:
+    Status init(CudaBackend* b) {
+      backend_ = b;
+      return buffer_.reserve(size_t(b->fp8_stage_elems()) * 2, "FP8 staging");
+    }
+    void* target(void* w16) const { return backend_ ? buffer_.ptr : w16; }
+    void quantize(Fp8Linear* w8, int64_t rows, int64_t cols) const {
+      if (!backend_) return;
+      cuda::quantize_rows_fp8(backend_->dtype_, buffer_.ptr, rows, cols, w8->w, w8->scale,
+                              backend_->stream_);
+    }
+
+   private:
+    CudaBackend* backend_ = nullptr;
+    DeviceBuffer buffer_;
+  };
 
   // The elements of the largest matrix of a layer (the FP8 stage).
   int64_t fp8_stage_elems() const;
@@ -423,10 +438,9 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   // the checkpoint has static activation scales).
   Status alloc_fp8(Fp8Linear* l, int64_t n, int64_t k);
 
-  // Loads the FP8 layers: from the checkpoint's e4m3 tensors and scales, or by quantizing its
-  // 16-bit matrices on the device (staged through `stage`, T, as large as the largest).
-  Status load_fp8_layer(const LlamaLayerWeights& src, LayerWeights* dst, WeightUploader* up,
-                        void* stage);
+  // Loads a layer's FP8 projections from an FP8 checkpoint: its e4m3 bytes as they are, its
+  // scales per row (16-bit checkpoints go through Fp8Stage instead).
+  Status load_fp8_layer(const LlamaLayerWeights& src, LayerWeights* dst);
 
   cudaDataType_t model_type() const { return options_.bfloat16 ? CUDA_R_16BF : CUDA_R_16F; }
 
