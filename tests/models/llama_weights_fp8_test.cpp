@@ -19,23 +19,16 @@ namespace {
 
 using testing::raw_bytes;
 using testing::safetensors_bytes;
+using testing::small_llama_config;
 using testing::status_is;
 using testing::TempDir;
 using testing::TestTensor;
 using testing::write_file;
 
-// vocab 16, hidden 8, intermediate 12, 2 layers, 2 heads of 4, 1 KV head.
+// small_llama_config() with FP8 projections.
 ModelConfig fp8_config(Fp8ActivationScale activations, bool stated,
                        Fp8WeightScale granularity = Fp8WeightScale::kChannel) {
-  ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.vocab_size = 16;
-  c.hidden_size = 8;
-  c.intermediate_size = 12;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
+  ModelConfig c = small_llama_config();
   c.quant.scheme = QuantScheme::kFp8;
   c.quant.prequantized = true;
   c.quant.activation_scale = activations;

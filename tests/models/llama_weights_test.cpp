@@ -15,6 +15,7 @@ namespace treeserve {
 namespace {
 
 using testing::safetensors_bytes;
+using testing::small_llama_config;
 using testing::status_is;
 using testing::TempDir;
 using testing::TestTensor;
@@ -75,22 +76,6 @@ TEST(LlamaWeightsTest, LoadsTheTinyModel) {
   }
 }
 
-// A small synthetic model: vocab 16, hidden 8, intermediate 12, 2 layers, 2 heads of 4,
-// 1 KV head.
-ModelConfig small_config(bool tied) {
-  ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.vocab_size = 16;
-  c.hidden_size = 8;
-  c.intermediate_size = 12;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  c.tie_word_embeddings = tied;
-  return c;
-}
-
 std::map<std::string, std::vector<int64_t>> small_shapes() {
   std::map<std::string, std::vector<int64_t>> s = {
       {"model.embed_tokens.weight", {16, 8}},
@@ -134,7 +119,7 @@ TEST(LlamaWeightsTest, TiedEmbeddingsNeedNoLmHead) {
   TempDir dir;
   auto shapes = small_shapes();
   shapes.erase("lm_head.weight");
-  auto w = load_small(dir, small_config(/*tied=*/true), shapes);
+  auto w = load_small(dir, small_llama_config(/*tied=*/true), shapes);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_EQ(w->lm_head.data, w->embed_tokens.data);
   EXPECT_EQ(w->lm_head.name, "model.embed_tokens.weight");
@@ -143,7 +128,7 @@ TEST(LlamaWeightsTest, TiedEmbeddingsNeedNoLmHead) {
 
 TEST(LlamaWeightsTest, TiedEmbeddingsIgnoreASavedLmHead) {
   TempDir dir;
-  auto w = load_small(dir, small_config(/*tied=*/true), small_shapes());
+  auto w = load_small(dir, small_llama_config(/*tied=*/true), small_shapes());
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_EQ(w->lm_head.data, w->embed_tokens.data);
 }
@@ -152,7 +137,7 @@ TEST(LlamaWeightsTest, UntiedWithoutLmHeadIsAnError) {
   TempDir dir;
   auto shapes = small_shapes();
   shapes.erase("lm_head.weight");
-  EXPECT_TRUE(status_is(load_small(dir, small_config(false), shapes).status(),
+  EXPECT_TRUE(status_is(load_small(dir, small_llama_config(false), shapes).status(),
                         StatusCode::kNotFound,
                         {"'lm_head.weight'", dir.file("model.safetensors")}));
 }
@@ -162,7 +147,7 @@ TEST(LlamaWeightsTest, EveryMissingTensorIsNamed) {
     TempDir dir;
     auto shapes = small_shapes();
     shapes.erase(missing);
-    EXPECT_TRUE(status_is(load_small(dir, small_config(false), shapes).status(),
+    EXPECT_TRUE(status_is(load_small(dir, small_llama_config(false), shapes).status(),
                           StatusCode::kNotFound,
                           {"'" + missing + "'", dir.file("model.safetensors")}))
         << missing;
@@ -173,7 +158,7 @@ TEST(LlamaWeightsTest, WrongShapeNamesTensorFileAndBothShapes) {
   TempDir dir;
   auto shapes = small_shapes();
   shapes["model.layers.1.self_attn.k_proj.weight"] = {8, 8};  // as if kv_heads were 2
-  EXPECT_TRUE(status_is(load_small(dir, small_config(false), shapes).status(),
+  EXPECT_TRUE(status_is(load_small(dir, small_llama_config(false), shapes).status(),
                         StatusCode::kInvalidArgument,
                         {dir.file("model.safetensors"), "'model.layers.1.self_attn.k_proj.weight'",
                          "shape [8, 8]", "expected [4, 8]"}));
@@ -181,7 +166,7 @@ TEST(LlamaWeightsTest, WrongShapeNamesTensorFileAndBothShapes) {
 
 TEST(LlamaWeightsTest, ConfigWithMoreLayersThanTheCheckpoint) {
   TempDir dir;
-  ModelConfig config = small_config(false);
+  ModelConfig config = small_llama_config(false);
   config.num_hidden_layers = 3;
   EXPECT_TRUE(status_is(load_small(dir, config, small_shapes()).status(), StatusCode::kNotFound,
                         {"'model.layers.2.input_layernorm.weight'"}));
@@ -189,11 +174,12 @@ TEST(LlamaWeightsTest, ConfigWithMoreLayersThanTheCheckpoint) {
 
 TEST(LlamaWeightsTest, UnsupportedDtypeIsNamed) {
   TempDir dir;
-  EXPECT_TRUE(status_is(
-      load_small(dir, small_config(false), small_shapes(), "model.layers.0.mlp.up_proj.weight")
-          .status(),
-      StatusCode::kInvalidArgument,
-      {dir.file("model.safetensors"), "'model.layers.0.mlp.up_proj.weight'", "I32"}));
+  EXPECT_TRUE(
+      status_is(load_small(dir, small_llama_config(false), small_shapes(),
+                           "model.layers.0.mlp.up_proj.weight")
+                    .status(),
+                StatusCode::kInvalidArgument,
+                {dir.file("model.safetensors"), "'model.layers.0.mlp.up_proj.weight'", "I32"}));
 }
 
 }  // namespace

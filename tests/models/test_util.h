@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "models/model_config.h"
 
 namespace treeserve::testing {
 
@@ -33,6 +34,22 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// A small synthetic Llama model: vocab 16, hidden 8, intermediate 12, 2 layers, 2 heads of 4,
+// 1 KV head.
+inline ModelConfig small_llama_config(bool tied = false) {
+  ModelConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.vocab_size = 16;
+  c.hidden_size = 8;
+  c.intermediate_size = 12;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  c.tie_word_embeddings = tied;
+  return c;
+}
 
 inline void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
