@@ -199,13 +199,15 @@ Status CudaBackend::enqueue_layers(const StepBatch& batch, TreeAttentionGrid gri
     TS_RETURN_IF_ERROR(all_reduce(residual_.as<float>(), rows * h));
   }
   cuda::add_rms_norm(dtype_, residual_.as<float>(), nullptr, layers_[0].input_norm, eps, rows, h,
-                     x_.ptr, stream_);
+                     x_.ptr, stream_, fp8_rows_for(layers_[0].qkv8));
   prof_.mark("embed+moves", stream_);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerWeights& w = layers_[l];
     void* k_pool = static_cast<char*>(k_all_) + int64_t(l) * layer_elems * 2;
     void* v_pool = static_cast<char*>(v_all_) + int64_t(l) * layer_elems * 2;
-    TS_RETURN_IF_ERROR(linear(x_.ptr, w.qkv, w.qkv8, qkv_.ptr, rows, q + 2 * kv, h, qkv_set_));
+    // x_'s e4m3 copy, where FP8 wants one, came with it from the norm that wrote it.
+    TS_RETURN_IF_ERROR(linear(x_.ptr, w.qkv, w.qkv8, qkv_.ptr, rows, q + 2 * kv, h, qkv_set_,
+                              fp8_rows_for(w.qkv8).q != nullptr));
     prof_.mark("gemm qkv", stream_);
     cuda::rope_and_store_kv(dtype_, qkv_.ptr, d_positions_, inv_freq(), d_slots_, rows, nh, nkv, d,
                             layout_.page_size, q_.ptr, k_pool, v_pool, stream_);
@@ -215,10 +217,10 @@ Status CudaBackend::enqueue_layers(const StepBatch& batch, TreeAttentionGrid gri
         options_.bfloat16 ? TreeAttentionDtype::kBFloat16 : TreeAttentionDtype::kFloat16, nh, nkv,
         d, layout_.page_size, scale_, workspace_, stream_, grid));
     prof_.mark("attention", stream_);
-    TS_RETURN_IF_ERROR(
-        residual_gemm(attn_.ptr, w.o, w.o8, o_set_, rows, q, w.post_norm, x_.ptr, "gemm o"));
-    TS_RETURN_IF_ERROR(
-        linear(x_.ptr, w.gate_up, w.gate_up8, gu_.ptr, rows, 2 * im, h, gate_up_set_));
+    TS_RETURN_IF_ERROR(residual_gemm(attn_.ptr, w.o, w.o8, o_set_, rows, q, w.post_norm, x_.ptr,
+                                     "gemm o", fp8_rows_for(w.gate_up8)));
+    TS_RETURN_IF_ERROR(linear(x_.ptr, w.gate_up, w.gate_up8, gu_.ptr, rows, 2 * im, h, gate_up_set_,
+                              fp8_rows_for(w.gate_up8).q != nullptr));
     prof_.mark("gemm gate_up", stream_);
     cuda::swiglu(dtype_, gu_.ptr, rows, im, act_.ptr, stream_);
     prof_.mark("swiglu", stream_);
@@ -226,7 +228,8 @@ Status CudaBackend::enqueue_layers(const StepBatch& batch, TreeAttentionGrid gri
     const bool last = l + 1 == layers_.size();
     TS_RETURN_IF_ERROR(residual_gemm(act_.ptr, w.down, w.down8, down_set_, rows, im,
                                      last ? nullptr : layers_[l + 1].input_norm,
-                                     last ? nullptr : x_.ptr, "gemm down"));
+                                     last ? nullptr : x_.ptr, "gemm down",
+                                     last ? cuda::Fp8Rows{} : fp8_rows_for(layers_[l + 1].qkv8)));
   }
   // Final norm + LM head on the logit rows only: logits float [n][vocab shard].
   if (n_logits > 0) {

@@ -1,8 +1,10 @@
 // FP8 (e4m3) quantization kernels of the CUDA backend (cuda_fp8.cu), with models/fp8.h's rule
 // bit for bit: scale = amax / 448 (1 when amax is 0), q = e4m3(x / scale), round to nearest
 // even and saturating, every division an IEEE float32 division. Plain C++ launchers, like
-// cuda_ops.h; none allocates.
+// cuda_ops.h (the GEMM's returns cudaError_t); none allocates.
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -29,5 +31,25 @@ void quantize_rows_fp8_static(Dtype dt, const void* x, int64_t rows, int64_t col
 // x (float [n]) = e4m3 value of q[i] times scale[i / cols]: dequantized rows (tests).
 void dequantize_rows_fp8(const uint8_t* q, const float* scale, int64_t rows, int64_t cols, float* x,
                          cudaStream_t stream);
+
+// The FP8 GEMM for decode-sized row counts (cuda_fp8_gemm.cu):
+// y [m][n] = (x [m][k] . w [n][k]^T) * x_scale[m] * w_scale[n], x and w e4m3, float32
+// accumulation, y fp16, bf16 or float32 (row-major, ld n). Each 128-column block of y is
+// computed by `splits` CTAs (a thread-block cluster) over near-equal runs of K, their partial
+// sums added in a fixed order: the same inputs and splits give the same bits.
+enum class Fp8Out : int32_t { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 };
+inline constexpr int64_t kFp8GemmRowsMaxM = 128;
+// Whether the kernel serves the shape: 1 <= m <= kFp8GemmRowsMaxM, n a multiple of 128, k of
+// 128, every pointer 16-byte aligned.
+bool fp8_gemm_rows_fits(int64_t m, int64_t n, int64_t k, const void* x, const void* w,
+                        const void* y);
+// The split count the kernel is meant to run with for (n, k): 128-column blocks times splits
+// near two CTAs per SM, at most 8 (a portable cluster) and at most k / 128.
+int fp8_gemm_rows_splits(int64_t n, int64_t k);
+// cudaErrorInvalidValue when the shape does not fit or splits is outside [1, min(8, k / 128)];
+// otherwise the launch's error.
+cudaError_t fp8_gemm_rows(const uint8_t* x, const float* x_scale, const uint8_t* w,
+                          const float* w_scale, void* y, Fp8Out out, int64_t m, int64_t n,
+                          int64_t k, int splits, cudaStream_t stream);
 
 }  // namespace treeserve::cuda

@@ -9,6 +9,7 @@
 #include <string>
 #include <tuple>
 
+#include "engine/cuda_fp8.h"
 #include "engine/detail/cuda_buffers.h"
 
 namespace treeserve::detail {
@@ -105,6 +106,57 @@ void describe(const cublasLtMatmulAlgo_t& algo, TunedGemm* t) {
   t->stages = int32_t(algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID));
   t->split_k = algo_config<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
   t->reduction = int32_t(algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
+}
+
+// The timing events of one tuning (kReps + 1), destroyed with it.
+struct Events {
+  std::vector<cudaEvent_t> e = std::vector<cudaEvent_t>(kReps + 1, nullptr);
+  Status create() {
+    for (cudaEvent_t& ev : e) TS_RETURN_IF_ERROR(cuda_status(cudaEventCreate(&ev), "tuning event"));
+    return Status::Ok();
+  }
+  ~Events() {
+    for (cudaEvent_t ev : e) {
+      if (ev) cudaEventDestroy(ev);
+    }
+  }
+};
+
+// One candidate's median time in microseconds (*us) on `stream`, after the work queued there:
+// a warm-up call, then kReps calls each between two events. call() launches one and says
+// whether it launched; *us = -1 when one did not (its error is cleared, not left for the
+// caller's next check). A non-OK status is a fault on the device (the context is lost), not
+// a bad candidate.
+template <typename Call>
+Status time_candidate(cudaStream_t stream, const Events& events, float* us, Call&& call) {
+  *us = -1;
+  bool launched = call();
+  TS_RETURN_IF_ERROR(cuda_status(cudaEventRecord(events.e[0], stream), "tuning event"));
+  for (int r = 0; r < kReps && launched; ++r) {
+    launched = call();
+    TS_RETURN_IF_ERROR(
+        cuda_status(cudaEventRecord(events.e[size_t(r) + 1], stream), "tuning event"));
+  }
+  if (!launched) {
+    cudaGetLastError();
+    return cuda_status(cudaStreamSynchronize(stream), "tuning");
+  }
+  TS_RETURN_IF_ERROR(cuda_status(cudaEventSynchronize(events.e[kReps]), "tuning"));
+  std::vector<float> ms(kReps);
+  for (int r = 0; r < kReps; ++r) {
+    TS_RETURN_IF_ERROR(cuda_status(
+        cudaEventElapsedTime(&ms[size_t(r)], events.e[size_t(r)], events.e[size_t(r) + 1]),
+        "tuning event time"));
+  }
+  std::nth_element(ms.begin(), ms.begin() + kReps / 2, ms.end());
+  *us = ms[kReps / 2] * 1e3f;
+  return Status::Ok();
+}
+
+cuda::Fp8Out fp8_out(cudaDataType_t out) {
+  return out == CUDA_R_32F    ? cuda::Fp8Out::kFloat32
+         : out == CUDA_R_16BF ? cuda::Fp8Out::kBFloat16
+                              : cuda::Fp8Out::kFloat16;
 }
 
 }  // namespace
@@ -279,6 +331,13 @@ Status LtGemm::launch(const PlanKey& key, const void* x, const void* w, void* y,
   const Plan* plan = nullptr;
   TS_RETURN_IF_ERROR(prepare(key, x, w, y, stream, same_shape, &plan));
   if (plan->use_fallback) return run_fallback(key, x, w, y);
+  if (plan->fp8_rows_splits > 0) {
+    return cuda_status(cuda::fp8_gemm_rows(static_cast<const uint8_t*>(x), x_scale_,
+                                           static_cast<const uint8_t*>(w), w_scale_, y,
+                                           fp8_out(cudaDataType_t(key.out)), key.m, key.n, key.k,
+                                           plan->fp8_rows_splits, stream),
+                       "FP8 GEMM (fp8_gemm_rows)");
+  }
   if (is_fp8(key.in)) TS_RETURN_IF_ERROR(set_scales(*plan, w_scale_, x_scale_));
   const float alpha = 1.0f, beta = 0.0f;
   return cublas_status(
@@ -320,7 +379,13 @@ Status LtGemm::make_plan(const PlanKey& key, const void* x, const void* w, void*
   TS_RETURN_IF_ERROR(make_descriptors(key, plan));
   // cublasLt's heuristic refuses a vector-scaled FP8 matmul whose scale pointers are unset.
   if (is_fp8(key.in)) TS_RETURN_IF_ERROR(set_scales(*plan, w_scale_, x_scale_));
-  if (!autotune_) return use_first_candidate(key, plan);  // FP8 (run_fallback serves the rest)
+  if (!autotune_) {  // FP8 (run_fallback serves the rest)
+    if (cuda::fp8_gemm_rows_fits(key.m, key.n, key.k, x, w, y)) {
+      plan->fp8_rows_splits = cuda::fp8_gemm_rows_splits(key.n, key.k);
+      return Status::Ok();
+    }
+    return use_first_candidate(key, plan);
+  }
   const int64_t bucket = gemm_rows_bucket(key.m);
   const TuneKey tune_key{device_, bucket, key.n, key.k, key.in, key.out, key.align, key.splits};
   TunedGemm chosen;
@@ -345,6 +410,13 @@ Status LtGemm::make_plan(const PlanKey& key, const void* x, const void* w, void*
   if (chosen.fallback) {
     plan->use_fallback = true;
     return Status::Ok();
+  }
+  if (chosen.fp8_rows_splits > 0) {
+    if (cuda::fp8_gemm_rows_fits(key.m, key.n, key.k, x, w, y)) {
+      plan->fp8_rows_splits = chosen.fp8_rows_splits;
+      return Status::Ok();
+    }
+    return use_first_candidate(key, plan);
   }
   plan->algo = chosen.algo;
   if (chosen.m_tuned == key.m) return Status::Ok();
@@ -516,50 +588,28 @@ Status LtGemm::tune(const Plan& plan, const PlanKey& key, const void* x, void* y
   chosen->fallback = true;
   std::vector<cublasLtMatmulHeuristicResult_t> found;
   TS_RETURN_IF_ERROR(heuristic(plan, key, kCandidates, &found));
-  if (found.empty()) return Status::Ok();
   if (is_fp8(key.in)) {
     TS_RETURN_IF_ERROR(set_scales(plan, w_scale_, x_scale_));
-    add_fp8_variants(plan, &found);
+    if (!found.empty()) add_fp8_variants(plan, &found);
+  } else if (found.empty()) {
+    return Status::Ok();
   }
 
-  std::vector<cudaEvent_t> events(kReps + 1, nullptr);
-  Status status = Status::Ok();
-  for (cudaEvent_t& e : events) {
-    if (status.ok()) status = cuda_status(cudaEventCreate(&e), "tuning event");
-  }
+  Events events;
+  TS_RETURN_IF_ERROR(events.create());
   const float alpha = 1.0f, beta = 0.0f;
   size_t cursor = 0;
-  auto call = [&](const cublasLtMatmulAlgo_t& algo) {
-    const void* w = weights[cursor++ % weights.size()];
-    return cublasLtMatmul(lt_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y, plan.c, y, plan.c,
-                          &algo, workspace_, workspace_bytes_, stream);
-  };
   float best = 0;
-  for (size_t c = 0; c < found.size() && status.ok(); ++c) {
+  for (size_t c = 0; c < found.size(); ++c) {
     const cublasLtMatmulAlgo_t& algo = found[c].algo;
-    bool launched = call(algo) == CUBLAS_STATUS_SUCCESS;
-    status = cuda_status(cudaEventRecord(events[0], stream), "tuning event");
-    for (int r = 0; r < kReps && launched && status.ok(); ++r) {
-      launched = call(algo) == CUBLAS_STATUS_SUCCESS;
-      status = cuda_status(cudaEventRecord(events[size_t(r) + 1], stream), "tuning event");
-    }
-    if (!launched) {
-      cudaGetLastError();  // the failed launch's error is not left for the caller's next check
-      if (status.ok()) status = cuda_status(cudaStreamSynchronize(stream), "tuning");
-      continue;
-    }
-    // A failure here is a fault on the device (the context is lost), not a bad candidate.
-    if (status.ok()) status = cuda_status(cudaEventSynchronize(events[kReps]), "tuning");
-    if (!status.ok()) break;
-    std::vector<float> ms(kReps);
-    for (int r = 0; r < kReps && status.ok(); ++r) {
-      status = cuda_status(
-          cudaEventElapsedTime(&ms[size_t(r)], events[size_t(r)], events[size_t(r) + 1]),
-          "tuning event time");
-    }
-    if (!status.ok()) break;
-    std::nth_element(ms.begin(), ms.begin() + kReps / 2, ms.end());
-    const float us = ms[kReps / 2] * 1e3f;
+    float us = -1;
+    TS_RETURN_IF_ERROR(time_candidate(stream, events, &us, [&] {
+      const void* w = weights[cursor++ % weights.size()];
+      return cublasLtMatmul(lt_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y, plan.c, y,
+                            plan.c, &algo, workspace_, workspace_bytes_,
+                            stream) == CUBLAS_STATUS_SUCCESS;
+    }));
+    if (us < 0) continue;
     if (c == 0) chosen->heuristic_us = us;
     ++chosen->candidates;
     if (chosen->fallback || us < best) {
@@ -569,10 +619,45 @@ Status LtGemm::tune(const Plan& plan, const PlanKey& key, const void* x, void* y
       describe(algo, chosen);
     }
   }
-  for (cudaEvent_t e : events) {
-    if (e) cudaEventDestroy(e);
+  if (is_fp8(key.in)) return tune_fp8_rows(key, x, y, stream, weights, chosen);
+  return Status::Ok();
+}
+
+Status LtGemm::tune_fp8_rows(const PlanKey& key, const void* x, void* y, cudaStream_t stream,
+                             std::span<const void* const> weights, TunedGemm* chosen) {
+  if (!cuda::fp8_gemm_rows_fits(key.m, key.n, key.k, x, weights[0], y)) return Status::Ok();
+  const cuda::Fp8Out out = fp8_out(cudaDataType_t(key.out));
+  const int s0 = cuda::fp8_gemm_rows_splits(key.n, key.k);
+  const int most = int(std::min<int64_t>(8, key.k / 128));
+  std::vector<int> splits = {s0};
+  for (int s : {s0 / 2, s0 * 2}) {
+    if (s >= 1 && s <= most && s != s0) splits.push_back(s);
   }
-  return status;
+  Events events;
+  TS_RETURN_IF_ERROR(events.create());
+  size_t cursor = 0;
+  for (int s : splits) {
+    float us = -1;
+    TS_RETURN_IF_ERROR(time_candidate(stream, events, &us, [&] {
+      const void* w = weights[cursor++ % weights.size()];
+      return cuda::fp8_gemm_rows(static_cast<const uint8_t*>(x), x_scale_,
+                                 static_cast<const uint8_t*>(w), w_scale_, y, out, key.m, key.n,
+                                 key.k, s, stream) == cudaSuccess;
+    }));
+    if (us < 0) continue;
+    ++chosen->candidates;
+    if (chosen->fallback || us < chosen->us) {
+      chosen->fallback = false;
+      chosen->us = us;
+      chosen->fp8_rows_splits = s;
+      chosen->algo_id = -1;
+      chosen->tile = 0;
+      chosen->stages = 0;
+      chosen->split_k = 1;
+      chosen->reduction = 0;
+    }
+  }
+  return Status::Ok();
 }
 
 // For vector-scaled FP8 at decode shapes cublasLt's heuristic offers a single configuration

@@ -3,6 +3,7 @@
 // conversion. Each is memory-bound; one block per row where a row reduction is needed.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -60,23 +61,35 @@ __global__ void embed_range_kernel(const int32_t* ids, const T* table, int64_t h
   }
 }
 
-__device__ float block_sum(float v) {
-  __shared__ float warp_sums[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+// The block's reduction of v by op (every thread gets it; all threads call it).
+template <typename Op>
+__device__ float block_reduce(float v, Op op) {
+  __shared__ float warp_vals[32];
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_sums[warp] = v;
+  if (lane == 0) warp_vals[warp] = v;
   __syncthreads();
   const int warps = (blockDim.x + 31) / 32;
-  v = threadIdx.x < warps ? warp_sums[threadIdx.x] : 0.0f;
+  v = threadIdx.x < warps ? warp_vals[threadIdx.x] : op.identity;
   if (warp == 0) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) warp_sums[0] = v;
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (lane == 0) warp_vals[0] = v;
   }
   __syncthreads();
-  const float total = warp_sums[0];
+  const float total = warp_vals[0];
   __syncthreads();
   return total;
 }
+struct SumOp {
+  float identity = 0.0f;
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+// fmaxf: exact in any order (NaNs dropped, as quantize_rows_fp8's row maximum drops them).
+struct MaxOp {
+  float identity = 0.0f;
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+__device__ float block_sum(float v) { return block_reduce(v, SumOp{}); }
 
 // Eight consecutive values as floats: 16-byte loads (one of T, two of float) and stores.
 __device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
@@ -109,19 +122,43 @@ using detail::pdl_wait;
 // The block's row (chunks of 8 values per thread, as loaded by the row kernels below; ss: this
 // thread's sum of squares) normalised, cast to the dtype, times the weight: out_row. All the
 // block's threads call it (block reduction).
+// With q_row set, also the row's e4m3 copy and its scale (*q_scale), from the T values as
+// written: scale = amax / 448 (1 for a zero row), q = e4m3(value / scale), every division an
+// IEEE float32 division (cuda_fp8.cu's quantize_rows_kernel, bit for bit).
 template <typename T, int V>
 __device__ __forceinline__ void write_rms_normed(const float (&v)[V][8], const float (&wv)[V][8],
                                                  float ss, float eps, int64_t hidden,
-                                                 T* __restrict__ out_row) {
+                                                 T* __restrict__ out_row,
+                                                 uint8_t* __restrict__ q_row = nullptr,
+                                                 float* __restrict__ q_scale = nullptr) {
   const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
+  float o[V][8];
+  float amax = 0.0f;
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
     if (c >= hidden) continue;
-    float o[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = to_f(from_f<T>(v[k][i] * inv)) * wv[k][i];
-    store8(out_row + c, o);
+    for (int i = 0; i < 8; ++i) {
+      o[k][i] = to_f(from_f<T>(to_f(from_f<T>(v[k][i] * inv)) * wv[k][i]));
+      amax = fmaxf(amax, fabsf(o[k][i]));
+    }
+    store8(out_row + c, o[k]);
+  }
+  if (q_row == nullptr) return;
+  amax = block_reduce(amax, MaxOp{});
+  const float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+  if (threadIdx.x == 0) *q_scale = s;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
+    if (c >= hidden) continue;
+    uint8_t b[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      b[i] = uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(o[k][i], s), __NV_SATFINITE, __NV_E4M3));
+    }
+    *reinterpret_cast<uint2*>(q_row + c) = *reinterpret_cast<const uint2*>(b);
   }
 }
 
@@ -138,7 +175,7 @@ template <typename T, typename D, int V>
 __global__ void __launch_bounds__(1024)
     add_rms_norm_kernel(float* __restrict__ residual, const D* __restrict__ delta, int32_t parts,
                         int64_t part_stride, const T* __restrict__ weight, float eps,
-                        int64_t hidden, T* __restrict__ out) {
+                        int64_t hidden, T* __restrict__ out, Fp8Rows fp8) {
   const int64_t r = blockIdx.x;
   float* x = residual + r * hidden;
   float v[V][8], dv[V][8], wv[V][8];
@@ -183,7 +220,8 @@ __global__ void __launch_bounds__(1024)
     for (int i = 0; i < 8; ++i) ss += v[k][i] * v[k][i];
   }
   if (!out) return;
-  write_rms_normed<T, V>(v, wv, ss, eps, hidden, out + r * hidden);
+  write_rms_normed<T, V>(v, wv, ss, eps, hidden, out + r * hidden,
+                         fp8.q ? fp8.q + r * hidden : nullptr, fp8.q ? fp8.scale + r : nullptr);
 }
 
 // Peer-to-peer all-reduce fused with the residual add and RMSNorm (cuda_ops.h). Block b first
@@ -659,32 +697,32 @@ void embed_vocab_range(Dtype dt, const int32_t* ids, int64_t rows, const void* t
 template <typename T, typename D>
 void launch_add_rms_norm(float* residual, const D* delta, int32_t parts, int64_t part_stride,
                          const void* weight, float eps, int64_t rows, int64_t hidden, void* out,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, Fp8Rows fp8) {
   const int64_t chunks = hidden / 8;
   if (chunks <= 1024) {
     launch_pdl(dim3(rows), dim3(round_up_warps(chunks)), stream, add_rms_norm_kernel<T, D, 1>,
                residual, delta, parts, part_stride, static_cast<const T*>(weight), eps, hidden,
-               static_cast<T*>(out));
+               static_cast<T*>(out), fp8);
   } else {
     launch_pdl(dim3(rows), dim3(round_up_warps((chunks + 1) / 2)), stream,
                add_rms_norm_kernel<T, D, 2>, residual, delta, parts, part_stride,
-               static_cast<const T*>(weight), eps, hidden, static_cast<T*>(out));
+               static_cast<const T*>(weight), eps, hidden, static_cast<T*>(out), fp8);
   }
 }
 
 void add_rms_norm(Dtype dt, float* residual, const void* delta, const void* weight, float eps,
-                  int64_t rows, int64_t hidden, void* out, cudaStream_t stream) {
+                  int64_t rows, int64_t hidden, void* out, cudaStream_t stream, Fp8Rows fp8) {
   if (rows == 0) return;
   TS_DISPATCH(dt, launch_add_rms_norm<T, T>(residual, static_cast<const T*>(delta), 1, 0, weight,
-                                            eps, rows, hidden, out, stream));
+                                            eps, rows, hidden, out, stream, fp8));
 }
 
 void add_rms_norm_f32_delta(Dtype dt, float* residual, const float* delta, int32_t parts,
                             int64_t part_stride, const void* weight, float eps, int64_t rows,
-                            int64_t hidden, void* out, cudaStream_t stream) {
+                            int64_t hidden, void* out, cudaStream_t stream, Fp8Rows fp8) {
   if (rows == 0) return;
   TS_DISPATCH(dt, launch_add_rms_norm<T, float>(residual, delta, parts, part_stride, weight, eps,
-                                                rows, hidden, out, stream));
+                                                rows, hidden, out, stream, fp8));
 }
 
 void p2p_all_reduce_add_rms_norm(Dtype dt, float* residual, const P2PAllReduce& ar,

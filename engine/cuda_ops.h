@@ -21,11 +21,20 @@ void embed_vocab_range(Dtype dt, const int32_t* ids, int64_t rows, const void* t
                        int64_t hidden, int64_t vocab_begin, int64_t vocab_count, float* residual,
                        cudaStream_t stream);
 
+// Where a row kernel also writes its T output quantized to e4m3 for an FP8 GEMM, by
+// cuda_fp8.h's rule (quantize_rows_fp8 on the T values, bit for bit): q [rows][hidden] and one
+// scale a row. Null q: no quantized copy.
+struct Fp8Rows {
+  uint8_t* q = nullptr;
+  float* scale = nullptr;
+};
+
 // With delta != null first residual += delta (T [rows][hidden]); then
-// out (T [rows][hidden]) = rmsnorm(residual) * weight (T [hidden]), float statistics.
+// out (T [rows][hidden]) = rmsnorm(residual) * weight (T [hidden]), float statistics, and
+// out's e4m3 copy where fp8.q is set (out must then be set too).
 // out may be null (residual update only).
 void add_rms_norm(Dtype dt, float* residual, const void* delta, const void* weight, float eps,
-                  int64_t rows, int64_t hidden, void* out, cudaStream_t stream);
+                  int64_t rows, int64_t hidden, void* out, cudaStream_t stream, Fp8Rows fp8 = {});
 
 // add_rms_norm with a float delta made of `parts` float [rows][hidden] slabs part_stride
 // elements apart (delta + s * part_stride; part_stride % 4 == 0), summed in float32 in the
@@ -34,7 +43,7 @@ void add_rms_norm(Dtype dt, float* residual, const void* delta, const void* weig
 // for the K slices of a split-K GEMM (LtGemm::run_split_k).
 void add_rms_norm_f32_delta(Dtype dt, float* residual, const float* delta, int32_t parts,
                             int64_t part_stride, const void* weight, float eps, int64_t rows,
-                            int64_t hidden, void* out, cudaStream_t stream);
+                            int64_t hidden, void* out, cudaStream_t stream, Fp8Rows fp8 = {});
 
 // Tensor parallel, peer to peer: one rank's view of the fused all-reduce below. In one process
 // that owns every GPU with peer access enabled, a rank reads its peers' partial sums straight

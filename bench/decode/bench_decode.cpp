@@ -362,6 +362,13 @@ void print_tuned_gemms(double copy_bw) {
     }
     const double tbps =
         double(t.n) * double(t.k) * (e4m3 ? 1.0 : 2.0) / (double(t.us) * 1e-6) / 1e12;
+    if (t.fp8_rows_splits > 0) {  // the engine's own FP8 kernel: K ranges as "splitK"
+      std::printf("%3d %5lld %5lld %7lld %6lld %3d %4s %5s %9s %6s %6d %4s %9.1f %7.2f %9.1f %6d\n",
+                  t.device, (long long)t.m_bucket, (long long)t.m_tuned, (long long)t.n,
+                  (long long)t.k, t.splits, out.c_str(), "rows", "128 cols", "-", t.fp8_rows_splits,
+                  "-", t.us, tbps, t.heuristic_us, t.candidates);
+      continue;
+    }
     std::printf("%3d %5lld %5lld %7lld %6lld %3d %4s %5d %9s %6d %6d %4d %9.1f %7.2f %9.1f %6d\n",
                 t.device, (long long)t.m_bucket, (long long)t.m_tuned, (long long)t.n,
                 (long long)t.k, t.splits, out.c_str(), t.algo_id, tile_name(t.tile).c_str(),
@@ -371,7 +378,8 @@ void print_tuned_gemms(double copy_bw) {
       "(m: the bucket's rows, m@: the rows it was timed at; K/S: K slices as one strided batch, "
       "float parts (gemm_split_k); splitK: cublasLt's own; red: reduction scheme, "
       "cublasLtReductionScheme_t; heur. us: cublasLt's first candidate; out 8f16: e4m3 inputs, "
-      "weights counted at one byte)\n");
+      "weights counted at one byte; algo rows: the engine's FP8 kernel for decode rows, its "
+      "K ranges under splitK)\n");
 }
 
 int run(const Args& args) {

@@ -275,10 +275,11 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   // norm (when norm is not null). Tensor parallel: the GEMM is row-parallel (k is this
   // rank's slice), so its float32 partial sums are all-reduced first. same_shape: w's kind in
   // every layer (for tuning).
-  // FP8 models pass the layer as w8 (w is then null).
+  // FP8 models pass the layer as w8 (w is then null), and as next_q where the normed output
+  // goes (fp8_rows_for: the next FP8 GEMM's input, quantized by the norm kernel).
   Status residual_gemm(const void* x, const void* w, const Fp8Linear& w8,
                        std::span<const void* const> same_shape, int64_t rows, int64_t k,
-                       const void* norm, void* out, const char* name) {
+                       const void* norm, void* out, const char* name, cuda::Fp8Rows next_q = {}) {
     const float eps = float(config_.rms_norm_eps);
     int32_t parts = 1;
     if (world_ == 1 && !fp8_) {
@@ -287,10 +288,10 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     if (fp8_) {
       // FP8 (one GPU): float32 out, added and normed by the float-delta kernel.
       float* partial = partial_.as<float>();
-      TS_RETURN_IF_ERROR(fp8_gemm(x, w8, partial, rows, h_, k, true, same_shape));
+      TS_RETURN_IF_ERROR(fp8_gemm(x, w8, partial, rows, h_, k, true, same_shape, false));
       prof_.mark(name, stream_);
       cuda::add_rms_norm_f32_delta(dtype_, residual_.as<float>(), partial, 1, 0, norm, eps, rows,
-                                   h_, out, stream_);
+                                   h_, out, stream_, out ? next_q : cuda::Fp8Rows{});
     } else if (parts > 1) {
       // Split-K: float parts [parts][rows][h], summed in order and rounded once by the norm.
       TS_RETURN_IF_ERROR(gemm_.run_split_k(x, w, split_parts_, rows, h_, k, parts, model_type(),
@@ -387,14 +388,15 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   }
 
   // FP8: y [m][n] = x [m][k] . w [n][k]^T with x (T) quantized to e4m3 first (per row, or by
-  // the layer's static input scale) into xq_ / xs_. same_shape: the e4m3 matrices of w's kind.
+  // the layer's static input scale) into xq_ / xs_, unless x_quantized: the kernel that wrote x
+  // wrote xq_ / xs_ too (fp8_rows_for). same_shape: the e4m3 matrices of w's kind.
   Status fp8_gemm(const void* x, const Fp8Linear& w, void* y, int64_t m, int64_t n, int64_t k,
-                  bool f32_out, std::span<const void* const> same_shape) {
+                  bool f32_out, std::span<const void* const> same_shape, bool x_quantized) {
     uint8_t* xq = xq_.as<uint8_t>();
     float* xs = xs_.as<float>();
-    if (w.input_scale) {
+    if (!x_quantized && w.input_scale) {
       cuda::quantize_rows_fp8_static(dtype_, x, m, k, w.input_scale, xq, xs, stream_);
-    } else {
+    } else if (!x_quantized) {
       cuda::quantize_rows_fp8(dtype_, x, m, k, xq, xs, stream_);
     }
     const cudaDataType_t t = model_type();
@@ -402,10 +404,18 @@ class CudaBackend final : public Backend, public detail::CudaRank {
                          same_shape);
   }
 
-  // The QKV and gate/up GEMMs: 16-bit or FP8 as the model is.
+  // Where a norm kernel writing the input of `next` (an FP8 layer quantized per token) also
+  // writes its e4m3 copy: xq_ / xs_. Nothing for 16-bit models and static input scales.
+  cuda::Fp8Rows fp8_rows_for(const Fp8Linear& next) {
+    if (!fp8_ || next.input_scale != nullptr) return {};
+    return {xq_.as<uint8_t>(), xs_.as<float>()};
+  }
+
+  // The QKV and gate/up GEMMs: 16-bit or FP8 as the model is. x_quantized: x's norm kernel
+  // wrote its e4m3 copy (fp8_rows_for(w8)).
   Status linear(const void* x, const void* w16, const Fp8Linear& w8, void* y, int64_t m, int64_t n,
-                int64_t k, std::span<const void* const> same_shape) {
-    if (fp8_) return fp8_gemm(x, w8, y, m, n, k, false, same_shape);
+                int64_t k, std::span<const void* const> same_shape, bool x_quantized) {
+    if (fp8_) return fp8_gemm(x, w8, y, m, n, k, false, same_shape, x_quantized);
     return gemm(x, w16, y, m, n, k, false, same_shape);
   }
 

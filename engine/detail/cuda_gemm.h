@@ -51,6 +51,9 @@ struct TunedGemm {
   // The chosen cublasLt configuration (CUBLASLT_ALGO_CONFIG_*; tile is a cublasLtMatmulTile_t;
   // split_k is cublasLt's own split inside one matmul, not `splits`).
   int32_t algo_id = -1, tile = 0, stages = 0, split_k = 1, reduction = 0;
+  // FP8 only: > 0 when the engine's own kernel (cuda_fp8.h fp8_gemm_rows) won with this many
+  // K ranges per column block (the cublasLt fields above then describe nothing).
+  int32_t fp8_rows_splits = 0;
   float us = 0;            // median time of one call, microseconds
   float heuristic_us = 0;  // the heuristic's first candidate's median (what it would run)
   int32_t candidates = 0;  // timed successfully
@@ -108,8 +111,11 @@ class LtGemm {
   // x_scale[i] * w_scale[j] (cublasLt's outer-vector scaling: one float per row of x, one per
   // row of w), accumulated in float32; out CUDA_R_16F, CUDA_R_16BF or CUDA_R_32F. k must be a
   // multiple of 16 and every operand 16-byte aligned (cublasLt's FP8 rules). Tuned and cached
-  // like run() (the scales do not change a shape's timing); with autotune off the heuristic's
-  // first candidate runs, since cuBLAS has no FP8 GEMM with vector scales to fall back on.
+  // like run() (the scales do not change a shape's timing), the engine's own kernel for
+  // decode-sized m (cuda_fp8.h fp8_gemm_rows, at a few split counts) timed beside cublasLt's
+  // candidates. With autotune off: the own kernel where it fits the shape, at its default
+  // split count, else the heuristic's first candidate (cuBLAS has no FP8 GEMM with vector
+  // scales to fall back on).
   Status run_fp8(const void* x, const float* x_scale, const void* w, const float* w_scale, void* y,
                  int64_t m, int64_t n, int64_t k, cudaDataType_t out, cudaStream_t stream,
                  std::span<const void* const> same_shape = {});
@@ -136,7 +142,8 @@ class LtGemm {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
     bool use_fallback = false;
-    bool provisional = false;  // chosen during a capture: resolved again on the next call
+    int32_t fp8_rows_splits = 0;  // > 0: cuda::fp8_gemm_rows instead of cublasLt
+    bool provisional = false;     // chosen during a capture: resolved again on the next call
   };
   struct PlanKey {
     int64_t m, n, k;
@@ -173,6 +180,10 @@ class LtGemm {
   static constexpr int kFp8Candidates = 40;
   void add_fp8_variants(const Plan& plan,
                         std::vector<cublasLtMatmulHeuristicResult_t>* found) const;
+  // FP8: times cuda::fp8_gemm_rows at a few split counts on tune()'s terms and takes it into
+  // *chosen when it beats chosen->us (or nothing ran yet).
+  Status tune_fp8_rows(const PlanKey& key, const void* x, void* y, cudaStream_t stream,
+                       std::span<const void* const> weights, TunedGemm* chosen);
   static void destroy(Plan* plan);
 
   int32_t device_ = 0;

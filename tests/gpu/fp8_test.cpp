@@ -19,6 +19,7 @@
 #include "engine/backend.h"
 #include "engine/cuda_backend.h"
 #include "engine/cuda_fp8.h"
+#include "engine/cuda_ops.h"
 #include "engine/detail/cuda_buffers.h"
 #include "engine/detail/cuda_gemm.h"
 #include "models/llama_weights.h"
@@ -150,13 +151,62 @@ TEST(Fp8Quantize, HalfRowsEqualTheCpuRuleOnTheirValues) {
   for (float v : download<float>(ds, size_t(rows))) EXPECT_EQ(v, s);
 }
 
-// run_fp8 against float64 sums of the dequantized operands, on sampled outputs.
-void check_fp8_gemm(int64_t m, int64_t n, int64_t k, cudaDataType_t out, bool autotune) {
-  SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
-               (out == CUDA_R_32F ? " f32" : " f16") + (autotune ? " tuned" : " heuristic"));
+// The RMSNorm kernel's e4m3 copy of its output (the FP8 GEMM input it saves a pass for) equals
+// quantize_rows_fp8 on that output, bit for bit: both dtypes, one and two chunks a thread, the
+// plain and the float-delta forms.
+TEST(Fp8Quantize, TheNormKernelsCopyEqualsQuantizeRows) {
+  REQUIRE_GPU();
   Gpu g;
-  LtGemm gemm;
-  ASSERT_TRUE(gemm.init(0, g.cublas, g.workspace.ptr, kWorkspaceBytes, autotune).ok());
+  const int64_t rows = 6;
+  for (cuda::Dtype dt : {cuda::Dtype::kFloat16, cuda::Dtype::kBFloat16}) {
+    for (int64_t hidden : {int64_t(4096), int64_t(12288)}) {
+      for (bool f32_delta : {false, true}) {
+        SCOPED_TRACE("hidden=" + std::to_string(hidden) +
+                     (dt == cuda::Dtype::kFloat16 ? " fp16" : " bf16") +
+                     (f32_delta ? " float delta" : ""));
+        const std::vector<float> res = test_rows(rows, hidden, uint32_t(hidden + 3));
+        std::vector<float> delta = test_rows(rows, hidden, uint32_t(hidden + 5));
+        std::vector<uint16_t> weight(static_cast<size_t>(hidden));
+        for (int64_t c = 0; c < hidden; ++c) {
+          const float v = 0.5f + float(c % 13) * 0.1f;
+          uint32_t b;
+          std::memcpy(&b, &v, 4);
+          weight[size_t(c)] = dt == cuda::Dtype::kFloat16 ? to_half_bits(v) : uint16_t(b >> 16);
+        }
+        DeviceBuffer dres, ddelta, dw, dout, dq, ds, dq2, ds2;
+        upload(&dres, res);
+        upload(&ddelta, delta);
+        upload(&dw, weight);
+        ASSERT_TRUE(dout.reserve(size_t(rows * hidden) * 2, "out").ok());
+        ASSERT_TRUE(dq.reserve(size_t(rows * hidden), "q").ok());
+        ASSERT_TRUE(ds.reserve(size_t(rows) * 4, "s").ok());
+        ASSERT_TRUE(dq2.reserve(size_t(rows * hidden), "q2").ok());
+        ASSERT_TRUE(ds2.reserve(size_t(rows) * 4, "s2").ok());
+        const cuda::Fp8Rows fp8{dq.as<uint8_t>(), ds.as<float>()};
+        if (f32_delta) {
+          cuda::add_rms_norm_f32_delta(dt, dres.as<float>(), ddelta.as<float>(), 1, 0, dw.ptr,
+                                       1e-5f, rows, hidden, dout.ptr, g.stream, fp8);
+        } else {
+          cuda::add_rms_norm(dt, dres.as<float>(), nullptr, dw.ptr, 1e-5f, rows, hidden, dout.ptr,
+                             g.stream, fp8);
+        }
+        cuda::quantize_rows_fp8(dt, dout.ptr, rows, hidden, dq2.as<uint8_t>(), ds2.as<float>(),
+                                g.stream);
+        ASSERT_EQ(cudaStreamSynchronize(g.stream), cudaSuccess);
+        EXPECT_EQ(download<uint8_t>(dq, size_t(rows * hidden)),
+                  download<uint8_t>(dq2, size_t(rows * hidden)));
+        const auto s1 = download<float>(ds, size_t(rows)), s2 = download<float>(ds2, size_t(rows));
+        EXPECT_EQ(0, std::memcmp(s1.data(), s2.data(), size_t(rows) * 4));
+      }
+    }
+  }
+}
+
+// y = run(x, x scales, w, w scales, y) on random rows quantized per row, against float64 sums
+// of the dequantized operands on sampled outputs. Returns y's bits (for repeat checks).
+template <typename Run>
+std::vector<uint8_t> check_fp8_product(int64_t m, int64_t n, int64_t k, cudaDataType_t out,
+                                       const Gpu& g, Run&& run) {
   const std::vector<float> x = test_rows(m, k, uint32_t(m + k));
   std::mt19937 rng(uint32_t(n * 7 + k));
   std::normal_distribution<float> normal(0.0f, 0.02f);
@@ -172,21 +222,38 @@ void check_fp8_gemm(int64_t m, int64_t n, int64_t k, cudaDataType_t out, bool au
   upload(&dwq, wq);
   upload(&dws, ws);
   const size_t out_bytes = out == CUDA_R_32F ? 4 : 2;
-  ASSERT_TRUE(dy.reserve(size_t(m * n) * out_bytes, "y").ok());
-  Status s = gemm.run_fp8(dxq.ptr, dxs.as<float>(), dwq.ptr, dws.as<float>(), dy.ptr, m, n, k, out,
-                          g.stream);
-  ASSERT_TRUE(s.ok()) << s.message();
-  ASSERT_EQ(cudaStreamSynchronize(g.stream), cudaSuccess);
+  EXPECT_TRUE(dy.reserve(size_t(m * n) * out_bytes, "y").ok());
+  EXPECT_EQ(cudaMemset(dy.ptr, 0xff, size_t(m * n) * out_bytes), cudaSuccess);
+  const Status s = run(dxq.ptr, dxs.as<float>(), dwq.ptr, dws.as<float>(), dy.ptr);
+  EXPECT_TRUE(s.ok()) << s.message();
+  if (!s.ok()) return {};
+  EXPECT_EQ(cudaStreamSynchronize(g.stream), cudaSuccess);
+  const std::vector<uint8_t> bits = download<uint8_t>(dy, size_t(m * n) * out_bytes);
   std::vector<float> y(size_t(m * n));
-  if (out == CUDA_R_32F) {
-    y = download<float>(dy, y.size());
-  } else {
-    const auto hy = download<uint16_t>(dy, y.size());
-    for (size_t i = 0; i < y.size(); ++i) y[i] = f16_to_f32(hy[i]);
+  for (size_t i = 0; i < y.size(); ++i) {
+    if (out == CUDA_R_32F) {
+      std::memcpy(&y[i], &bits[i * 4], 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, &bits[i * 2], 2);
+      if (out == CUDA_R_16F) {
+        y[i] = f16_to_f32(h);
+      } else {
+        const uint32_t f = uint32_t(h) << 16;
+        std::memcpy(&y[i], &f, 4);
+      }
+    }
   }
   double worst = 0;
-  for (int64_t i = 0; i < m; i += std::max<int64_t>(1, m / 7)) {
-    for (int64_t j = 0; j < n; j += std::max<int64_t>(1, n / 61)) {
+  // A sample of the rows and columns, the last of each among them.
+  auto sample = [](int64_t count, int64_t every) {
+    std::vector<int64_t> v;
+    for (int64_t i = 0; i < count; i += std::max<int64_t>(1, every)) v.push_back(i);
+    if (v.back() != count - 1) v.push_back(count - 1);
+    return v;
+  };
+  for (int64_t i : sample(m, m <= 20 ? 1 : m / 9)) {
+    for (int64_t j : sample(n, n / 61)) {
       double ref = 0, mag = 0;
       for (int64_t c = 0; c < k; ++c) {
         const double a = double(e4m3_to_float(xq[size_t(i * k + c)])) * xs[size_t(i)];
@@ -195,16 +262,98 @@ void check_fp8_gemm(int64_t m, int64_t n, int64_t k, cudaDataType_t out, bool au
         mag += std::fabs(a * b);
       }
       // Hopper's FP8 tensor cores add the products in narrower partial sums than float32
-      // before promoting them (measured: up to 2.3e-5 of the sum of magnitudes), plus the fp16
-      // output's rounding.
-      const double tol = 1e-4 * mag + (out == CUDA_R_32F ? 0.0 : std::fabs(ref) * 1e-3) + 1e-30;
+      // before promoting them (measured: up to 2.3e-5 of the sum of magnitudes), plus the
+      // output's rounding (fp16 2^-11, bf16 2^-8 of the value).
+      const double rounding = out == CUDA_R_32F ? 0.0 : out == CUDA_R_16F ? 1e-3 : 8e-3;
+      const double tol = 1e-4 * mag + std::fabs(ref) * rounding + 1e-30;
       const double err = std::fabs(double(y[size_t(i * n + j)]) - ref);
       worst = std::max(worst, err / (mag + 1e-30));
-      ASSERT_LE(err, tol) << "y[" << i << "][" << j << "] = " << y[size_t(i * n + j)]
+      EXPECT_LE(err, tol) << "y[" << i << "][" << j << "] = " << y[size_t(i * n + j)]
                           << ", reference " << ref;
+      if (err > tol) return bits;
     }
   }
   std::printf("  worst error / sum of |terms|: %.2e\n", worst);
+  return bits;
+}
+
+// run_fp8 against float64 sums of the dequantized operands, on sampled outputs.
+void check_fp8_gemm(int64_t m, int64_t n, int64_t k, cudaDataType_t out, bool autotune) {
+  SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+               (out == CUDA_R_32F ? " f32" : " f16") + (autotune ? " tuned" : " heuristic"));
+  Gpu g;
+  LtGemm gemm;
+  ASSERT_TRUE(gemm.init(0, g.cublas, g.workspace.ptr, kWorkspaceBytes, autotune).ok());
+  check_fp8_product(m, n, k, out, g,
+                    [&](const void* xq, const float* xs, const void* wq, const float* ws, void* y) {
+                      return gemm.run_fp8(xq, xs, wq, ws, y, m, n, k, out, g.stream);
+                    });
+}
+
+// The engine's decode-row FP8 kernel on its own: every row-block instantiation (1 to 128 rows),
+// split counts from 1 to 8, each output type; the same call twice gives the same bits.
+TEST(Fp8GemmRows, EveryRowCountAndSplitMatchesAFloat64Reference) {
+  REQUIRE_GPU();
+  Gpu g;
+  struct Case {
+    int64_t m, n, k;
+    int splits;
+    cudaDataType_t out;
+  };
+  const Case cases[] = {
+      {1, 128, 128, 1, CUDA_R_32F},     {8, 256, 1024, 3, CUDA_R_16F},
+      {9, 4096, 4096, 8, CUDA_R_32F},   {24, 6144, 4096, 5, CUDA_R_16F},
+      {33, 1024, 14336, 8, CUDA_R_32F}, {50, 4096, 4096, 8, CUDA_R_16BF},
+      {64, 28672, 4096, 1, CUDA_R_16F}, {65, 512, 4096, 2, CUDA_R_32F},
+      {100, 6144, 4096, 5, CUDA_R_16F}, {128, 4096, 14336, 7, CUDA_R_32F},
+      {97, 384, 384, 3, CUDA_R_16BF},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
+                 " k=" + std::to_string(c.k) + " splits=" + std::to_string(c.splits));
+    const auto out = c.out == CUDA_R_32F    ? cuda::Fp8Out::kFloat32
+                     : c.out == CUDA_R_16BF ? cuda::Fp8Out::kBFloat16
+                                            : cuda::Fp8Out::kFloat16;
+    std::vector<uint8_t> first;
+    auto run = [&](const void* xq, const float* xs, const void* wq, const float* ws, void* y) {
+      if (!cuda::fp8_gemm_rows_fits(c.m, c.n, c.k, xq, wq, y)) {
+        return InvalidArgument("the shape does not fit");
+      }
+      const cudaError_t e =
+          cuda::fp8_gemm_rows(static_cast<const uint8_t*>(xq), xs, static_cast<const uint8_t*>(wq),
+                              ws, y, out, c.m, c.n, c.k, c.splits, g.stream);
+      if (e != cudaSuccess) return Internal(cudaGetErrorString(e));
+      return Status::Ok();
+    };
+    first = check_fp8_product(c.m, c.n, c.k, c.out, g, run);
+    EXPECT_EQ(check_fp8_product(c.m, c.n, c.k, c.out, g, run), first) << "not reproducible";
+  }
+}
+
+TEST(Fp8GemmRows, RefusesShapesItDoesNotServe) {
+  REQUIRE_GPU();
+  Gpu g;
+  DeviceBuffer b;
+  ASSERT_TRUE(b.reserve(1 << 22, "b").ok());
+  const auto* p = static_cast<const uint8_t*>(b.ptr);
+  EXPECT_TRUE(cuda::fp8_gemm_rows_fits(128, 4096, 4096, p, p, p));
+  EXPECT_FALSE(cuda::fp8_gemm_rows_fits(129, 4096, 4096, p, p, p));  // too many rows
+  EXPECT_FALSE(cuda::fp8_gemm_rows_fits(0, 4096, 4096, p, p, p));
+  EXPECT_FALSE(cuda::fp8_gemm_rows_fits(8, 4000, 4096, p, p, p));    // n not a multiple of 128
+  EXPECT_FALSE(cuda::fp8_gemm_rows_fits(8, 4096, 4000, p, p, p));    // k not a multiple of 128
+  EXPECT_FALSE(cuda::fp8_gemm_rows_fits(8, 128, 128, p + 8, p, p));  // x not 16-byte aligned
+  const float* f = b.as<float>();
+  EXPECT_EQ(
+      cuda::fp8_gemm_rows(p, f, p, f, b.ptr, cuda::Fp8Out::kFloat16, 8, 128, 256, 3, g.stream),
+      cudaErrorInvalidValue);  // more splits than 128-byte chunks of k
+  EXPECT_EQ(
+      cuda::fp8_gemm_rows(p, f, p, f, b.ptr, cuda::Fp8Out::kFloat16, 8, 128, 1024, 9, g.stream),
+      cudaErrorInvalidValue);  // more than a portable cluster
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cuda::fp8_gemm_rows_splits(4096, 4096), 8);
+  EXPECT_EQ(cuda::fp8_gemm_rows_splits(28672, 4096), 1);
+  EXPECT_EQ(cuda::fp8_gemm_rows_splits(6144, 4096), 5);
+  EXPECT_EQ(cuda::fp8_gemm_rows_splits(128, 128), 1);
 }
 
 TEST(Fp8Gemm, LlamaShapesMatchAFloat64Reference) {
