@@ -222,14 +222,15 @@ Status CudaBackend::enqueue_layers(const StepBatch& batch, TreeAttentionGrid gri
     TS_RETURN_IF_ERROR(linear(x_.ptr, w.gate_up, w.gate_up8, gu_.ptr, rows, 2 * im, h, gate_up_set_,
                               fp8_rows_for(w.gate_up8).q != nullptr));
     prof_.mark("gemm gate_up", stream_);
-    cuda::swiglu(dtype_, gu_.ptr, rows, im, act_.ptr, stream_);
+    const cuda::Fp8Rows act_q = fp8_rows_for(w.down8);
+    cuda::swiglu(dtype_, gu_.ptr, rows, im, act_.ptr, stream_, act_q);
     prof_.mark("swiglu", stream_);
     // Residual add, fused with the next layer's input norm.
     const bool last = l + 1 == layers_.size();
-    TS_RETURN_IF_ERROR(residual_gemm(act_.ptr, w.down, w.down8, down_set_, rows, im,
-                                     last ? nullptr : layers_[l + 1].input_norm,
-                                     last ? nullptr : x_.ptr, "gemm down",
-                                     last ? cuda::Fp8Rows{} : fp8_rows_for(layers_[l + 1].qkv8)));
+    TS_RETURN_IF_ERROR(residual_gemm(
+        act_.ptr, w.down, w.down8, down_set_, rows, im, last ? nullptr : layers_[l + 1].input_norm,
+        last ? nullptr : x_.ptr, "gemm down",
+        last ? cuda::Fp8Rows{} : fp8_rows_for(layers_[l + 1].qkv8), act_q.q != nullptr));
   }
   // Final norm + LM head on the logit rows only: logits float [n][vocab shard].
   if (n_logits > 0) {

@@ -38,7 +38,12 @@ void dequantize_rows_fp8(const uint8_t* q, const float* scale, int64_t rows, int
 // computed by `splits` CTAs (a thread-block cluster) over near-equal runs of K, their partial
 // sums added in a fixed order: the same inputs and splits give the same bits.
 enum class Fp8Out : int32_t { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 };
-inline constexpr int64_t kFp8GemmRowsMaxM = 128;
+// Up to the GEMM tuner's 272-row bucket (a speculative tree of 256 and its root).
+inline constexpr int64_t kFp8GemmRowsMaxM = 272;
+// Without tuning the kernel runs up to this many rows, where it measured at least as fast as
+// cublasLt's heuristic choice on every Llama-3-8B projection (H200); beyond, cublasLt's
+// 128 x 128 tiles keep the tensor cores busier than its one wgmma chain per chunk.
+inline constexpr int64_t kFp8GemmRowsDefaultMaxM = 64;
 // Whether the kernel serves the shape: 1 <= m <= kFp8GemmRowsMaxM, n a multiple of 128, k of
 // 128, every pointer 16-byte aligned.
 bool fp8_gemm_rows_fits(int64_t m, int64_t n, int64_t k, const void* x, const void* w,

@@ -1,7 +1,7 @@
 // The FP8 GEMM for decode-sized row counts (engine/cuda_fp8.h fp8_gemm_rows).
 //
 // y [m][n] = (xq [m][k] . w [n][k]^T) * x_scale[m] * w_scale[n], e4m3 in, float32 accumulate,
-// m <= 128. A decode step's GEMM is bound by its weight bytes; cublasLt's vector-scaled FP8
+// m <= 272. A decode step's GEMM is bound by its weight bytes; cublasLt's vector-scaled FP8
 // kernels tile it 128 x 128 without split-K (32 CTAs for a 4096-wide output on 132 SMs), so
 // this kernel streams the weights with every SM busy instead:
 //   - a CTA (8 warps) owns 128 output columns (w rows), each warp 16 of them, and one K range;
@@ -44,6 +44,9 @@ template <int N>
 __host__ __device__ constexpr int stage_bytes() {
   return (kBlockCols + N) * kChunk;
 }
+// x rows a TMA box holds (a box has at most 256 rows).
+template <int N>
+constexpr int kXBox = N <= 256 ? N : 16;
 // As many stages as fit two CTAs an SM (up to 64 rows; 110 KB each), or one (beyond: twice
 // the accumulator registers), at most 6.
 template <int N>
@@ -198,13 +201,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_u32(bar))
       : "memory");
 }
-// Keeps the compiler from reading the accumulators before wgmma's wait.
-template <int R>
-__device__ __forceinline__ void fence_regs(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
 __device__ __forceinline__ void store_out(__half* y, int64_t i, float v) {
   y[i] = __float2half_rn(v);
 }
@@ -212,6 +208,30 @@ __device__ __forceinline__ void store_out(__nv_bfloat16* y, int64_t i, float v) 
   y[i] = __float2bfloat16_rn(v);
 }
 __device__ __forceinline__ void store_out(float* y, int64_t i, float v) { y[i] = v; }
+
+// One chunk (128 bytes of K) of a warpgroup's product, x's rows in segments of up to 128 from
+// segment J on: each segment's four k32 steps into `part` (from zero), then added into `acc`.
+template <int N, int J = 0>
+__device__ __forceinline__ void mma_segments(float* acc, float* part, uint32_t tile, int wg) {
+  if constexpr (J * 128 < N) {
+    constexpr int kBase = 128 * J;
+    constexpr int kWidth = N - kBase < 128 ? N - kBase : 128;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kChunk / 32; ++kk) {
+      const uint64_t a = sw128_desc(tile + uint32_t(wg * 64 * kChunk + kk * 32));
+      const uint64_t b = sw128_desc(tile + uint32_t((kBlockCols + kBase) * kChunk + kk * 32));
+      wgmma_e4m3<kWidth>(part, a, b, kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+#pragma unroll
+    for (int i = 0; i < kWidth / 2; ++i) asm volatile("" : "+f"(part[i])::"memory");
+#pragma unroll
+    for (int i = 0; i < kWidth / 2; ++i) acc[kBase / 2 + i] += part[i];
+    mma_segments<N, J + 1>(acc, part, tile, wg);
+  }
+}
 
 // Grid (n / 128, S), cluster (1, S, 1): CTA (bx, r) owns w rows [128 bx, 128 bx + 128) and the
 // r-th of S near-equal runs of K's 128-byte chunks.
@@ -250,7 +270,10 @@ __global__ void __launch_bounds__(kThreads, N <= 64 ? 2 : 1)
     uint8_t* dst = smem + stage * kStageBytes;
     mbar_expect_tx(&full[stage], kStageBytes);
     tma_load_2d(dst, &w_map, kx, col0, &full[stage]);
-    tma_load_2d(dst + kBlockCols * kChunk, &x_map, kx, 0, &full[stage]);
+#pragma unroll
+    for (int b = 0; b < N / kXBox<N>; ++b) {
+      tma_load_2d(dst + (kBlockCols + b * kXBox<N>)*kChunk, &x_map, kx, b * kXBox<N>, &full[stage]);
+    }
   };
   if (tid == 0) {
 #pragma unroll
@@ -267,27 +290,21 @@ __global__ void __launch_bounds__(kThreads, N <= 64 ? 2 : 1)
   // (about 2^-14 of the running sum): each chunk's four k32 steps start from zero in `part`
   // and are added into float32 `acc` by the CUDA cores (promotion every 128 of K, as cuBLAS
   // and CUTLASS do without "fast accumulation").
-  float acc[N / 2], part[N / 2];
+  // x's rows go through the tensor cores in segments of up to 128 (one wgmma n128 each, the
+  // last one N % 128 wide): `part` holds one segment, `acc` every row.
+  constexpr int kPart = N < 128 ? N : 128;
+  float acc[N / 2], part[kPart / 2];
 #pragma unroll
-  for (int i = 0; i < N / 2; ++i) acc[i] = part[i] = 0.0f;
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPart / 2; ++i) part[i] = 0.0f;
   // Warpgroup wg multiplies w rows [64 wg, 64 wg + 64) of the tile.
   const int wg = warp >> 2;
   for (int c = 0; c < count; ++c) {
     const int stage = c % S;
     mbar_wait(&full[stage], (c / S) & 1);
     const uint32_t tile = smem_u32(smem + stage * kStageBytes);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kChunk / 32; ++kk) {
-      const uint64_t a = sw128_desc(tile + uint32_t(wg * 64 * kChunk + kk * 32));
-      const uint64_t b = sw128_desc(tile + uint32_t(kBlockCols * kChunk + kk * 32));
-      wgmma_e4m3<N>(part, a, b, kk > 0);
-    }
-    wgmma_commit();
-    wgmma_wait_all();
-    fence_regs(part);
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) acc[i] += part[i];
+    mma_segments<N>(acc, part, tile, wg);
     __syncthreads();  // every warpgroup is done with the stage: refill it
     if (tid == 0 && c + S < count) issue(c + S, stage);
   }
@@ -367,7 +384,8 @@ template <int N, typename Out>
 cudaError_t launch_n(const uint8_t* x, const float* xs, const uint8_t* w, const float* ws, Out* y,
                      int64_t m, int64_t n, int64_t k, int splits, cudaStream_t stream) {
   CUtensorMap w_map, x_map;
-  if (!byte_matrix_map(&w_map, w, n, k, kBlockCols) || !byte_matrix_map(&x_map, x, m, k, N)) {
+  if (!byte_matrix_map(&w_map, w, n, k, kBlockCols) ||
+      !byte_matrix_map(&x_map, x, m, k, kXBox<N>)) {
     return cudaErrorInvalidValue;
   }
   auto kernel = fp8_gemm_rows_kernel<N, Out>;
@@ -406,7 +424,13 @@ cudaError_t launch_out(const uint8_t* x, const float* xs, const uint8_t* w, cons
   if (m <= 16) return launch_n<16>(x, xs, w, ws, y, m, n, k, splits, stream);
   if (m <= 32) return launch_n<32>(x, xs, w, ws, y, m, n, k, splits, stream);
   if (m <= 64) return launch_n<64>(x, xs, w, ws, y, m, n, k, splits, stream);
-  return launch_n<128>(x, xs, w, ws, y, m, n, k, splits, stream);
+  if (m <= 128) return launch_n<128>(x, xs, w, ws, y, m, n, k, splits, stream);
+  // The row buckets the GEMM tuner times (engine/detail/cuda_gemm.h gemm_rows_bucket) past 128:
+  // t + 1 rows of a speculative tree of t = 128 or 256 fall in 144 and 272.
+  if (m <= 144) return launch_n<144>(x, xs, w, ws, y, m, n, k, splits, stream);
+  if (m <= 192) return launch_n<192>(x, xs, w, ws, y, m, n, k, splits, stream);
+  if (m <= 256) return launch_n<256>(x, xs, w, ws, y, m, n, k, splits, stream);
+  return launch_n<272>(x, xs, w, ws, y, m, n, k, splits, stream);
 }
 
 }  // namespace

@@ -380,7 +380,8 @@ Status LtGemm::make_plan(const PlanKey& key, const void* x, const void* w, void*
   // cublasLt's heuristic refuses a vector-scaled FP8 matmul whose scale pointers are unset.
   if (is_fp8(key.in)) TS_RETURN_IF_ERROR(set_scales(*plan, w_scale_, x_scale_));
   if (!autotune_) {  // FP8 (run_fallback serves the rest)
-    if (cuda::fp8_gemm_rows_fits(key.m, key.n, key.k, x, w, y)) {
+    if (key.m <= cuda::kFp8GemmRowsDefaultMaxM &&
+        cuda::fp8_gemm_rows_fits(key.m, key.n, key.k, x, w, y)) {
       plan->fp8_rows_splits = cuda::fp8_gemm_rows_splits(key.n, key.k);
       return Status::Ok();
     }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "engine/cuda_fp8.h"
 #include "engine/cuda_ops.h"
 #include "kernels/detail/p2p_barrier.cuh"
 #include "kernels/detail/pdl_launch.cuh"
@@ -377,6 +378,46 @@ __global__ void swiglu_kernel(const T* __restrict__ gu, int64_t rows, int64_t im
       o[e] = to_f(act) * u[e];
     }
     store8(out + r * im + j, o);
+  }
+}
+
+// swiglu_kernel one row a block, with the row's e4m3 copy for the FP8 down projection: V
+// chunks of 8 values a thread; the same rule as write_rms_normed's copy.
+template <typename T, int V>
+__global__ void __launch_bounds__(1024)
+    swiglu_fp8_kernel(const T* __restrict__ gu, int64_t im, T* __restrict__ out, Fp8Rows fp8) {
+  pdl_wait();
+  const int64_t r = blockIdx.x;
+  float o[V][8];
+  float amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t j = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
+    if (j >= im) continue;
+    float g[8], u[8];
+    load8(gu + r * 2 * im + j, g);
+    load8(gu + r * 2 * im + im + j, u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const T act = from_f<T>(g[e] / (1.0f + __expf(-g[e])));
+      o[k][e] = to_f(from_f<T>(to_f(act) * u[e]));
+      amax = fmaxf(amax, fabsf(o[k][e]));
+    }
+    store8(out + r * im + j, o[k]);
+  }
+  amax = block_reduce(amax, MaxOp{});
+  const float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+  if (threadIdx.x == 0) fp8.scale[r] = s;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t j = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
+    if (j >= im) continue;
+    uint8_t b[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      b[e] = uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(o[k][e], s), __NV_SATFINITE, __NV_E4M3));
+    }
+    *reinterpret_cast<uint2*>(fp8.q + r * im + j) = *reinterpret_cast<const uint2*>(b);
   }
 }
 
@@ -761,10 +802,35 @@ void rope_and_store_kv(Dtype dt, const void* qkv, const int32_t* positions, cons
                              static_cast<T*>(v_pool)));
 }
 
-void swiglu(Dtype dt, const void* gu, int64_t rows, int64_t im, void* out, cudaStream_t stream) {
+template <typename T>
+void launch_swiglu_fp8(const void* gu, int64_t rows, int64_t im, void* out, cudaStream_t stream,
+                       Fp8Rows fp8) {
+  const int64_t chunks = im / 8;
+  auto go = [&](auto kernel, int64_t per_thread) {
+    launch_pdl(dim3(rows), dim3(round_up_warps((chunks + per_thread - 1) / per_thread)), stream,
+               kernel, static_cast<const T*>(gu), im, static_cast<T*>(out), fp8);
+  };
+  if (chunks <= 1024) {
+    go(swiglu_fp8_kernel<T, 1>, 1);
+  } else if (chunks <= 2048) {
+    go(swiglu_fp8_kernel<T, 2>, 2);
+  } else if (chunks <= 4096) {
+    go(swiglu_fp8_kernel<T, 4>, 4);
+  } else {
+    go(swiglu_fp8_kernel<T, 8>, 8);
+  }
+}
+
+void swiglu(Dtype dt, const void* gu, int64_t rows, int64_t im, void* out, cudaStream_t stream,
+            Fp8Rows fp8) {
   if (rows == 0) return;
+  if (fp8.q != nullptr && im / 8 <= 8192) {
+    TS_DISPATCH(dt, launch_swiglu_fp8<T>(gu, rows, im, out, stream, fp8));
+    return;
+  }
   TS_DISPATCH(dt, launch_pdl(dim3(grid_for(rows * im / 8)), dim3(256), stream, swiglu_kernel<T>,
                              static_cast<const T*>(gu), rows, im, static_cast<T*>(out)));
+  if (fp8.q != nullptr) quantize_rows_fp8(dt, out, rows, im, fp8.q, fp8.scale, stream);
 }
 
 void copy_pages(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t layer_elems,

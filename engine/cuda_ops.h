@@ -88,7 +88,9 @@ void rope_and_store_kv(Dtype dt, const void* qkv, const int32_t* positions, cons
                        cudaStream_t stream);
 
 // out T [rows][im] = silu(gu[:, :im]) * gu[:, im:]  (gu T [rows][2 im]).
-void swiglu(Dtype dt, const void* gu, int64_t rows, int64_t im, void* out, cudaStream_t stream);
+// With fp8.q set, also out's e4m3 copy (as add_rms_norm's).
+void swiglu(Dtype dt, const void* gu, int64_t rows, int64_t im, void* out, cudaStream_t stream,
+            Fp8Rows fp8 = {});
 
 // For every layer l (pools at k_all + l * layer_elems): slots [0, num_slots[i]) of page
 // src[i] copied to page dst[i], every head. n copies.

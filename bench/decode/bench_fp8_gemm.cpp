@@ -3,7 +3,7 @@
 // chooses it (LtGemm::run_fp8), and fp16 cublasLt as tuned, on Llama-3-8B's four linear
 // shapes. Each call reads the next of enough copies of the weights that none is in L2.
 //
-//   bench_fp8_gemm [--rows 16,32,50,64,100,128] [--reps 20]
+//   bench_fp8_gemm [--rows 16,32,50,64,100,128,129,257] [--reps 20]
 //
 // Prints per shape and row count the median microseconds of one call and the weight bytes
 // read per second (e4m3: one byte an element; fp16: two), and the device's copy bandwidth.
@@ -71,7 +71,7 @@ double copy_bandwidth(cudaStream_t s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int64_t> rows = {16, 32, 50, 64, 100, 128};
+  std::vector<int64_t> rows = {16, 32, 50, 64, 100, 128, 129, 257};
   int reps = 20;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: bench_fp8_gemm [--rows 16,32,50,64,100,128] [--reps 20]\n");
+      std::fprintf(stderr, "usage: bench_fp8_gemm [--rows 16,32,50,64,100,128,129,257] [--reps 20]\n");
       return 2;
     }
   }

@@ -276,10 +276,12 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   // rank's slice), so its float32 partial sums are all-reduced first. same_shape: w's kind in
   // every layer (for tuning).
   // FP8 models pass the layer as w8 (w is then null), and as next_q where the normed output
-  // goes (fp8_rows_for: the next FP8 GEMM's input, quantized by the norm kernel).
+  // goes (fp8_rows_for: the next FP8 GEMM's input, quantized by the norm kernel);
+  // x_quantized: x's e4m3 copy is in xq_ / xs_ already (fp8_rows_for(w8) when x was written).
   Status residual_gemm(const void* x, const void* w, const Fp8Linear& w8,
                        std::span<const void* const> same_shape, int64_t rows, int64_t k,
-                       const void* norm, void* out, const char* name, cuda::Fp8Rows next_q = {}) {
+                       const void* norm, void* out, const char* name, cuda::Fp8Rows next_q = {},
+                       bool x_quantized = false) {
     const float eps = float(config_.rms_norm_eps);
     int32_t parts = 1;
     if (world_ == 1 && !fp8_) {
@@ -288,7 +290,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     if (fp8_) {
       // FP8 (one GPU): float32 out, added and normed by the float-delta kernel.
       float* partial = partial_.as<float>();
-      TS_RETURN_IF_ERROR(fp8_gemm(x, w8, partial, rows, h_, k, true, same_shape, false));
+      TS_RETURN_IF_ERROR(fp8_gemm(x, w8, partial, rows, h_, k, true, same_shape, x_quantized));
       prof_.mark(name, stream_);
       cuda::add_rms_norm_f32_delta(dtype_, residual_.as<float>(), partial, 1, 0, norm, eps, rows,
                                    h_, out, stream_, out ? next_q : cuda::Fp8Rows{});

@@ -113,9 +113,9 @@ class LtGemm {
   // multiple of 16 and every operand 16-byte aligned (cublasLt's FP8 rules). Tuned and cached
   // like run() (the scales do not change a shape's timing), the engine's own kernel for
   // decode-sized m (cuda_fp8.h fp8_gemm_rows, at a few split counts) timed beside cublasLt's
-  // candidates. With autotune off: the own kernel where it fits the shape, at its default
-  // split count, else the heuristic's first candidate (cuBLAS has no FP8 GEMM with vector
-  // scales to fall back on).
+  // candidates. With autotune off: the own kernel where it fits the shape and m is at most
+  // cuda::kFp8GemmRowsDefaultMaxM, at its default split count, else the heuristic's first
+  // candidate (cuBLAS has no FP8 GEMM with vector scales to fall back on).
   Status run_fp8(const void* x, const float* x_scale, const void* w, const float* w_scale, void* y,
                  int64_t m, int64_t n, int64_t k, cudaDataType_t out, cudaStream_t stream,
                  std::span<const void* const> same_shape = {});

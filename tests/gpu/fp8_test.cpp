@@ -202,6 +202,49 @@ TEST(Fp8Quantize, TheNormKernelsCopyEqualsQuantizeRows) {
   }
 }
 
+// swiglu's e4m3 copy (the FP8 down projection's input) equals quantize_rows_fp8 on its output,
+// and the output is the plain kernel's, bit for bit: one to eight chunks a thread and the
+// widths past the row kernel's reach (a separate quantization).
+TEST(Fp8Quantize, TheSwigluKernelsCopyEqualsQuantizeRows) {
+  REQUIRE_GPU();
+  Gpu g;
+  const int64_t rows = 5;
+  for (cuda::Dtype dt : {cuda::Dtype::kFloat16, cuda::Dtype::kBFloat16}) {
+    for (int64_t im :
+         {int64_t(1024), int64_t(14336), int64_t(28672), int64_t(53248), int64_t(65600)}) {
+      SCOPED_TRACE("im=" + std::to_string(im) + (dt == cuda::Dtype::kFloat16 ? " fp16" : " bf16"));
+      const std::vector<float> gu = test_rows(rows, 2 * im, uint32_t(im));
+      std::vector<uint16_t> bits(gu.size());
+      for (size_t i = 0; i < gu.size(); ++i) {
+        // Gate and up values kept in range: silu(g) * u of the test rows' scaled normals.
+        const float v = std::max(-60.0f, std::min(60.0f, gu[i]));
+        uint32_t b;
+        std::memcpy(&b, &v, 4);
+        bits[i] = dt == cuda::Dtype::kFloat16 ? to_half_bits(v) : uint16_t(b >> 16);
+      }
+      DeviceBuffer dgu, dout, dout2, dq, ds, dq2, ds2;
+      upload(&dgu, bits);
+      ASSERT_TRUE(dout.reserve(size_t(rows * im) * 2, "out").ok());
+      ASSERT_TRUE(dout2.reserve(size_t(rows * im) * 2, "out2").ok());
+      ASSERT_TRUE(dq.reserve(size_t(rows * im), "q").ok());
+      ASSERT_TRUE(ds.reserve(size_t(rows) * 4, "s").ok());
+      ASSERT_TRUE(dq2.reserve(size_t(rows * im), "q2").ok());
+      ASSERT_TRUE(ds2.reserve(size_t(rows) * 4, "s2").ok());
+      cuda::swiglu(dt, dgu.ptr, rows, im, dout.ptr, g.stream, {dq.as<uint8_t>(), ds.as<float>()});
+      cuda::swiglu(dt, dgu.ptr, rows, im, dout2.ptr, g.stream);
+      cuda::quantize_rows_fp8(dt, dout2.ptr, rows, im, dq2.as<uint8_t>(), ds2.as<float>(),
+                              g.stream);
+      ASSERT_EQ(cudaStreamSynchronize(g.stream), cudaSuccess);
+      EXPECT_EQ(download<uint16_t>(dout, size_t(rows * im)),
+                download<uint16_t>(dout2, size_t(rows * im)));
+      EXPECT_EQ(download<uint8_t>(dq, size_t(rows * im)),
+                download<uint8_t>(dq2, size_t(rows * im)));
+      const auto s1 = download<float>(ds, size_t(rows)), s2 = download<float>(ds2, size_t(rows));
+      EXPECT_EQ(0, std::memcmp(s1.data(), s2.data(), size_t(rows) * 4));
+    }
+  }
+}
+
 // y = run(x, x scales, w, w scales, y) on random rows quantized per row, against float64 sums
 // of the dequantized operands on sampled outputs. Returns y's bits (for repeat checks).
 template <typename Run>
@@ -290,7 +333,7 @@ void check_fp8_gemm(int64_t m, int64_t n, int64_t k, cudaDataType_t out, bool au
                     });
 }
 
-// The engine's decode-row FP8 kernel on its own: every row-block instantiation (1 to 128 rows),
+// The engine's decode-row FP8 kernel on its own: every row-block instantiation (1 to 272 rows),
 // split counts from 1 to 8, each output type; the same call twice gives the same bits.
 TEST(Fp8GemmRows, EveryRowCountAndSplitMatchesAFloat64Reference) {
   REQUIRE_GPU();
@@ -306,7 +349,9 @@ TEST(Fp8GemmRows, EveryRowCountAndSplitMatchesAFloat64Reference) {
       {33, 1024, 14336, 8, CUDA_R_32F}, {50, 4096, 4096, 8, CUDA_R_16BF},
       {64, 28672, 4096, 1, CUDA_R_16F}, {65, 512, 4096, 2, CUDA_R_32F},
       {100, 6144, 4096, 5, CUDA_R_16F}, {128, 4096, 14336, 7, CUDA_R_32F},
-      {97, 384, 384, 3, CUDA_R_16BF},
+      {97, 384, 384, 3, CUDA_R_16BF},   {129, 4096, 4096, 4, CUDA_R_32F},
+      {150, 1024, 4096, 2, CUDA_R_16F}, {200, 512, 14336, 8, CUDA_R_16BF},
+      {257, 6144, 4096, 2, CUDA_R_32F}, {272, 28672, 4096, 1, CUDA_R_16F},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE("m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
@@ -336,8 +381,8 @@ TEST(Fp8GemmRows, RefusesShapesItDoesNotServe) {
   DeviceBuffer b;
   ASSERT_TRUE(b.reserve(1 << 22, "b").ok());
   const auto* p = static_cast<const uint8_t*>(b.ptr);
-  EXPECT_TRUE(cuda::fp8_gemm_rows_fits(128, 4096, 4096, p, p, p));
-  EXPECT_FALSE(cuda::fp8_gemm_rows_fits(129, 4096, 4096, p, p, p));  // too many rows
+  EXPECT_TRUE(cuda::fp8_gemm_rows_fits(272, 4096, 4096, p, p, p));
+  EXPECT_FALSE(cuda::fp8_gemm_rows_fits(273, 4096, 4096, p, p, p));  // too many rows
   EXPECT_FALSE(cuda::fp8_gemm_rows_fits(0, 4096, 4096, p, p, p));
   EXPECT_FALSE(cuda::fp8_gemm_rows_fits(8, 4000, 4096, p, p, p));    // n not a multiple of 128
   EXPECT_FALSE(cuda::fp8_gemm_rows_fits(8, 4096, 4000, p, p, p));    // k not a multiple of 128
