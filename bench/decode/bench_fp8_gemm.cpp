@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: bench_fp8_gemm [--rows 16,32,50,64,100,128,129,257] [--reps 20]\n");
+      std::fprintf(stderr,
+                   "usage: bench_fp8_gemm [--rows 16,32,50,64,100,128,129,257] [--reps 20]\n");
       return 2;
     }
   }
