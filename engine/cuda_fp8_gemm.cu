@@ -26,11 +26,18 @@
 #include <cstdint>
 
 #include "engine/cuda_fp8.h"
+#include "kernels/detail/tree_attention_mma.cuh"
 
 namespace treeserve::cuda {
 namespace {
 
 namespace cg = cooperative_groups;
+using ::treeserve::detail::ta::mbar_init;
+using ::treeserve::detail::ta::mbar_wait;
+using ::treeserve::detail::ta::smem_u32;
+using ::treeserve::detail::ta::wgmma_commit;
+using ::treeserve::detail::ta::wgmma_fence;
+using ::treeserve::detail::ta::wgmma_wait;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
@@ -162,35 +169,11 @@ __device__ __forceinline__ void wgmma_e4m3<128>(float* d, uint64_t a, uint64_t b
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return uint32_t(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
-}
 // The producer's arrival, announcing the bytes the stage's copies will deliver.
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
                "r"(bytes)
                : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
-      "r"(parity)
-      : "memory");
 }
 // A 2-D box (x: bytes of K, y: rows) of the tensor map into shared memory, completing on bar.
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y,
@@ -224,7 +207,7 @@ __device__ __forceinline__ void mma_segments(float* acc, float* part, uint32_t t
       wgmma_e4m3<kWidth>(part, a, b, kk > 0);
     }
     wgmma_commit();
-    wgmma_wait_all();
+    wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < kWidth / 2; ++i) asm volatile("" : "+f"(part[i])::"memory");
 #pragma unroll

@@ -123,9 +123,32 @@ using detail::pdl_wait;
 // The block's row (chunks of 8 values per thread, as loaded by the row kernels below; ss: this
 // thread's sum of squares) normalised, cast to the dtype, times the weight: out_row. All the
 // block's threads call it (block reduction).
-// With q_row set, also the row's e4m3 copy and its scale (*q_scale), from the T values as
-// written: scale = amax / 448 (1 for a zero row), q = e4m3(value / scale), every division an
-// IEEE float32 division (cuda_fp8.cu's quantize_rows_kernel, bit for bit).
+// A block's row in e4m3 with its scale (*q_scale), from its values o (V chunks of 8 a thread,
+// chunk k at column (threadIdx.x + k blockDim.x) 8; amax: this thread's largest |o|):
+// scale = amax / 448 (1 for a zero row), q = e4m3(value / scale), every division an IEEE
+// float32 division (cuda_fp8.cu's quantize_rows_kernel, bit for bit). All threads call it.
+template <int V>
+__device__ __forceinline__ void write_e4m3_row(const float (&o)[V][8], float amax, int64_t cols,
+                                               uint8_t* __restrict__ q_row,
+                                               float* __restrict__ q_scale) {
+  amax = block_reduce(amax, MaxOp{});
+  const float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+  if (threadIdx.x == 0) *q_scale = s;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
+    if (c >= cols) continue;
+    uint8_t b[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      b[i] = uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(o[k][i], s), __NV_SATFINITE, __NV_E4M3));
+    }
+    *reinterpret_cast<uint2*>(q_row + c) = *reinterpret_cast<const uint2*>(b);
+  }
+}
+
+// With q_row set, also the row's e4m3 copy and its scale (*q_scale) from the T values as
+// written (write_e4m3_row).
 template <typename T, int V>
 __device__ __forceinline__ void write_rms_normed(const float (&v)[V][8], const float (&wv)[V][8],
                                                  float ss, float eps, int64_t hidden,
@@ -146,21 +169,7 @@ __device__ __forceinline__ void write_rms_normed(const float (&v)[V][8], const f
     }
     store8(out_row + c, o[k]);
   }
-  if (q_row == nullptr) return;
-  amax = block_reduce(amax, MaxOp{});
-  const float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
-  if (threadIdx.x == 0) *q_scale = s;
-#pragma unroll
-  for (int k = 0; k < V; ++k) {
-    const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
-    if (c >= hidden) continue;
-    uint8_t b[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      b[i] = uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(o[k][i], s), __NV_SATFINITE, __NV_E4M3));
-    }
-    *reinterpret_cast<uint2*>(q_row + c) = *reinterpret_cast<const uint2*>(b);
-  }
+  if (q_row != nullptr) write_e4m3_row<V>(o, amax, hidden, q_row, q_scale);
 }
 
 // HF LlamaRMSNorm: float statistics, normalised value cast to the dtype, times the weight.
@@ -381,8 +390,8 @@ __global__ void swiglu_kernel(const T* __restrict__ gu, int64_t rows, int64_t im
   }
 }
 
-// swiglu_kernel one row a block, with the row's e4m3 copy for the FP8 down projection: V
-// chunks of 8 values a thread; the same rule as write_rms_normed's copy.
+// swiglu_kernel one row a block, with the row's e4m3 copy for the FP8 down projection
+// (write_e4m3_row): V chunks of 8 values a thread.
 template <typename T, int V>
 __global__ void __launch_bounds__(1024)
     swiglu_fp8_kernel(const T* __restrict__ gu, int64_t im, T* __restrict__ out, Fp8Rows fp8) {
@@ -405,20 +414,7 @@ __global__ void __launch_bounds__(1024)
     }
     store8(out + r * im + j, o[k]);
   }
-  amax = block_reduce(amax, MaxOp{});
-  const float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
-  if (threadIdx.x == 0) fp8.scale[r] = s;
-#pragma unroll
-  for (int k = 0; k < V; ++k) {
-    const int64_t j = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
-    if (j >= im) continue;
-    uint8_t b[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      b[e] = uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(o[k][e], s), __NV_SATFINITE, __NV_E4M3));
-    }
-    *reinterpret_cast<uint2*>(fp8.q + r * im + j) = *reinterpret_cast<const uint2*>(b);
-  }
+  write_e4m3_row<V>(o, amax, im, fp8.q + r * im, fp8.scale + r);
 }
 
 // grid (copy, layer, K|V); threads over the head-major slots of the page.

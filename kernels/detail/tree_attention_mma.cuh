@@ -1,6 +1,7 @@
-// PTX wrappers for the tree-attention kernels (kernels/tree_attention.cu; device code, one
-// includer): cp.async, ldmatrix, ex2, mma.sync m16n8k16 per dtype, wgmma (sm_90a) with its
-// shared-memory descriptors and fences, and the 128-byte swizzle of the 64-row tiles.
+// PTX wrappers for the tree-attention kernels (kernels/tree_attention.cu; device code):
+// cp.async, ldmatrix, ex2, mma.sync m16n8k16 per dtype, wgmma (sm_90a) with its shared-memory
+// descriptors and fences, mbarriers, and the 128-byte swizzle of the 64-row tiles. The FP8
+// GEMM (engine/cuda_fp8_gemm.cu) uses its mbarrier and wgmma fence/commit/wait wrappers.
 #pragma once
 
 #include <cuda_bf16.h>
