@@ -83,11 +83,18 @@ def main():
     shape.pop("dtype", None)
     timings = {}
 
+    def row_scales(x32, dim):
+        """amax / 448 per row as an IEEE float32 division (models/fp8.h). A Python-number
+        divisor would not do: PyTorch on CUDA multiplies by its reciprocal instead, one bit
+        from the quotient in some rows."""
+        amax = x32.abs().amax(dim=dim, keepdim=True)
+        s = amax / torch.full_like(amax, 448.0)
+        return torch.where(s > 0, s, torch.ones_like(s))
+
     def quantize(w):
         """PyTorch's per-row e4m3 quantization: (q, scale [rows])."""
         w32 = w.float()
-        s = w32.abs().amax(dim=1, keepdim=True) / 448.0
-        s = torch.where(s > 0, s, torch.ones_like(s))
+        s = row_scales(w32, 1)
         return (w32 / s).clamp(-448.0, 448.0).to(fp8), s.squeeze(1)
 
     # 1. The fp16 checkpoint and its FP8 twin.
@@ -131,8 +138,7 @@ def main():
     def fake_quant_input(module, inputs):
         (x,) = inputs
         x32 = x.float()
-        s = x32.abs().amax(dim=-1, keepdim=True) / 448.0
-        s = torch.where(s > 0, s, torch.ones_like(s))
+        s = row_scales(x32, -1)
         return ((x32 / s).clamp(-448.0, 448.0).to(fp8).float() * s).to(x.dtype),
 
     def reference(dt):
