@@ -11,9 +11,10 @@
 //   - w and x tiles of 128 bytes of K stream through a ring of 4-6 stages filled by the tensor
 //     memory accelerator (2-D tensor maps, 128-byte swizzle, completion on mbarriers; the
 //     LSU's 16-byte cp.async copies cannot keep enough bytes in flight for HBM3e);
-//   - each warpgroup runs wgmma m64nNk32 e4m3 (w's 64 rows as A, x's N = m rounded up as B,
-//     both K-major from shared memory), float32 accumulators in registers. (mma.sync's FP8
-//     rate on Hopper cannot keep up with the weight stream beyond a few dozen rows.)
+//   - each warpgroup runs wgmma m64nNk32 e4m3 (w's 64 rows as A, x's rows as B in segments
+//     of up to 128, both K-major from shared memory); each chunk's products start from zero
+//     and are added into float32 accumulators by the CUDA cores. (mma.sync's FP8 rate on
+//     Hopper cannot keep up with the weight stream beyond a few dozen rows.)
 #include <cooperative_groups.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
