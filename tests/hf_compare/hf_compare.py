@@ -89,6 +89,38 @@ def first_divergence(ours, theirs, step_logits):
     return None
 
 
+def reference_torch(script):
+    """torch on the GPU for a reference run, offline, float32 matmuls without TF32:
+    (torch, device, the from_pretrained keyword for the dtype)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        sys.exit(f"{e}: {script} needs torch and transformers")
+    if not torch.cuda.is_available():
+        sys.exit(f"{script} needs a CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    major_minor = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+    dtype_kw = "dtype" if major_minor >= (4, 56) else "torch_dtype"
+    return torch, torch.device("cuda"), dtype_kw
+
+
+def model_shape(path, layers):
+    """The config.json dict of the shape at `path`, cut to `layers` layers (0: all), without a
+    dtype (the checkpoints set theirs)."""
+    with open(path) as f:
+        shape = json.load(f)
+    if layers > 0:
+        shape["num_hidden_layers"] = layers
+    shape.pop("torch_dtype", None)
+    shape.pop("dtype", None)
+    return shape
+
+
 def random_model(torch, shape, seed, device):
     """LlamaForCausalLM of `shape` (a config.json dict), transformers' own initialisation from
     `seed`, built in fp16 on `device`."""
@@ -149,35 +181,16 @@ def main():
     args = parse_args()
     if not os.access(args.tool, os.X_OK):
         sys.exit(f"--tool {args.tool} is not an executable (build the treeserve_logits target)")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    try:
-        import torch
-        import transformers
-        from transformers import LlamaForCausalLM
-    except ImportError as e:
-        sys.exit(f"{e}: hf_compare.py needs torch and transformers")
-    if not torch.cuda.is_available():
-        sys.exit("hf_compare.py needs a CUDA device")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    device = torch.device("cuda")
-    major_minor = tuple(int(x) for x in transformers.__version__.split(".")[:2])
-    dtype_kw = "dtype" if major_minor >= (4, 56) else "torch_dtype"
+    torch, device, dtype_kw = reference_torch("hf_compare.py")
+    import transformers
+    from transformers import LlamaForCausalLM
     half_of = {"fp16": torch.float16, "bf16": torch.bfloat16}
     dtypes = [d for d in args.dtypes.split(",") if d]
     for d in dtypes:
         if d not in half_of:
             sys.exit(f"--dtypes: unknown dtype '{d}' (fp16, bf16)")
     lengths = [int(x) for x in args.lengths.split(",") if x]
-
-    with open(args.config) as f:
-        shape = json.load(f)
-    if args.layers > 0:
-        shape["num_hidden_layers"] = args.layers
-    shape.pop("torch_dtype", None)
-    shape.pop("dtype", None)
+    shape = model_shape(args.config, args.layers)
     timings = {}
 
     # 1. The checkpoints.

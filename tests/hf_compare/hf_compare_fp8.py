@@ -36,7 +36,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from hf_compare import greedy_run, random_model, random_prompts  # noqa: E402
+from hf_compare import (greedy_run, model_shape, random_model, random_prompts,  # noqa: E402
+                        reference_torch)
 DEFAULT_CONFIG = os.path.join(REPO, "configs", "models", "llama-3-8b.json")
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -61,26 +62,13 @@ def main():
     args = parse_args()
     if not os.access(args.tool, os.X_OK):
         sys.exit(f"--tool {args.tool} is not an executable (build the treeserve_logits target)")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import torch
-    import transformers
+    torch, device, dtype_kw = reference_torch("hf_compare_fp8.py")
     from safetensors.torch import save_file
+    import transformers
     from transformers import LlamaForCausalLM
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    device = torch.device("cuda")
-    major_minor = tuple(int(x) for x in transformers.__version__.split(".")[:2])
-    dtype_kw = "dtype" if major_minor >= (4, 56) else "torch_dtype"
     fp8 = torch.float8_e4m3fn
     lengths = [int(x) for x in args.lengths.split(",") if x]
-
-    with open(args.config) as f:
-        shape = json.load(f)
-    if args.layers > 0:
-        shape["num_hidden_layers"] = args.layers
-    shape.pop("torch_dtype", None)
-    shape.pop("dtype", None)
+    shape = model_shape(args.config, args.layers)
     timings = {}
 
     def row_scales(x32, dim):
