@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/tree_attention/bench_util.h"
 #include "engine/cuda_fp8.h"
 #include "engine/detail/cuda_gemm.h"
 
@@ -25,47 +26,28 @@ namespace {
 
 using treeserve::detail::LtGemm;
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-
 constexpr size_t kL2Flush = size_t(400) << 20;  // copies of a matrix span at least this
 
-// Median microseconds of `reps` calls of f(i) (i: the call's index), each between two events.
+// Median microseconds of `reps` calls of f(i) (i: the call's index), each between two events,
+// enqueued back to back (bench::Timer waits on each call, which would add the host's launch
+// latency to these 10-100 us kernels).
 template <typename F>
 float median_us(cudaStream_t s, int reps, F&& f) {
   std::vector<cudaEvent_t> ev(size_t(reps) + 1);
-  for (auto& e : ev) CK(cudaEventCreate(&e));
+  for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
   f(0);
-  CK(cudaEventRecord(ev[0], s));
+  CHECK_CUDA(cudaEventRecord(ev[0], s));
   for (int r = 0; r < reps; ++r) {
     f(r + 1);
-    CK(cudaEventRecord(ev[size_t(r) + 1], s));
+    CHECK_CUDA(cudaEventRecord(ev[size_t(r) + 1], s));
   }
-  CK(cudaEventSynchronize(ev.back()));
+  CHECK_CUDA(cudaEventSynchronize(ev.back()));
   std::vector<float> ms(static_cast<size_t>(reps));
   for (int r = 0; r < reps; ++r)
-    CK(cudaEventElapsedTime(&ms[size_t(r)], ev[size_t(r)], ev[size_t(r) + 1]));
+    CHECK_CUDA(cudaEventElapsedTime(&ms[size_t(r)], ev[size_t(r)], ev[size_t(r) + 1]));
   for (auto& e : ev) cudaEventDestroy(e);
   std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
   return ms[size_t(reps) / 2] * 1e3f;
-}
-
-double copy_bandwidth(cudaStream_t s) {
-  const size_t bytes = size_t(1) << 30;
-  void *a = nullptr, *b = nullptr;
-  CK(cudaMalloc(&a, bytes));
-  CK(cudaMalloc(&b, bytes));
-  const float us =
-      median_us(s, 5, [&](int) { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s)); });
-  cudaFree(a);
-  cudaFree(b);
-  return 2.0 * double(bytes) / (double(us) * 1e-6);
 }
 
 }  // namespace
@@ -94,19 +76,19 @@ int main(int argc, char** argv) {
     return 0;
   }
   cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t s;
-  CK(cudaStreamCreate(&s));
+  CHECK_CUDA(cudaStreamCreate(&s));
   cublasHandle_t cublas;
   if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) return 1;
   cublasSetStream(cublas, s);
   const size_t ws_bytes = size_t(64) << 20;
   void* ws = nullptr;
-  CK(cudaMalloc(&ws, ws_bytes));
+  CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
   cublasSetWorkspace(cublas, ws, ws_bytes);
   LtGemm lt;
   if (!lt.init(0, cublas, ws, ws_bytes, true).ok()) return 1;
-  const double bw = copy_bandwidth(s);
+  const double bw = treeserve::bench::copy_bandwidth();
   std::printf("device: %s, copy bandwidth %.2f TB/s\n", prop.name, bw / 1e12);
   std::printf("%6s %6s %5s | %8s %6s | %8s %6s | own kernel us (TB/s) at K ranges 1 2 4 8\n", "n",
               "k", "m", "fp16 us", "TB/s", "lt8 us", "TB/s");
@@ -116,21 +98,21 @@ int main(int argc, char** argv) {
     const size_t w8 = size_t(n * k);
     const int copies = int(std::max<size_t>(2, kL2Flush / w8 + 1));
     uint8_t* w = nullptr;
-    CK(cudaMalloc(&w, w8 * size_t(copies) * 2));  // fp16 copies reuse the same bytes
-    CK(cudaMemset(w, 0x11, w8 * size_t(copies) * 2));
+    CHECK_CUDA(cudaMalloc(&w, w8 * size_t(copies) * 2));  // fp16 copies reuse the same bytes
+    CHECK_CUDA(cudaMemset(w, 0x11, w8 * size_t(copies) * 2));
     float* ws_scale = nullptr;
-    CK(cudaMalloc(&ws_scale, size_t(n) * 4));
+    CHECK_CUDA(cudaMalloc(&ws_scale, size_t(n) * 4));
     std::vector<float> ones(size_t(std::max<int64_t>(n, 256)), 1.0f);
-    CK(cudaMemcpy(ws_scale, ones.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(ws_scale, ones.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
     for (int64_t m : rows) {
       uint8_t* x = nullptr;
       float* xs = nullptr;
       void* y = nullptr;
-      CK(cudaMalloc(&x, size_t(m * k) * 2));
-      CK(cudaMemset(x, 0x22, size_t(m * k) * 2));
-      CK(cudaMalloc(&xs, size_t(m) * 4));
-      CK(cudaMemcpy(xs, ones.data(), size_t(m) * 4, cudaMemcpyHostToDevice));
-      CK(cudaMalloc(&y, size_t(m * n) * 4));
+      CHECK_CUDA(cudaMalloc(&x, size_t(m * k) * 2));
+      CHECK_CUDA(cudaMemset(x, 0x22, size_t(m * k) * 2));
+      CHECK_CUDA(cudaMalloc(&xs, size_t(m) * 4));
+      CHECK_CUDA(cudaMemcpy(xs, ones.data(), size_t(m) * 4, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMalloc(&y, size_t(m * n) * 4));
       std::vector<const void*> w16s, w8s;
       for (int c = 0; c < copies; ++c) {
         w16s.push_back(w + size_t(c) * w8 * 2);
@@ -150,7 +132,7 @@ int main(int argc, char** argv) {
       for (int sp : {1, 2, 4, 8}) {
         if (sp > k / 128) continue;
         const float own = median_us(s, reps, [&](int i) {
-          CK(treeserve::cuda::fp8_gemm_rows(
+          CHECK_CUDA(treeserve::cuda::fp8_gemm_rows(
               x, xs, static_cast<const uint8_t*>(w8s[size_t(i % copies)]), ws_scale, y,
               treeserve::cuda::Fp8Out::kFloat16, m, n, k, sp, s));
         });
