@@ -48,11 +48,13 @@ inline constexpr int64_t kFp8GemmRowsDefaultMaxM = 64;
 // 128, every pointer 16-byte aligned.
 bool fp8_gemm_rows_fits(int64_t m, int64_t n, int64_t k, const void* x, const void* w,
                         const void* y);
+// The most K ranges a column block may be cut into: 8 (a portable cluster), at most k / 128.
+int fp8_gemm_rows_max_splits(int64_t k);
 // The split count the kernel is meant to run with for (n, k): 128-column blocks times splits
-// near two CTAs per SM, at most 8 (a portable cluster) and at most k / 128.
+// near two CTAs per SM, at most fp8_gemm_rows_max_splits(k).
 int fp8_gemm_rows_splits(int64_t n, int64_t k);
-// cudaErrorInvalidValue when the shape does not fit or splits is outside [1, min(8, k / 128)];
-// otherwise the launch's error.
+// cudaErrorInvalidValue when the shape does not fit or splits is outside
+// [1, fp8_gemm_rows_max_splits(k)]; otherwise the launch's error.
 cudaError_t fp8_gemm_rows(const uint8_t* x, const float* x_scale, const uint8_t* w,
                           const float* w_scale, void* y, Fp8Out out, int64_t m, int64_t n,
                           int64_t k, int splits, cudaStream_t stream);

@@ -427,21 +427,22 @@ bool fp8_gemm_rows_fits(int64_t m, int64_t n, int64_t k, const void* x, const vo
          aligned(w) && aligned(y);
 }
 
+int fp8_gemm_rows_max_splits(int64_t k) {
+  return int(std::max<int64_t>(1, std::min<int64_t>(kMaxCluster, k / kChunk)));
+}
+
 int fp8_gemm_rows_splits(int64_t n, int64_t k) {
   const int64_t blocks = n / kBlockCols;
-  const int64_t chunks = k / kChunk;
   // Two CTAs per SM on a 132-SM H100/H200: enough K ranges per column block to fill them.
-  int64_t s = blocks > 0 ? 264 / blocks : 1;
-  s = std::max<int64_t>(1, std::min<int64_t>({s, kMaxCluster, chunks}));
-  return int(s);
+  const int64_t s = blocks > 0 ? 264 / blocks : 1;
+  return int(std::max<int64_t>(1, std::min<int64_t>(s, fp8_gemm_rows_max_splits(k))));
 }
 
 cudaError_t fp8_gemm_rows(const uint8_t* x, const float* x_scale, const uint8_t* w,
                           const float* w_scale, void* y, Fp8Out out, int64_t m, int64_t n,
                           int64_t k, int splits, cudaStream_t stream) {
   if (m == 0) return cudaSuccess;
-  if (!fp8_gemm_rows_fits(m, n, k, x, w, y) || splits < 1 || splits > kMaxCluster ||
-      splits > k / kChunk) {
+  if (!fp8_gemm_rows_fits(m, n, k, x, w, y) || splits < 1 || splits > fp8_gemm_rows_max_splits(k)) {
     return cudaErrorInvalidValue;
   }
   switch (out) {

@@ -629,7 +629,7 @@ Status LtGemm::tune_fp8_rows(const PlanKey& key, const void* x, void* y, cudaStr
   if (!cuda::fp8_gemm_rows_fits(key.m, key.n, key.k, x, weights[0], y)) return Status::Ok();
   const cuda::Fp8Out out = fp8_out(cudaDataType_t(key.out));
   const int s0 = cuda::fp8_gemm_rows_splits(key.n, key.k);
-  const int most = int(std::min<int64_t>(8, key.k / 128));
+  const int most = cuda::fp8_gemm_rows_max_splits(key.k);
   std::vector<int> splits = {s0};
   for (int s : {s0 / 2, s0 * 2}) {
     if (s >= 1 && s <= most && s != s0) splits.push_back(s);
