@@ -1,6 +1,8 @@
 // FP8 quantization kernels (engine/cuda_fp8.h). One block per row: the row's largest |x|
 // (a max, exact in any order), then every element divided by the row's scale and rounded to
-// e4m3 by the hardware conversion (cvt.rn.satfinite.e4m3x2.f32 on sm_89+).
+// e4m3 by the hardware conversion (cvt.rn.satfinite.e4m3x2.f32 on sm_89+). The quantize
+// kernels go out as programmatic dependent launches (kernels/detail/pdl_launch.cuh): each waits
+// for the kernel that wrote its input, then lets the FP8 GEMM after it start loading weights.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -9,6 +11,7 @@
 #include <cstdint>
 
 #include "engine/cuda_fp8.h"
+#include "kernels/detail/pdl_launch.cuh"
 
 namespace treeserve::cuda {
 namespace {
@@ -41,6 +44,8 @@ __device__ float block_max(float v) {
 
 template <typename T>
 __global__ void quantize_rows_kernel(const T* x, int64_t cols, uint8_t* q, float* scale) {
+  detail::pdl_wait();
+  detail::pdl_trigger();
   const int64_t r = blockIdx.x;
   const T* row = x + r * cols;
   float amax = 0.0f;
@@ -57,6 +62,8 @@ __global__ void quantize_rows_kernel(const T* x, int64_t cols, uint8_t* q, float
 template <typename T>
 __global__ void quantize_rows_static_kernel(const T* x, int64_t cols, const float* s_ptr,
                                             uint8_t* q, float* row_scale) {
+  detail::pdl_wait();
+  detail::pdl_trigger();
   const int64_t r = blockIdx.x;
   const float s = *s_ptr;
   if (threadIdx.x == 0) row_scale[r] = s;
@@ -81,29 +88,33 @@ void quantize_rows_fp8(Dtype dt, const void* x, int64_t rows, int64_t cols, uint
                        float* scale, cudaStream_t stream) {
   if (rows == 0) return;
   if (dt == Dtype::kFloat16) {
-    quantize_rows_kernel<<<unsigned(rows), kThreads, 0, stream>>>(static_cast<const __half*>(x),
-                                                                  cols, q, scale);
+    detail::launch_pdl(dim3(unsigned(rows)), dim3(kThreads), 0, stream,
+                       quantize_rows_kernel<__half>, static_cast<const __half*>(x), cols, q, scale);
   } else {
-    quantize_rows_kernel<<<unsigned(rows), kThreads, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(x), cols, q, scale);
+    detail::launch_pdl(dim3(unsigned(rows)), dim3(kThreads), 0, stream,
+                       quantize_rows_kernel<__nv_bfloat16>, static_cast<const __nv_bfloat16*>(x),
+                       cols, q, scale);
   }
 }
 
 void quantize_rows_fp8_f32(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* scale,
                            cudaStream_t stream) {
   if (rows == 0) return;
-  quantize_rows_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, cols, q, scale);
+  detail::launch_pdl(dim3(unsigned(rows)), dim3(kThreads), 0, stream, quantize_rows_kernel<float>,
+                     x, cols, q, scale);
 }
 
 void quantize_rows_fp8_static(Dtype dt, const void* x, int64_t rows, int64_t cols, const float* s,
                               uint8_t* q, float* row_scale, cudaStream_t stream) {
   if (rows == 0) return;
   if (dt == Dtype::kFloat16) {
-    quantize_rows_static_kernel<<<unsigned(rows), kThreads, 0, stream>>>(
-        static_cast<const __half*>(x), cols, s, q, row_scale);
+    detail::launch_pdl(dim3(unsigned(rows)), dim3(kThreads), 0, stream,
+                       quantize_rows_static_kernel<__half>, static_cast<const __half*>(x), cols, s,
+                       q, row_scale);
   } else {
-    quantize_rows_static_kernel<<<unsigned(rows), kThreads, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(x), cols, s, q, row_scale);
+    detail::launch_pdl(dim3(unsigned(rows)), dim3(kThreads), 0, stream,
+                       quantize_rows_static_kernel<__nv_bfloat16>,
+                       static_cast<const __nv_bfloat16*>(x), cols, s, q, row_scale);
   }
 }
 

@@ -15,6 +15,9 @@
 //     of up to 128, both K-major from shared memory); each chunk's products start from zero
 //     and are added into float32 accumulators by the CUDA cores. (mma.sync's FP8 rate on
 //     Hopper cannot keep up with the weight stream beyond a few dozen rows.)
+//   - it goes out as a programmatic dependent launch: the row kernel before it (the norm, SwiGLU
+//     or quantize kernel writing x) lets it start at once, and the first stages' weights load
+//     before it waits for x, so the launch and the first DRAM round trips overlap that kernel.
 #include <cooperative_groups.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -27,6 +30,7 @@
 #include <cstdint>
 
 #include "engine/cuda_fp8.h"
+#include "kernels/detail/pdl_launch.cuh"
 #include "kernels/detail/tree_attention_mma.cuh"
 
 namespace treeserve::cuda {
@@ -248,15 +252,20 @@ __global__ void __launch_bounds__(kThreads, N <= 64 ? 2 : 1)
   // per CTA: the sums stay reproducible).
   const int rotate = count > 0 ? int((int64_t(blockIdx.x) * 13) % count) : 0;
 
-  // Stage s: w's 128 rows x 128 bytes of K, then x's N rows (rows >= m read as zeros).
-  auto issue = [&](int c, int stage) {
-    const int kx = (c_begin + (c + rotate < count ? c + rotate : c + rotate - count)) * kChunk;
-    uint8_t* dst = smem + stage * kStageBytes;
+  // Stage s: w's 128 rows x 128 bytes of K, then x's N rows (rows >= m read as zeros). The
+  // stage's barrier expects both before either copy is issued.
+  auto chunk_x = [&](int c) {
+    return (c_begin + (c + rotate < count ? c + rotate : c + rotate - count)) * kChunk;
+  };
+  auto issue_w = [&](int c, int stage) {
     mbar_expect_tx(&full[stage], kStageBytes);
-    tma_load_2d(dst, &w_map, kx, col0, &full[stage]);
+    tma_load_2d(smem + stage * kStageBytes, &w_map, chunk_x(c), col0, &full[stage]);
+  };
+  auto issue_x = [&](int c, int stage) {
+    uint8_t* dst = smem + stage * kStageBytes + kBlockCols * kChunk;
 #pragma unroll
     for (int b = 0; b < N / kXBox<N>; ++b) {
-      tma_load_2d(dst + (kBlockCols + b * kXBox<N>)*kChunk, &x_map, kx, b * kXBox<N>, &full[stage]);
+      tma_load_2d(dst + b * kXBox<N> * kChunk, &x_map, chunk_x(c), b * kXBox<N>, &full[stage]);
     }
   };
   if (tid == 0) {
@@ -266,8 +275,15 @@ __global__ void __launch_bounds__(kThreads, N <= 64 ? 2 : 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  // A programmatic launch (launch_n) may start while the kernel that writes x (and x_scale)
+  // still runs: the weights of the first stages do not depend on it and load before the
+  // wait; x, x_scale and y only after it.
   if (tid == 0) {
-    for (int s = 0; s < S && s < count; ++s) issue(s, s);
+    for (int s = 0; s < S && s < count; ++s) issue_w(s, s);
+  }
+  ::treeserve::detail::pdl_wait();
+  if (tid == 0) {
+    for (int s = 0; s < S && s < count; ++s) issue_x(s, s);
   }
 
   // Hopper's FP8 tensor cores keep fewer mantissa bits than float32 while they accumulate
@@ -290,8 +306,13 @@ __global__ void __launch_bounds__(kThreads, N <= 64 ? 2 : 1)
     const uint32_t tile = smem_u32(smem + stage * kStageBytes);
     mma_segments<N>(acc, part, tile, wg);
     __syncthreads();  // every warpgroup is done with the stage: refill it
-    if (tid == 0 && c + S < count) issue(c + S, stage);
+    if (tid == 0 && c + S < count) {
+      issue_w(c + S, stage);
+      issue_x(c + S, stage);
+    }
   }
+  // The next kernel (a row kernel, itself waiting for this grid) may be scheduled now.
+  ::treeserve::detail::pdl_trigger();
 
   // Partial sums into this CTA's shared memory: red[x row][w row of the tile]. The
   // accumulators of x rows 8 j.. are acc[4 j..]: (w row, x row) (r, 2t), (r, 2t + 1),
@@ -391,13 +412,17 @@ cudaError_t launch_n(const uint8_t* x, const float* xs, const uint8_t* w, const 
   config.blockDim = dim3(kThreads, 1, 1);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1;
   attr[0].val.clusterDim.y = unsigned(splits);
   attr[0].val.clusterDim.z = 1;
+  // A programmatic dependent launch (kernels/detail/pdl_launch.cuh): the kernel waits for the
+  // previous one before it touches x, so its prologue and first weight loads overlap it.
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attr;
-  config.numAttrs = 1;
+  config.numAttrs = ::treeserve::detail::pdl_capable(reinterpret_cast<const void*>(kernel)) ? 2 : 1;
   return cudaLaunchKernelEx(&config, kernel, w_map, x_map, xs, ws, y, int(m), int(n), int(k));
 }
 

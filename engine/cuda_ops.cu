@@ -190,6 +190,9 @@ __global__ void __launch_bounds__(1024)
   float* x = residual + r * hidden;
   float v[V][8], dv[V][8], wv[V][8];
   pdl_wait();
+  // The next kernel may be scheduled now: the FP8 GEMM (a programmatic launch) loads its first
+  // weight stages before its own wait for this grid.
+  detail::pdl_trigger();
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     const int64_t c = (threadIdx.x + int64_t(k) * blockDim.x) * 8;
@@ -396,6 +399,7 @@ template <typename T, int V>
 __global__ void __launch_bounds__(1024)
     swiglu_fp8_kernel(const T* __restrict__ gu, int64_t im, T* __restrict__ out, Fp8Rows fp8) {
   pdl_wait();
+  detail::pdl_trigger();  // as add_rms_norm_kernel: the FP8 GEMM's weights load meanwhile
   const int64_t r = blockIdx.x;
   float o[V][8];
   float amax = 0.0f;

@@ -32,10 +32,15 @@
 //                [--workloads fewshot,sampled,spec,tot] [--kv-gib 6] [--tensor-parallel N]
 //                [--fewshot-branches 20,30,50] [--fewshot-prompt 4000] [--profile-last-step]
 //                [--graphs|--no-graphs]
-//                [--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N] [--max-chunk N]
-//                [--pair-margin N] [--no-decode-kernel] [--no-tail] [--no-wide]
+//                [--no-gemm-tune] [--nccl-all-reduce] [--skip-collectives] [--no-baseline]
+//                [--gemm-split-k N] [--max-chunk N] [--pair-margin N] [--no-decode-kernel]
+//                [--no-tail] [--no-wide]
 // --profile-last-step wraps each workload's last step in cudaProfilerStart/Stop, for
 // `ncu --profile-from-start off` (per-kernel times of one step).
+// --skip-collectives runs only the tensor-parallel steps without all-reduces (no baseline or
+// untuned pass): each rank's kernels alone, which ncu's kernel replay can serve (the
+// peer-to-peer all-reduce kernels wait on the other GPUs, so replaying one of them hangs).
+// --no-baseline skips the baseline-attention pass (its columns print as 0).
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -71,7 +76,9 @@ struct Args {
   bool cuda_graphs = true;
   bool gemm_tune = true;
   bool nccl_only = false;  // tensor parallel: every all-reduce through NCCL (no peer-to-peer)
-  int gemm_split_k = 0;    // CudaBackendOptions::gemm_split_k
+  bool skip_collectives = false;  // tensor parallel: only the steps without all-reduces
+  bool baseline = true;           // the baseline-attention pass
+  int gemm_split_k = 0;           // CudaBackendOptions::gemm_split_k
   int max_chunk = CudaBackendOptions{}.attention_max_chunk_tokens;    // --max-chunk
   int pair_margin = CudaBackendOptions{}.attention_pair_margin;       // --pair-margin
   bool decode_kernel = CudaBackendOptions{}.attention_decode_kernel;  // --no-decode-kernel
@@ -443,9 +450,11 @@ int run(const Args& args) {
   };
   // Passes: 0 the measured run, 1 baseline attention, 2 (tensor parallel) no all-reduces,
   // 3 (tuning on, few-shot only) GEMMs untuned.
-  const int passes = args.tensor_parallel > 1 ? 3 : 2;
-  const bool untuned_pass = args.gemm_tune && args.workloads.find("fewshot") != std::string::npos;
+  const int passes = args.tensor_parallel > 1 && !args.skip_collectives ? 3 : 2;
+  const bool untuned_pass = args.gemm_tune && !args.skip_collectives &&
+                            args.workloads.find("fewshot") != std::string::npos;
   for (int pass = 0; pass < 4; ++pass) {
+    if (pass == 1 && (args.skip_collectives || !args.baseline)) continue;
     if (pass == 2 && passes < 3) continue;
     if (pass == 3 && !untuned_pass) continue;
     const bool baseline = pass == 1;
@@ -454,7 +463,7 @@ int run(const Args& args) {
     opt.num_pages = int64_t(args.kv_gib * (1ull << 30)) / (kv_token_bytes * opt.page_size);
     opt.baseline_attention = baseline;
     opt.tensor_parallel = args.tensor_parallel;
-    opt.skip_collectives = pass == 2;
+    opt.skip_collectives = pass == 2 || args.skip_collectives;
     opt.cuda_graphs = args.cuda_graphs;
     opt.p2p_all_reduce = !args.nccl_only;
     opt.gemm_autotune = args.gemm_tune && pass != 3;
@@ -664,6 +673,10 @@ int main(int argc, char** argv) {
       args.gemm_tune = false;
     else if (a == "--nccl-all-reduce")
       args.nccl_only = true;
+    else if (a == "--skip-collectives")
+      args.skip_collectives = true;
+    else if (a == "--no-baseline")
+      args.baseline = false;
     else if (a == "--gemm-split-k")
       args.gemm_split_k = std::stoi(next());
     else if (a == "--max-chunk")
@@ -689,7 +702,8 @@ int main(int argc, char** argv) {
                    "[--workloads fewshot,sampled,spec,tot] [--kv-gib G] [--tensor-parallel N] "
                    "[--fewshot-branches 20,30,50] [--fewshot-prompt 4000] [--profile-last-step] "
                    "[--graphs|--no-graphs] "
-                   "[--no-gemm-tune] [--nccl-all-reduce] [--gemm-split-k N] [--max-chunk N] "
+                   "[--no-gemm-tune] [--nccl-all-reduce] [--skip-collectives] [--no-baseline] "
+                   "[--gemm-split-k N] [--max-chunk N] "
                    "[--pair-margin N] [--no-decode-kernel] [--no-tail] [--no-wide] "
                    "[--quantization fp8|none]\n");
       return 2;
