@@ -33,6 +33,7 @@
 //                [--fewshot-branches 20,30,50] [--fewshot-prompt 4000] [--profile-last-step]
 //                [--graphs|--no-graphs]
 //                [--no-gemm-tune] [--nccl-all-reduce] [--skip-collectives] [--no-baseline]
+//                [--shard-of N]
 //                [--gemm-split-k N] [--max-chunk N] [--pair-margin N] [--no-decode-kernel]
 //                [--no-tail] [--no-wide]
 // --profile-last-step wraps each workload's last step in cudaProfilerStart/Stop, for
@@ -41,6 +42,9 @@
 // untuned pass): each rank's kernels alone, which ncu's kernel replay can serve (the
 // peer-to-peer all-reduce kernels wait on the other GPUs, so replaying one of them hangs).
 // --no-baseline skips the baseline-attention pass (its columns print as 0).
+// --shard-of N runs one rank's share of the model at tensor-parallel degree N on one GPU (its
+// heads, MLP slice and vocabulary slice; no communication): the per-rank kernels of a TP=N
+// step, to profile and tune them where only one GPU is at hand.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -78,6 +82,7 @@ struct Args {
   bool nccl_only = false;  // tensor parallel: every all-reduce through NCCL (no peer-to-peer)
   bool skip_collectives = false;  // tensor parallel: only the steps without all-reduces
   bool baseline = true;           // the baseline-attention pass
+  int shard_of = 1;               // > 1: one rank's share of the model at that TP degree
   int gemm_split_k = 0;           // CudaBackendOptions::gemm_split_k
   int max_chunk = CudaBackendOptions{}.attention_max_chunk_tokens;    // --max-chunk
   int pair_margin = CudaBackendOptions{}.attention_pair_margin;       // --pair-margin
@@ -402,6 +407,26 @@ int run(const Args& args) {
     std::fprintf(stderr, "%s\n", config.status().message().c_str());
     return 1;
   }
+  if (args.shard_of > 1) {
+    // One tensor-parallel rank's share, as engine/tensor_parallel.h splits the model: its
+    // heads, its slice of the MLP and of the vocabulary (the LM head's rows); hidden stays.
+    const int64_t w = args.shard_of;
+    ModelConfig& c = *config;
+    if (args.tensor_parallel != 1 || c.num_attention_heads % w != 0 ||
+        c.num_key_value_heads % w != 0 || c.intermediate_size % w != 0 || c.vocab_size % w != 0) {
+      std::fprintf(stderr,
+                   "--shard-of %lld: needs --tensor-parallel 1 and heads, kv heads, "
+                   "intermediate_size and vocab_size divisible by it\n",
+                   (long long)w);
+      return 2;
+    }
+    c.num_attention_heads /= w;
+    c.num_key_value_heads /= w;
+    c.intermediate_size /= w;
+    c.vocab_size /= w;
+    c.bos_token_id = -1;
+    std::erase_if(c.eos_token_ids, [&](int32_t id) { return id >= c.vocab_size; });
+  }
   if (args.fp8) {
     config->quant.scheme = QuantScheme::kFp8;
     config->quant.source = "--quantization fp8";
@@ -435,10 +460,13 @@ int run(const Args& args) {
     return 1;
   }
   const double wbytes = weight_bytes(*config);
-  std::printf("model: %s shape, %lld layers, hidden %lld, %s weights streamed per step %.2f GB\n",
-              args.config.c_str(), (long long)config->num_hidden_layers,
-              (long long)config->hidden_size, args.fp8 ? "fp8 (LM head fp16)" : "fp16",
-              wbytes / 1e9);
+  std::printf("model: %s shape%s, %lld layers, hidden %lld, %s weights streamed per step %.2f GB\n",
+              args.config.c_str(),
+              args.shard_of > 1
+                  ? (", one rank's share at TP=" + std::to_string(args.shard_of)).c_str()
+                  : "",
+              (long long)config->num_hidden_layers, (long long)config->hidden_size,
+              args.fp8 ? "fp8 (LM head fp16)" : "fp16", wbytes / 1e9);
   const int64_t kv_token_bytes = config->num_hidden_layers * 2 * config->kv_size() * 2;
 
   std::vector<Result> results;
@@ -677,6 +705,8 @@ int main(int argc, char** argv) {
       args.skip_collectives = true;
     else if (a == "--no-baseline")
       args.baseline = false;
+    else if (a == "--shard-of")
+      args.shard_of = std::stoi(next());
     else if (a == "--gemm-split-k")
       args.gemm_split_k = std::stoi(next());
     else if (a == "--max-chunk")
@@ -703,7 +733,7 @@ int main(int argc, char** argv) {
                    "[--fewshot-branches 20,30,50] [--fewshot-prompt 4000] [--profile-last-step] "
                    "[--graphs|--no-graphs] "
                    "[--no-gemm-tune] [--nccl-all-reduce] [--skip-collectives] [--no-baseline] "
-                   "[--gemm-split-k N] [--max-chunk N] "
+                   "[--shard-of N] [--gemm-split-k N] [--max-chunk N] "
                    "[--pair-margin N] [--no-decode-kernel] [--no-tail] [--no-wide] "
                    "[--quantization fp8|none]\n");
       return 2;

@@ -17,8 +17,17 @@ On a GPU machine with torch + transformers (no internet needed):
   3. treeserve_logits (--tool) on the FP8 checkpoint (the loader's FP8 path) and on the fp16
      checkpoint with --quantization fp8 (quantized at load on the GPU): the two must give
      bit-identical logits, which holds only if treeserve's quantizer equals PyTorch's bit for
-     bit on every matrix; and both within the floor of the reference;
+     bit on every matrix; and within the floor of the reference: per prompt length, the mean
+     over --prompts prompts of treeserve's max and mean |error| against HF float32 at most
+     HF fp16's;
   4. writes a JSON report (--out) and prints a table.
+
+Rounding activations to e4m3 (3 mantissa bits) is discontinuous: two runs whose inputs differ
+in the last bits of fp16 round some elements one e4m3 step apart, and every later layer
+carries that on. Deep enough, any two implementations that are not bit-identical end at about
+the same distance from each other as from float32. The report gives that third distance
+(treeserve against HF fp16) next to the two: where all three are alike, the comparison
+measures that rounding, not the implementation, and "saturated" says so.
 
     python3 tests/hf_compare/hf_compare_fp8.py --tool build/bin/treeserve_logits \\
         --model-dir /tmp/llama-3-8b-fp8 --out report.json [--layers 2]
@@ -52,6 +61,7 @@ def parse_args():
     p.add_argument("--layers", type=int, default=0, help="keep only N layers (0 = all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lengths", default="16,2000", help="prompt lengths, comma-separated")
+    p.add_argument("--prompts", type=int, default=3, help="random prompts per length")
     p.add_argument("--greedy", type=int, default=8)
     p.add_argument("--chunk", type=int, default=512, help="treeserve prefill step (tokens)")
     p.add_argument("--tool-timeout", type=int, default=1800)
@@ -120,8 +130,12 @@ def main():
     timings["create_quantize_save_s"] = time.time() - t
     print(f"checkpoints saved in {timings['create_quantize_save_s']:.0f} s", flush=True)
 
-    # Prompts, seeded; BOS first (the same as hf_compare.py's for the same seed).
-    prompts = {n: ids for n, (ids, _) in random_prompts(torch, shape, lengths, args.seed + 1).items()}
+    # Prompts, seeded; BOS first (the first of each length the same as hf_compare.py's for the
+    # same seed). Keyed (length, index).
+    prompts = {}
+    for j in range(args.prompts):
+        for n, (ids, _) in random_prompts(torch, shape, lengths, args.seed + 1 + j).items():
+            prompts[(n, j)] = ids
 
     def fake_quant_input(module, inputs):
         (x,) = inputs
@@ -167,51 +181,75 @@ def main():
                             "device": torch.cuda.get_device_name(device)},
               "cases": []}
     ok = True
-    for n, ids in prompts.items():
-        ids_file = os.path.join(out_dir, f"hf_compare_fp8_ids_{n}.json")
+    per_length = {}
+    for (n, j), ids in prompts.items():
+        ids_file = os.path.join(out_dir, f"hf_compare_fp8_ids_{n}_{j}.json")
         json.dump(ids, open(ids_file, "w"))
         runs = {}
         for label, extra in (("fp8_checkpoint", ["--model", d8]),
                              ("quantized_at_load", ["--model", d16, "--quantization", "fp8"])):
-            tool_out = os.path.join(out_dir, f"treeserve_fp8_{label}_{n}.json")
-            # Without autotuning both runs take cuBLAS's default GEMM for each shape (timing
-            # picks may differ between processes and change the last bits).
+            tool_out = os.path.join(out_dir, f"treeserve_fp8_{label}_{n}_{j}.json")
+            # Without autotuning both runs take the same GEMM for each shape (timing picks may
+            # differ between processes and change the last bits).
             cmd = [args.tool, *extra, "--backend", "cuda", "--dtype", "fp16", "--ids-file",
                    ids_file, "--greedy", str(args.greedy), "--chunk", str(args.chunk), "--out",
                    tool_out, "--no-gemm-autotune"]
             t = time.time()
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=args.tool_timeout)
-            timings[f"treeserve_{label}_{n}_s"] = time.time() - t
+            timings[f"treeserve_{label}_{n}_{j}_s"] = time.time() - t
             if run.returncode != 0:
                 sys.exit(f"{' '.join(cmd)} failed ({run.returncode}):\n{run.stdout}{run.stderr}")
             runs[label] = json.load(open(tool_out))
             os.remove(tool_out)
+        os.remove(ids_file)
         a = torch.tensor(runs["fp8_checkpoint"]["first_logits"])
         b = torch.tensor(runs["quantized_at_load"]["first_logits"])
         identical = bool(torch.equal(a, b)) and (runs["fp8_checkpoint"]["greedy"]["tokens"] ==
                                                  runs["quantized_at_load"]["greedy"]["tokens"])
-        r32, r16 = ref["fp32"][n], ref["fp16"][n]
+        r32, r16 = ref["fp32"][(n, j)], ref["fp16"][(n, j)]
         ts, floor = err(a, r32["first"]), err(r16["first"], r32["first"])
-        within = ts["max_abs"] <= floor["max_abs"] and ts["mean_abs"] <= floor["mean_abs"]
         tokens = runs["fp8_checkpoint"]["greedy"]["tokens"]
         div = next((k for k, (x, y) in enumerate(zip(tokens, r32["tokens"])) if x != y), None)
         margin = None
         if div is not None:
             row = r32["steps"][div]
             margin = float(row[r32["tokens"][div]] - row[tokens[div]])
-        case = {"prompt_len": n, "at_load_identical_to_fp8_checkpoint": identical,
+        case = {"prompt_len": n, "prompt": j, "at_load_identical_to_fp8_checkpoint": identical,
                 "at_load_vs_fp8_checkpoint": err(b, a),
-                "treeserve_vs_hf_fp32": ts, "hf_fp16_vs_hf_fp32": floor, "within": within,
+                "treeserve_vs_hf_fp32": ts, "hf_fp16_vs_hf_fp32": floor,
+                "treeserve_vs_hf_fp16": err(a, r16["first"]),
                 "greedy": {"treeserve": tokens, "hf_fp32": r32["tokens"], "hf_fp16": r16["tokens"],
                            "first_divergence": div, "hf_fp32_margin_there": margin,
                            "near_tie": margin is not None and margin <= floor["max_abs"]}}
         report["cases"].append(case)
-        ok = ok and identical and within and (div is None or case["greedy"]["near_tie"])
-        print(f"  {n} ids: FP8 checkpoint == quantized at load: {identical}; "
+        per_length.setdefault(n, []).append(case)
+        ok = ok and identical and (div is None or case["greedy"]["near_tie"])
+        print(f"  {n} ids, prompt {j}: FP8 checkpoint == quantized at load: {identical}; "
               f"max|treeserve - HF fp32| {ts['max_abs']:.4f} (HF fp16 {floor['max_abs']:.4f}), "
-              f"mean {ts['mean_abs']:.5f} (HF fp16 {floor['mean_abs']:.5f}); greedy "
+              f"mean {ts['mean_abs']:.5f} (HF fp16 {floor['mean_abs']:.5f}), "
+              f"treeserve - HF fp16 mean {case['treeserve_vs_hf_fp16']['mean_abs']:.5f}; greedy "
               + ("identical" if div is None else f"differs at {div} (margin {margin:.4f})"),
               flush=True)
+    report["lengths"] = []
+    for n, cases in per_length.items():
+        def avg(key, metric):
+            return sum(c[key][metric] for c in cases) / len(cases)
+        summary = {"prompt_len": n, "prompts": len(cases)}
+        for key in ("treeserve_vs_hf_fp32", "hf_fp16_vs_hf_fp32", "treeserve_vs_hf_fp16"):
+            summary[key] = {m: avg(key, m) for m in ("max_abs", "mean_abs")}
+        ts, floor = summary["treeserve_vs_hf_fp32"], summary["hf_fp16_vs_hf_fp32"]
+        summary["within"] = ts["max_abs"] <= floor["max_abs"] and ts["mean_abs"] <= floor["mean_abs"]
+        # treeserve as far from HF fp16 as either is from float32 (within 10%): rounding noise.
+        summary["saturated"] = (summary["treeserve_vs_hf_fp16"]["mean_abs"] >=
+                                0.9 * max(ts["mean_abs"], floor["mean_abs"]))
+        report["lengths"].append(summary)
+        ok = ok and summary["within"]
+        print(f"{n} ids, mean of {len(cases)} prompts: treeserve max {ts['max_abs']:.4f} "
+              f"mean {ts['mean_abs']:.5f}; HF fp16 max {floor['max_abs']:.4f} "
+              f"mean {floor['mean_abs']:.5f}; treeserve - HF fp16 mean "
+              f"{summary['treeserve_vs_hf_fp16']['mean_abs']:.5f}; "
+              f"{'within' if summary['within'] else 'NOT within'}"
+              f"{' (saturated)' if summary['saturated'] else ''}", flush=True)
     report["seconds"] = timings
     report["ok"] = ok
     with open(args.out, "w") as f:
