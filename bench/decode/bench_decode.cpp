@@ -41,7 +41,7 @@
 // --skip-collectives runs only the tensor-parallel steps without all-reduces (no baseline or
 // untuned pass): each rank's kernels alone, which ncu's kernel replay can serve (the
 // peer-to-peer all-reduce kernels wait on the other GPUs, so replaying one of them hangs).
-// --no-baseline skips the baseline-attention pass (its columns print as 0).
+// --no-baseline skips the baseline-attention pass (its columns print as -).
 // --shard-of N runs one rank's share of the model at tensor-parallel degree N on one GPU (its
 // heads, MLP slice and vocabulary slice; no communication): the per-rank kernels of a TP=N
 // step, to profile and tune them where only one GPU is at hand.
@@ -620,9 +620,13 @@ int run(const Args& args) {
   if (untuned_pass) std::printf(" %11s %8s", "untuned ms", "tuning");
   std::printf("\n");
   for (const Result& r : results) {
-    std::printf("%-36s %6lld %10.3f %10.0f %12.3f %12.3f %9.2fx", r.name.c_str(), (long long)r.rows,
-                r.ms, double(r.rows) / (r.ms * 1e-3), r.roofline_ms, r.baseline_ms,
-                r.baseline_ms / r.ms);
+    std::printf("%-36s %6lld %10.3f %10.0f %12.3f", r.name.c_str(), (long long)r.rows, r.ms,
+                double(r.rows) / (r.ms * 1e-3), r.roofline_ms);
+    if (r.baseline_ms > 0) {
+      std::printf(" %12.3f %9.2fx", r.baseline_ms, r.baseline_ms / r.ms);
+    } else {
+      std::printf(" %12s %10s", "-", "-");  // --no-baseline, --skip-collectives
+    }
     if (passes == 3)
       std::printf(" %12.3f %10.1f%%", r.no_comm_ms, 100.0 * (1.0 - r.no_comm_ms / r.ms));
     if (untuned_pass && r.untuned_ms > 0) {
