@@ -709,9 +709,13 @@ int main(int argc, char** argv) {
       args.skip_collectives = true;
     else if (a == "--no-baseline")
       args.baseline = false;
-    else if (a == "--shard-of")
+    else if (a == "--shard-of") {
       args.shard_of = std::stoi(next());
-    else if (a == "--gemm-split-k")
+      if (args.shard_of < 1) {
+        std::fprintf(stderr, "--shard-of must be >= 1\n");
+        return 2;
+      }
+    } else if (a == "--gemm-split-k")
       args.gemm_split_k = std::stoi(next());
     else if (a == "--max-chunk")
       args.max_chunk = std::stoi(next());
