@@ -61,6 +61,7 @@
 #include "engine/backend.h"
 #include "engine/cuda_backend.h"
 #include "engine/detail/cuda_gemm.h"
+#include "engine/tensor_parallel.h"
 #include "kvcache/kv_cache.h"
 #include "models/model_config.h"
 
@@ -408,22 +409,21 @@ int run(const Args& args) {
     return 1;
   }
   if (args.shard_of > 1) {
-    // One tensor-parallel rank's share, as engine/tensor_parallel.h splits the model: its
-    // heads, its slice of the MLP and of the vocabulary (the LM head's rows); hidden stays.
-    const int64_t w = args.shard_of;
+    // Rank 0's share, as engine/tensor_parallel.h splits the model: its query and KV heads,
+    // its slice of the MLP and of the vocabulary (the LM head's rows); hidden stays.
     ModelConfig& c = *config;
-    if (args.tensor_parallel != 1 || c.num_attention_heads % w != 0 ||
-        c.num_key_value_heads % w != 0 || c.intermediate_size % w != 0 || c.vocab_size % w != 0) {
-      std::fprintf(stderr,
-                   "--shard-of %lld: needs --tensor-parallel 1 and heads, kv heads, "
-                   "intermediate_size and vocab_size divisible by it\n",
-                   (long long)w);
+    const Status split = check_tensor_parallel(c, args.shard_of);
+    if (args.tensor_parallel != 1 || !split.ok()) {
+      std::fprintf(
+          stderr, "--shard-of %d: %s\n", args.shard_of,
+          args.tensor_parallel != 1 ? "needs --tensor-parallel 1" : split.message().c_str());
       return 2;
     }
-    c.num_attention_heads /= w;
-    c.num_key_value_heads /= w;
-    c.intermediate_size /= w;
-    c.vocab_size /= w;
+    const TensorParallelShard shard = tensor_parallel_shard(c, 0, args.shard_of);
+    c.num_attention_heads = shard.num_q_heads;
+    c.num_key_value_heads = shard.num_kv_heads;
+    c.intermediate_size = shard.im_size;
+    c.vocab_size = shard.vocab_size;
     c.bos_token_id = -1;
     std::erase_if(c.eos_token_ids, [&](int32_t id) { return id >= c.vocab_size; });
   }
