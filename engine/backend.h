@@ -65,6 +65,10 @@ struct CpuBackendOptions {
   // Per-query attention over each query's whole path (build_baseline_plan) instead of the
   // tree plan: what a prefix-unaware server does, for side-by-side measurements.
   bool baseline_attention = false;
+  // FP8 KV cache (--kv-cache-dtype fp8), emulated: each K and V row (token, kv head) is
+  // quantized to e4m3 with its own scale and dequantized as it is written (models/fp8.h's KV rule),
+  // so attention reads what the CUDA backend's e4m3 pool holds; the pool stays float32.
+  bool kv_cache_fp8 = false;
 };
 
 // Converts the weights to float32 (any of F32/F16/BF16) and allocates the pool, all zeros.

@@ -7,14 +7,19 @@
 // The attention plan is built once per step and executed for every layer (the same plan
 // the CUDA kernel will run). All scratch lives in the backend and is reused across steps.
 // FP8 models (engine/cpu_weights.h) run the same loop on dequantized e4m3 weights, with each
-// GEMM's input quantized to e4m3 and dequantized first (the LM head's excepted).
+// GEMM's input quantized to e4m3 and dequantized first (the LM head's excepted). An FP8 KV
+// cache (kv_cache_fp8) is emulated the same way: each (token, kv head) row of K and V is
+// quantized and dequantized before it is written, so the float32 pool holds e4m3 values times
+// the row's scale, what the CUDA backend's e4m3 pool dequantizes to.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <new>
+#include <span>
 #include <string>
 
 #include "engine/backend.h"
+#include "engine/cpu_backend_pool.h"
 #include "engine/cpu_ops.h"
 #include "engine/cpu_weights.h"
 #include "engine/thread_pool.h"
@@ -40,6 +45,7 @@ class CpuBackend final : public Backend {
     layout_.dtype_bytes = 4;
     plan_config_ = options.plan;
     baseline_attention_ = options.baseline_attention;
+    kv_cache_fp8_ = options.kv_cache_fp8;
     plan_config_.gqa_group_size = int32_t(config.num_attention_heads / config.num_key_value_heads);
     plan_config_.head_dim = int32_t(config.head_dim);
     plan_config_.num_pages = options.num_pages;
@@ -60,6 +66,12 @@ class CpuBackend final : public Backend {
       return false;
     }
     return true;
+  }
+
+  // One layer's K (or V) buffer, [num_pages][num_kv_heads][page_size][head_dim].
+  std::span<const float> kv_buffer(int32_t layer, bool v) const {
+    if (layer < 0 || layer >= int32_t(k_pool_.size())) return {};
+    return v ? v_pool_[size_t(layer)] : k_pool_[size_t(layer)];
   }
 
   std::string_view name() const override { return "cpu"; }
@@ -194,7 +206,13 @@ class CpuBackend final : public Backend {
     float* v_layer = v_pool_[l].data();
     const int32_t ps = layout_.page_size;
     for (int64_t r = 0; r < rows; ++r) {
-      const float* row = qkv_.data() + r * qkv_stride;
+      float* row = qkv_.data() + r * qkv_stride;
+      if (kv_cache_fp8_) {
+        // K [nkv][d] and V [nkv][d] of this row, in place: one scale per head's vector, as
+        // the e4m3 pool stores them. Attention reads K and V only from the pool.
+        fp8_kv_fake_quantize_rows(row + q, nkv, d, row + q);
+        fp8_kv_fake_quantize_rows(row + q + kv, nkv, d, row + q + kv);
+      }
       std::memcpy(q_.data() + r * q, row, size_t(q) * sizeof(float));  // [rows][nh][d]
       const int64_t page = batch.kv_slots[r] / ps;
       const int32_t slot = int32_t(batch.kv_slots[r] % ps);
@@ -245,6 +263,7 @@ class CpuBackend final : public Backend {
   KvLayout layout_;
   AttentionPlanConfig plan_config_;
   bool baseline_attention_ = false;
+  bool kv_cache_fp8_ = false;    // K/V rows through e4m3 before they enter the pool
   std::vector<float> inv_freq_;  // [head_dim / 2]
   float scale_ = 1.0f;
   std::vector<std::vector<float>> k_pool_, v_pool_;  // [layers][KvLayout::layer_elems()]
@@ -300,6 +319,11 @@ StatusOr<std::unique_ptr<Backend>> make_backend(const ModelConfig& config,
 }
 
 }  // namespace
+
+std::span<const float> cpu_backend_kv_buffer(const Backend& backend, int32_t layer, bool v) {
+  const auto* cpu = dynamic_cast<const CpuBackend*>(&backend);
+  return cpu != nullptr ? cpu->kv_buffer(layer, v) : std::span<const float>();
+}
 
 StatusOr<std::unique_ptr<Backend>> create_cpu_backend(const ModelConfig& config,
                                                       const LlamaWeights& weights,

@@ -165,6 +165,15 @@ void fp8_fake_quantize_rows(const float* x, int64_t rows, int64_t cols, float* o
   }
 }
 
+void fp8_kv_fake_quantize_rows(const float* x, int64_t rows, int64_t cols, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float amax = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) amax = std::fmax(amax, std::fabs(xr[c]));
+    fp8_fake_quantize_static(xr, cols, fp8_kv_scale(amax), out + r * cols);
+  }
+}
+
 void fp8_fake_quantize_static(const float* x, int64_t n, float scale, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = e4m3_to_float(float_to_e4m3(x[i] / scale)) * scale;
 }

@@ -53,6 +53,9 @@ void add_inplace(float* x, const float* delta, int64_t n);
 // dequantized: out = e4m3_to_float(float_to_e4m3(x / s)) * s. x and out may alias.
 void fp8_fake_quantize_rows(const float* x, int64_t rows, int64_t cols, float* out);
 
+// The FP8 KV cache's emulation: the same per row with fp8_kv_scale (a power of two) instead.
+void fp8_kv_fake_quantize_rows(const float* x, int64_t rows, int64_t cols, float* out);
+
 // The same with one static scale (the checkpoint's input_scale) for all n values.
 void fp8_fake_quantize_static(const float* x, int64_t n, float scale, float* out);
 

@@ -79,11 +79,20 @@ Status CudaBackend::init() {
     down_set_.push_back(fp8_ ? l.down8.w : l.down);
   }
   lm_head_set_ = {lm_head_};
-  const int64_t pool_bytes = layout_.layer_elems() * layout_.num_layers * 2;
+  const int64_t pool_bytes = layout_.layer_bytes() * layout_.num_layers;
   TS_RETURN_IF_ERROR(alloc(&k_all_, pool_bytes));
   TS_RETURN_IF_ERROR(alloc(&v_all_, pool_bytes));
   TS_CUDA(cudaMemsetAsync(k_all_, 0, size_t(pool_bytes), stream_), "pool memset");
   TS_CUDA(cudaMemsetAsync(v_all_, 0, size_t(pool_bytes), stream_), "pool memset");
+  if (options_.kv_cache_fp8) {
+    const int64_t scale_bytes = layout_.layer_scale_bytes() * layout_.num_layers;
+    for (float** scales : {&k_scale_all_, &v_scale_all_}) {
+      void* p = nullptr;
+      TS_RETURN_IF_ERROR(alloc(&p, scale_bytes));
+      TS_CUDA(cudaMemsetAsync(p, 0, size_t(scale_bytes), stream_), "pool memset");
+      *scales = static_cast<float*>(p);
+    }
+  }
   std::vector<float> inv_freq = rope_inv_freq(config_);
   TS_RETURN_IF_ERROR(alloc(&inv_freq_, int64_t(inv_freq.size()) * 4));
   TS_CUDA(cudaMemcpy(inv_freq_, inv_freq.data(), inv_freq.size() * 4, cudaMemcpyHostToDevice),
@@ -101,6 +110,11 @@ Status CudaBackend::init() {
   limits.decode_kernel = options_.attention_decode_kernel;
   limits.tail_kernel = options_.attention_tail_kernel;
   limits.wide_kernel = options_.attention_wide_kernel;
+  if (options_.kv_cache_fp8) {
+    // The tail and wide kernels copy 16-bit tiles only (TreeAttentionKvScales).
+    limits.tail_kernel = TreeAttentionLimits::Tail::kOff;
+    limits.wide_kernel = TreeAttentionLimits::Wide::kOff;
+  }
   TS_RETURN_IF_ERROR(workspace_.init(limits));
   plan_config_ = tree_attention_plan_config(nh_, nkv_, int32_t(d_), sms);
   plan_config_.max_chunk_tokens = options_.attention_max_chunk_tokens;

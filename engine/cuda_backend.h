@@ -22,6 +22,10 @@ struct CudaBackendOptions {
   int32_t page_size = 16;
   bool bfloat16 = false;  // false: fp16
   int32_t device = 0;
+  // FP8 KV cache (--kv-cache-dtype fp8): the pool holds K and V in e4m3 with one float32 scale
+  // per (token, kv head) row (kernels/kv_layout.h), about half the bytes a token (so about twice
+  // the tokens in the same memory) and half the K/V bytes attention reads.
+  bool kv_cache_fp8 = false;
   // Force the prefix-unaware baseline schedule for attention (per-query flash-decoding over
   // each query's whole path): for benchmark comparisons only.
   bool baseline_attention = false;

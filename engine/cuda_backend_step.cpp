@@ -112,10 +112,10 @@ Status CudaBackend::enqueue_step(const StepBatch& batch, const AttentionPlan& pl
   const int64_t layer_elems = layout_.layer_elems();
   cuda::move_slots(dtype_, k_all_, v_all_, layout_.num_layers, layer_elems, layout_.page_elems(),
                    nkv_, layout_.page_size, d, d_move_src_, d_move_dst_,
-                   int32_t(batch.slot_moves.size()), stream_);
+                   int32_t(batch.slot_moves.size()), stream_, k_scale_all_, v_scale_all_);
   cuda::copy_pages(dtype_, k_all_, v_all_, layout_.num_layers, layer_elems, layout_.page_elems(),
                    nkv_, layout_.page_size, d, d_copy_src_, d_copy_dst_, d_copy_n_,
-                   int32_t(batch.page_copies.size()), stream_);
+                   int32_t(batch.page_copies.size()), stream_, k_scale_all_, v_scale_all_);
   if (!graphs_) return enqueue_layers(batch, TreeAttentionGrid{});
   return run_step_graph(batch);
 }
@@ -203,19 +203,27 @@ Status CudaBackend::enqueue_layers(const StepBatch& batch, TreeAttentionGrid gri
   prof_.mark("embed+moves", stream_);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerWeights& w = layers_[l];
-    void* k_pool = static_cast<char*>(k_all_) + int64_t(l) * layer_elems * 2;
-    void* v_pool = static_cast<char*>(v_all_) + int64_t(l) * layer_elems * 2;
+    void* k_pool = static_cast<char*>(k_all_) + int64_t(l) * layout_.layer_bytes();
+    void* v_pool = static_cast<char*>(v_all_) + int64_t(l) * layout_.layer_bytes();
+    // kv_cache_fp8: the layer's row scales (one a (page, head, slot): layer_elems / d).
+    float* k_scale = nullptr;
+    float* v_scale = nullptr;
+    if (k_scale_all_ != nullptr) {
+      k_scale = k_scale_all_ + int64_t(l) * (layer_elems / d);
+      v_scale = v_scale_all_ + int64_t(l) * (layer_elems / d);
+    }
     // x_'s e4m3 copy, where FP8 wants one, came with it from the norm that wrote it.
     TS_RETURN_IF_ERROR(linear(x_.ptr, w.qkv, w.qkv8, qkv_.ptr, rows, q + 2 * kv, h, qkv_set_,
                               fp8_rows_for(w.qkv8).q != nullptr));
     prof_.mark("gemm qkv", stream_);
     cuda::rope_and_store_kv(dtype_, qkv_.ptr, d_positions_, inv_freq(), d_slots_, rows, nh, nkv, d,
-                            layout_.page_size, q_.ptr, k_pool, v_pool, stream_);
+                            layout_.page_size, q_.ptr, k_pool, v_pool, stream_, k_scale, v_scale);
     prof_.mark("rope+kv", stream_);
     TS_RETURN_IF_ERROR(launch_tree_attention(
         q_.ptr, k_pool, v_pool, attn_.ptr,
         options_.bfloat16 ? TreeAttentionDtype::kBFloat16 : TreeAttentionDtype::kFloat16, nh, nkv,
-        d, layout_.page_size, scale_, workspace_, stream_, grid));
+        d, layout_.page_size, scale_, workspace_, stream_, grid,
+        TreeAttentionKvScales{k_scale, v_scale}));
     prof_.mark("attention", stream_);
     TS_RETURN_IF_ERROR(residual_gemm(attn_.ptr, w.o, w.o8, o_set_, rows, q, w.post_norm, x_.ptr,
                                      "gemm o", fp8_rows_for(w.gate_up8)));

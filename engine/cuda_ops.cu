@@ -371,6 +371,102 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
+// rope_store_kernel for an e4m3 pool (k_scale set): Q as there; each (row, kv head)'s K (rotated,
+// rounded to T as the T pool stores it) and V are quantized with the row's own scale by
+// models/fp8.h's KV rule (fp8_kv_scale: amax / 448 over its d values, rounded up to a power of
+// two), one warp a row: lane l holds K's pairs
+// (i, i + d/2) for i in [l * d/64, (l + 1) * d/64) and V's d/32 values from l * d/32. The
+// block's warps take the Q units' warps, then nkv K rows, then nkv V rows, in turn.
+template <typename T>
+__global__ void __launch_bounds__(1024)
+    rope_store_fp8_kernel(const T* __restrict__ qkv, const int32_t* positions,
+                          const float* __restrict__ inv_freq, const int64_t* kv_slots, int32_t nh,
+                          int32_t nkv, int32_t d, int32_t page_size, T* __restrict__ q_out,
+                          uint8_t* k_pool, uint8_t* v_pool, float* k_scale, float* v_scale) {
+  const int64_t r = blockIdx.x;
+  const float pos = float(positions[r]);
+  const int64_t slot_id = kv_slots[r];
+  pdl_wait();
+  detail::pdl_trigger();  // as rope_store_kernel
+  const int32_t half = d / 2, per_head = d / 8;
+  const int64_t stride = int64_t(nh + 2 * nkv) * d;
+  const T* row = qkv + r * stride;
+  const int64_t page = slot_id / page_size;
+  const int32_t slot = int32_t(slot_id % page_size);
+  const int32_t lane = threadIdx.x & 31;
+  const int32_t q_units = nh * per_head;
+  const int32_t q_warps = (q_units + 31) / 32;
+  const int32_t warps = q_warps + 2 * nkv;
+  for (int32_t w = threadIdx.x / 32; w < warps; w += blockDim.x / 32) {
+    if (w < q_warps) {
+      const int32_t u = w * 32 + lane;
+      if (u >= q_units) continue;
+      const int32_t head = u / per_head, i = 4 * (u % per_head);
+      const T* src = row + int64_t(head) * d;
+      const uint2 lo_raw = *reinterpret_cast<const uint2*>(src + i);
+      const uint2 hi_raw = *reinterpret_cast<const uint2*>(src + i + half);
+      const float4 freq = *reinterpret_cast<const float4*>(inv_freq + i);
+      const T* lo_in = reinterpret_cast<const T*>(&lo_raw);
+      const T* hi_in = reinterpret_cast<const T*>(&hi_raw);
+      const float f[4] = {freq.x, freq.y, freq.z, freq.w};
+      uint2 lo_out, hi_out;
+      T* lo = reinterpret_cast<T*>(&lo_out);
+      T* hi = reinterpret_cast<T*>(&hi_out);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float sn, cs;
+        sincosf(pos * f[e], &sn, &cs);
+        const float a = to_f(lo_in[e]), b = to_f(hi_in[e]);
+        lo[e] = from_f<T>(a * cs - b * sn);
+        hi[e] = from_f<T>(b * cs + a * sn);
+      }
+      T* dst = q_out + (r * nh + head) * d;
+      *reinterpret_cast<uint2*>(dst + i) = lo_out;
+      *reinterpret_cast<uint2*>(dst + i + half) = hi_out;
+      continue;
+    }
+    // One K or V row of head kh: at most 4 values a lane (d <= 128).
+    const bool is_k = w < q_warps + nkv;
+    const int32_t kh = is_k ? w - q_warps : w - q_warps - nkv;
+    const int32_t per_lane = d / 32;
+    float x[4];
+    int32_t at[4];
+    if (is_k) {
+      const T* src = row + int64_t(nh + kh) * d;
+      const int32_t pairs = per_lane / 2;
+      for (int32_t e = 0; e < pairs; ++e) {
+        const int32_t i = lane * pairs + e;
+        float sn, cs;
+        sincosf(pos * inv_freq[i], &sn, &cs);
+        const float a = to_f(src[i]), b = to_f(src[i + half]);
+        x[2 * e] = to_f(from_f<T>(a * cs - b * sn));
+        x[2 * e + 1] = to_f(from_f<T>(b * cs + a * sn));
+        at[2 * e] = i;
+        at[2 * e + 1] = i + half;
+      }
+    } else {
+      const T* src = row + int64_t(nh + nkv + kh) * d;
+      for (int32_t e = 0; e < per_lane; ++e) {
+        at[e] = lane * per_lane + e;
+        x[e] = to_f(src[at[e]]);
+      }
+    }
+    float amax = 0.0f;
+    for (int32_t e = 0; e < per_lane; ++e) amax = fmaxf(amax, fabsf(x[e]));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    // fp8_kv_scale (models/fp8.h): amax / 448 rounded up to a power of two.
+    uint32_t sb = __float_as_uint(__fdiv_rn(amax, 448.0f));
+    if ((sb & 0x7fffffu) != 0) sb = (sb & 0x7f800000u) + 0x800000u;
+    const float sc = amax > 0.0f ? __uint_as_float(sb) : 1.0f;
+    const int64_t row_id = (page * nkv + kh) * page_size + slot;  // (page, head, slot)
+    uint8_t* dst = (is_k ? k_pool : v_pool) + row_id * d;
+    for (int32_t e = 0; e < per_lane; ++e) {
+      dst[at[e]] = uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(x[e], sc), __NV_SATFINITE, __NV_E4M3));
+    }
+    if (lane == 0) (is_k ? k_scale : v_scale)[row_id] = sc;
+  }
+}
+
 // 8 outputs a thread (im % 8 == 0): 16-byte loads of gate and up, one 16-byte store.
 template <typename T>
 __global__ void swiglu_kernel(const T* __restrict__ gu, int64_t rows, int64_t im,
@@ -793,8 +889,17 @@ void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t hidde
 void rope_and_store_kv(Dtype dt, const void* qkv, const int32_t* positions, const float* inv_freq,
                        const int64_t* kv_slots, int64_t rows, int32_t nh, int32_t nkv, int32_t d,
                        int32_t page_size, void* q_out, void* k_pool, void* v_pool,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, float* k_scale, float* v_scale) {
   if (rows == 0) return;
+  if (k_scale != nullptr) {
+    const int64_t warps = (int64_t(nh) * d / 8 + 31) / 32 + 2 * nkv;
+    TS_DISPATCH(dt, launch_pdl(dim3(rows), dim3(int(std::min<int64_t>(warps, 32) * 32)), stream,
+                               rope_store_fp8_kernel<T>, static_cast<const T*>(qkv), positions,
+                               inv_freq, kv_slots, nh, nkv, d, page_size, static_cast<T*>(q_out),
+                               static_cast<uint8_t*>(k_pool), static_cast<uint8_t*>(v_pool),
+                               k_scale, v_scale));
+    return;
+  }
   const int64_t units = int64_t(nh + 2 * nkv) * d / 8;
   TS_DISPATCH(dt, launch_pdl(dim3(rows), dim3(round_up_warps(units)), stream, rope_store_kernel<T>,
                              static_cast<const T*>(qkv), positions, inv_freq, kv_slots, nh, nkv, d,
@@ -835,9 +940,20 @@ void swiglu(Dtype dt, const void* gu, int64_t rows, int64_t im, void* out, cudaS
 
 void copy_pages(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t layer_elems,
                 int64_t page_elems, int32_t nkv, int32_t page_size, int32_t d, const int32_t* src,
-                const int32_t* dst, const int32_t* num_slots, int32_t n, cudaStream_t stream) {
+                const int32_t* dst, const int32_t* num_slots, int32_t n, cudaStream_t stream,
+                float* k_scale_all, float* v_scale_all) {
   if (n == 0) return;
   dim3 grid(n, layers, 2);
+  if (k_scale_all != nullptr) {
+    // e4m3 bytes, then the scales: a layout of the same pages with one value a row.
+    copy_pages_kernel<uint8_t>
+        <<<grid, 256, 0, stream>>>(static_cast<uint8_t*>(k_all), static_cast<uint8_t*>(v_all),
+                                   layer_elems, page_elems, nkv, page_size, d, src, dst, num_slots);
+    copy_pages_kernel<float><<<grid, 256, 0, stream>>>(k_scale_all, v_scale_all, layer_elems / d,
+                                                       page_elems / d, nkv, page_size, 1, src, dst,
+                                                       num_slots);
+    return;
+  }
   TS_DISPATCH(dt, copy_pages_kernel<T><<<grid, 256, 0, stream>>>(
                       static_cast<T*>(k_all), static_cast<T*>(v_all), layer_elems, page_elems, nkv,
                       page_size, d, src, dst, num_slots));
@@ -845,9 +961,18 @@ void copy_pages(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t laye
 
 void move_slots(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t layer_elems,
                 int64_t page_elems, int32_t nkv, int32_t page_size, int32_t d, const int64_t* src,
-                const int64_t* dst, int32_t n, cudaStream_t stream) {
+                const int64_t* dst, int32_t n, cudaStream_t stream, float* k_scale_all,
+                float* v_scale_all) {
   if (n == 0) return;
   dim3 grid(layers, 2);
+  if (k_scale_all != nullptr) {
+    move_slots_kernel<uint8_t>
+        <<<grid, 256, 0, stream>>>(static_cast<uint8_t*>(k_all), static_cast<uint8_t*>(v_all),
+                                   layer_elems, page_elems, nkv, page_size, d, src, dst, n);
+    move_slots_kernel<float><<<grid, 256, 0, stream>>>(
+        k_scale_all, v_scale_all, layer_elems / d, page_elems / d, nkv, page_size, 1, src, dst, n);
+    return;
+  }
   TS_DISPATCH(dt, move_slots_kernel<T>
               <<<grid, 256, 0, stream>>>(static_cast<T*>(k_all), static_cast<T*>(v_all),
                                          layer_elems, page_elems, nkv, page_size, d, src, dst, n));

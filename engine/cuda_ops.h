@@ -82,10 +82,14 @@ void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t hidde
 // qkv T [rows][(nh + 2 nkv) * d] (q | k | v): RoPE (rotate-half, angle = position *
 // inv_freq[i], inv_freq float [d/2]) on q and k; q goes to q_out T [rows][nh][d]; k and v go
 // to the layer's pool (T [pages][nkv][page_size][d]) at slot kv_slots[r] (page * ps + slot).
+// With k_scale and v_scale (float [pages][nkv][page_size]) the pools are e4m3: each (row, kv
+// head) of K (rotated and rounded to T first) and of V is quantized with its own scale
+// (models/fp8.h's fp8_kv_scale and quantize_fp8_kv_rows), which goes to the scale arrays at the
+// same (page, head, slot).
 void rope_and_store_kv(Dtype dt, const void* qkv, const int32_t* positions, const float* inv_freq,
                        const int64_t* kv_slots, int64_t rows, int32_t nh, int32_t nkv, int32_t d,
                        int32_t page_size, void* q_out, void* k_pool, void* v_pool,
-                       cudaStream_t stream);
+                       cudaStream_t stream, float* k_scale = nullptr, float* v_scale = nullptr);
 
 // out T [rows][im] = silu(gu[:, :im]) * gu[:, im:]  (gu T [rows][2 im]).
 // With fp8.q set, also out's e4m3 copy (as add_rms_norm's).
@@ -93,17 +97,21 @@ void swiglu(Dtype dt, const void* gu, int64_t rows, int64_t im, void* out, cudaS
             Fp8Rows fp8 = {});
 
 // For every layer l (pools at k_all + l * layer_elems): slots [0, num_slots[i]) of page
-// src[i] copied to page dst[i], every head. n copies.
+// src[i] copied to page dst[i], every head. n copies. With k_scale_all and v_scale_all (float,
+// one a row: [layers][pages][nkv][page_size]) the pools are e4m3 (a byte a value) and the rows'
+// scales are copied too; likewise in move_slots.
 void copy_pages(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t layer_elems,
                 int64_t page_elems, int32_t nkv, int32_t page_size, int32_t d, const int32_t* src,
-                const int32_t* dst, const int32_t* num_slots, int32_t n, cudaStream_t stream);
+                const int32_t* dst, const int32_t* num_slots, int32_t n, cudaStream_t stream,
+                float* k_scale_all = nullptr, float* v_scale_all = nullptr);
 
 // Slot moves (speculative accept), sequentially in the given order: src/dst slot ids
 // (page * ps + slot), every layer and head. One block does them in order (a later move may
 // read an earlier one's destination).
 void move_slots(Dtype dt, void* k_all, void* v_all, int32_t layers, int64_t layer_elems,
                 int64_t page_elems, int32_t nkv, int32_t page_size, int32_t d, const int64_t* src,
-                const int64_t* dst, int32_t n, cudaStream_t stream);
+                const int64_t* dst, int32_t n, cudaStream_t stream, float* k_scale_all = nullptr,
+                float* v_scale_all = nullptr);
 
 // Per row of logits (float [n][stride]): the argmax (lowest id on ties) over the row's first
 // vocab entries (vocab <= stride; ids past a tokenizer's vocabulary are left out) and its

@@ -58,7 +58,9 @@ namespace {
 using namespace detail;      // NOLINT: header field names
 using namespace detail::ta;  // NOLINT: stage 1 device code and PTX wrappers
 
-template <int D, typename T>
+// kFp8Kv: the pool holds e4m3 with row scales (Stage1Params::k_scale), dequantized to T as the
+// tiles are copied (copy_kv_row).
+template <int D, typename T, bool kFp8Kv = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stage1(Stage1Params p) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const int32_t* plan = p.plan;
@@ -103,7 +105,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   T* s_q = reinterpret_cast<T*>(smem);
   T* s_k = s_q + kTileRows * D;  // [kStages][kKvTile][D]
   T* s_v = s_k + kStages * kKvTile * D;
-  int32_t* seg_start = reinterpret_cast<int32_t*>(s_v + kStages * kKvTile * D);
+  // An e4m3 pool's row scales (kFp8ScaleBytes) between the tiles and the segment scratch.
+  float* s_ks = reinterpret_cast<float*>(s_v + kStages * kKvTile * D);
+  float* s_vs = s_ks + kStages * kKvTile;
+  int32_t* seg_start = reinterpret_cast<int32_t*>(kFp8Kv ? s_vs + kStages * kKvTile : s_ks);
   int32_t* seg_slot = seg_start + kSegBatch;
   int32_t* seg_page = seg_slot + kSegBatch;
   int32_t* warp_sums = seg_page + kSegBatch;
@@ -155,8 +160,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
     rest_begin = it.num_tokens;
   }
 
-  const T* k_pool = static_cast<const T*>(p.k);
-  const T* v_pool = static_cast<const T*>(p.v);
   const int num_tokens = it.num_tokens;
   // Each thread copies 4 chunks (16 bytes each) of a token row per pass, so it looks the row
   // up once for 4 chunks; the row's kTpr threads are adjacent lanes, so each copy instruction
@@ -174,7 +177,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
       const int t = tile * kKvTile + r;
       const bool valid = t < num_tokens;
       const int64_t row = valid ? int64_t(tok[t]) * D : 0;
-      copy_kv_row<D>(dk, dv, r, row, valid, k_pool, v_pool, with_k, with_v);
+      copy_kv_row<D, T, kFp8Kv>(dk, dv, s_ks + stage * kKvTile, s_vs + stage * kKvTile, r, row,
+                                valid, p.k, p.v, p.k_scale, p.v_scale, with_k, with_v);
     }
   };
   // The same for a paired item: a tile holds kKvTile / kPairHeads tokens of each head, head
@@ -190,7 +194,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
       const int t = tile * kTileTok + r % kTileTok;
       const bool valid = t < num_tokens;
       const int64_t row = valid ? (int64_t(tok[t]) + (r / kTileTok) * page_size) * D : 0;
-      copy_kv_row<D>(dk, dv, r, row, valid, k_pool, v_pool);
+      copy_kv_row<D, T, kFp8Kv>(dk, dv, s_ks + stage * kKvTile, s_vs + stage * kKvTile, r, row,
+                                valid, p.k, p.v, p.k_scale, p.v_scale);
     }
   };
   // Group 0: Q with the first tile. The main loops load tile 1 before their first barrier.
@@ -216,13 +221,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
   // the rest run whole 64-row tiles (wgmma on sm_90a): 17-32-row items run at least as fast in
   // whole tiles as split 2 ways, and decode items split 4 ways match whole wgmma tiles (both
   // bound by latency, not the tensor cores).
+  auto convert = [&](int k_stage, int v_stage) {
+    if constexpr (kFp8Kv) convert_fp8_tiles<D, T>(s_k, s_v, s_ks, s_vs, k_stage, v_stage);
+  };
   if (paired) {
     attend<D, T, kWarps / kPairHeads, kTileRows, kPairHeads>(p, it, mask_words, s_q, s_k, s_v,
-                                                             load_tile_paired);
+                                                             load_tile_paired, convert);
   } else if (it.num_rows <= kDecodeShapedRows) {
-    attend<D, T, kMaxSplit>(p, it, mask_words, s_q, s_k, s_v, load_tile);
+    attend<D, T, kMaxSplit>(p, it, mask_words, s_q, s_k, s_v, load_tile, convert);
   } else {
-    attend<D, T, 1>(p, it, mask_words, s_q, s_k, s_v, load_tile);
+    attend<D, T, 1>(p, it, mask_words, s_q, s_k, s_v, load_tile, convert);
   }
   record_block_trace(p, start_ns, item, it);
   // The merge grid (programmatic dependent launch) may start once every block got here.
@@ -242,12 +250,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) tree_attention_stag
 // second stream than in stage 1 itself.
 constexpr int kDecodeMinBlocksPerSm = 3;
 constexpr int kDecodeQRows = kDecodeShapedRows;
-template <int D>
+template <int D, bool kFp8Kv = false>
 constexpr int decode_smem_bytes() {
-  return (2 * kStages * kKvTile + kDecodeQRows) * D * 2 + 1024;  // + 1 KB to align the tiles
+  // + 1 KB to align the tiles, + an e4m3 pool's row scales
+  return (2 * kStages * kKvTile + kDecodeQRows) * D * 2 + 1024 + (kFp8Kv ? kFp8ScaleBytes : 0);
 }
 
-template <int D, typename T>
+template <int D, typename T, bool kFp8Kv = false>
 __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
     tree_attention_decode(Stage1Params p) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
@@ -283,6 +292,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
   T* s_k = reinterpret_cast<T*>(smem);  // [kStages][kKvTile][D], then V, then Q's 16 rows
   T* s_v = s_k + kStages * kKvTile * D;
   T* s_q = s_v + kStages * kKvTile * D;
+  float* s_ks = reinterpret_cast<float*>(s_q + kDecodeQRows * D);  // e4m3 pool: row scales
+  float* s_vs = s_ks + kStages * kKvTile;
 
   // Q, K, V and the token table are earlier kernels' output (a programmatic launch waits here).
   pdl_wait();
@@ -321,8 +332,6 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
 
   const int rows_per_page = p.num_kv_heads * p.page_size;
   const int head_row = it.kv_head * p.page_size;
-  const T* k_pool = static_cast<const T*>(p.k);
-  const T* v_pool = static_cast<const T*>(p.v);
   // Copies tile `tile` (the split loop asks for them in order) into buffer `stage`.
   auto load_tile = [&](int tile, int stage, bool, bool) {
     T* dk = s_k + stage * kKvTile * D;
@@ -334,14 +343,18 @@ __global__ void __launch_bounds__(kThreads, kDecodeMinBlocksPerSm)
       const bool valid = t < num_tokens;
       const int32_t e = ent0[pass];
       const int64_t row = valid ? int64_t(table_pool_row(e, rows_per_page, head_row)) * D : 0;
-      copy_kv_row<D>(dk, dv, r, row, valid, k_pool, v_pool);
+      copy_kv_row<D, T, kFp8Kv>(dk, dv, s_ks + stage * kKvTile, s_vs + stage * kKvTile, r, row,
+                                valid, p.k, p.v, p.k_scale, p.v_scale);
       ent0[pass] = ent1[pass];
     }
     fetch(tile + 2, ent1);
   };
   if (it.num_tiles > 0) load_tile(0, 0, true, true);
   cp_async_commit();  // group 0: Q with the first tile
-  attend<D, T, kSplit, kDecodeQRows>(p, it, mask_words, s_q, s_k, s_v, load_tile);
+  auto convert = [&](int k_stage, int v_stage) {
+    if constexpr (kFp8Kv) convert_fp8_tiles<D, T>(s_k, s_v, s_ks, s_vs, k_stage, v_stage);
+  };
+  attend<D, T, kSplit, kDecodeQRows>(p, it, mask_words, s_q, s_k, s_v, load_tile, convert);
   record_block_trace(p, start_ns, item, it);
   pdl_trigger();
 }
@@ -1045,13 +1058,16 @@ int64_t paired_stage1_blocks(int64_t unpaired, int64_t paired, int32_t num_kv_he
   return unpaired * num_kv_heads + paired * (num_kv_heads / kPairHeads);
 }
 
-template <int D, typename T>
+// kFp8Kv: an e4m3 pool (params.k_scale set), which stage 1 and the decode kernel read (their
+// kFp8Kv instances); the tail and wide kernels, which copy T tiles only, do not run.
+template <int D, typename T, bool kFp8Kv>
 Status launch(const Stage1Params& params, const MergeTarget& target,
               const TreeAttentionWorkspace& ws, cudaStream_t stream, TreeAttentionGrid grid) {
   const TreeAttentionLimits& limits = ws.limits();
-  const int smem = stage1_smem_bytes_fixed<D>() + limits.max_item_tokens * 4;
-  for (const void* kernel : {reinterpret_cast<const void*>(tree_attention_stage1<D, T>),
-                             reinterpret_cast<const void*>(tree_attention_decode<D, T>)}) {
+  const int smem = stage1_smem_bytes_fixed<D, kFp8Kv>() + limits.max_item_tokens * 4;
+  auto* const stage1 = tree_attention_stage1<D, T, kFp8Kv>;
+  for (const void* kernel : {reinterpret_cast<const void*>(stage1),
+                             reinterpret_cast<const void*>(tree_attention_decode<D, T, kFp8Kv>)}) {
     const cudaError_t attr = allow_large_smem(kernel);
     if (attr != cudaSuccess) return launch_error("cudaFuncSetAttribute", attr);
   }
@@ -1064,9 +1080,9 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
   // The wide kernel (TreeAttentionLimits::wide_kernel): its pairs and the paired items in one
   // grid, then stage 1 for the items between them, if any.
   const bool wide =
-      D == 128 && items > 0 &&
+      !kFp8Kv && D == 128 && items > 0 &&
       (grid.items > 0 ? grid.wide : tree_attention_runs_wide(ws, params.num_kv_heads, D));
-  if constexpr (D == 128) {
+  if constexpr (D == 128 && !kFp8Kv) {
     if (wide) {
       const void* kernel = reinterpret_cast<const void*>(tree_attention_wide<D, T>);
       const cudaError_t attr = allow_large_smem(kernel);
@@ -1114,9 +1130,10 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
     // launched once every stage 1 block has triggered, which a block running an item does only
     // after its wait for the previous kernel (where none does, the tail kernel waits itself).
     const bool tail =
-        grid.items > 0 ? grid.tail && !decode : tree_attention_runs_tail(ws, params.num_kv_heads);
+        !kFp8Kv &&
+        (grid.items > 0 ? grid.tail && !decode : tree_attention_runs_tail(ws, params.num_kv_heads));
     if (tail) {
-      for (const void* kernel : {reinterpret_cast<const void*>(tree_attention_stage1<D, T>),
+      for (const void* kernel : {reinterpret_cast<const void*>(stage1),
                                  reinterpret_cast<const void*>(tree_attention_tail<D, T>)}) {
         const cudaError_t attr = prefer_max_shared(kernel);
         if (attr != cudaSuccess) return launch_error("cudaFuncSetAttribute", attr);
@@ -1142,10 +1159,9 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
       }
     }
     const cudaError_t e1 =
-        decode ? launch_pdl(blocks_1, dim3(kThreads), size_t(decode_smem_bytes<D>()), stream,
-                            tree_attention_decode<D, T>, p1)
-               : launch_pdl(blocks_1, dim3(kThreads), size_t(smem), stream,
-                            tree_attention_stage1<D, T>, p1);
+        decode ? launch_pdl(blocks_1, dim3(kThreads), size_t(decode_smem_bytes<D, kFp8Kv>()),
+                            stream, tree_attention_decode<D, T, kFp8Kv>, p1)
+               : launch_pdl(blocks_1, dim3(kThreads), size_t(smem), stream, stage1, p1);
     if (e1 != cudaSuccess) {
       return launch_error(decode ? "tree_attention_decode launch" : "tree_attention_stage1 launch",
                           e1);
@@ -1184,7 +1200,7 @@ Status launch(const Stage1Params& params, const MergeTarget& target,
 Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int32_t num_q_heads,
                       int32_t num_kv_heads, int32_t head_dim, int32_t page_size, float sm_scale,
                       const TreeAttentionWorkspace& workspace, TreeAttentionGrid grid,
-                      Stage1Params* params) {
+                      TreeAttentionKvScales fp8_kv, Stage1Params* params) {
   if (!workspace.initialized())
     return FailedPrecondition("tree attention workspace not initialized");
   if (head_dim != 64 && head_dim != 128) {
@@ -1272,6 +1288,14 @@ Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int
                              " items stage 1 runs after the wide kernel's pairs");
     }
   }
+  if ((fp8_kv.k == nullptr) != (fp8_kv.v == nullptr)) {
+    return InvalidArgument("an e4m3 KV pool needs both scale arrays (K and V)");
+  }
+  if (fp8_kv.k != nullptr && grid.items > 0 && (grid.tail || grid.wide)) {
+    return InvalidArgument(
+        "an e4m3 KV pool runs in stage 1 or the decode kernel: a launch grid with tail or wide "
+        "cannot take it (the workspace's limits should turn both kernels off)");
+  }
   if (grid.items > 0 && grid.decode_kernel && !workspace.runs_decode_kernel()) {
     return InvalidArgument(
         "launch grid with decode_kernel for a plan that is not all decode-shaped "
@@ -1283,6 +1307,8 @@ Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int
   params->q = q;
   params->k = k_pool;
   params->v = v_pool;
+  params->k_scale = fp8_kv.k;
+  params->v_scale = fp8_kv.v;
   params->token_table = static_cast<const int32_t*>(workspace.token_table());
   params->partial_o = static_cast<float*>(workspace.partial_o());
   params->partial_lse = static_cast<float*>(workspace.partial_lse());
@@ -1302,16 +1328,24 @@ Status prepare_launch(const void* q, const void* k_pool, const void* v_pool, int
   return Status::Ok();
 }
 
+template <int D, typename T>
+Status launch_kv(bool fp8, const Stage1Params& params, const MergeTarget& target,
+                 const TreeAttentionWorkspace& ws, cudaStream_t stream, TreeAttentionGrid grid) {
+  return fp8 ? launch<D, T, true>(params, target, ws, stream, grid)
+             : launch<D, T, false>(params, target, ws, stream, grid);
+}
+
 Status dispatch(const Stage1Params& params, const MergeTarget& target, TreeAttentionDtype dtype,
                 int32_t head_dim, const TreeAttentionWorkspace& workspace, cudaStream_t stream,
                 TreeAttentionGrid grid) {
   const bool bf16 = dtype == TreeAttentionDtype::kBFloat16;
+  const bool fp8 = params.k_scale != nullptr;
   if (head_dim == 128) {
-    return bf16 ? launch<128, __nv_bfloat16>(params, target, workspace, stream, grid)
-                : launch<128, __half>(params, target, workspace, stream, grid);
+    return bf16 ? launch_kv<128, __nv_bfloat16>(fp8, params, target, workspace, stream, grid)
+                : launch_kv<128, __half>(fp8, params, target, workspace, stream, grid);
   }
-  return bf16 ? launch<64, __nv_bfloat16>(params, target, workspace, stream, grid)
-              : launch<64, __half>(params, target, workspace, stream, grid);
+  return bf16 ? launch_kv<64, __nv_bfloat16>(fp8, params, target, workspace, stream, grid)
+              : launch_kv<64, __half>(fp8, params, target, workspace, stream, grid);
 }
 
 }  // namespace
@@ -1403,10 +1437,10 @@ Status launch_tree_attention(const void* q, const void* k_pool, const void* v_po
                              TreeAttentionDtype dtype, int32_t num_q_heads, int32_t num_kv_heads,
                              int32_t head_dim, int32_t page_size, float sm_scale,
                              const TreeAttentionWorkspace& workspace, cudaStream_t stream,
-                             TreeAttentionGrid grid) {
+                             TreeAttentionGrid grid, TreeAttentionKvScales fp8_kv) {
   Stage1Params params;
   TS_RETURN_IF_ERROR(prepare_launch(q, k_pool, v_pool, num_q_heads, num_kv_heads, head_dim,
-                                    page_size, sm_scale, workspace, grid, &params));
+                                    page_size, sm_scale, workspace, grid, fp8_kv, &params));
   if (out == nullptr) return InvalidArgument("launch_tree_attention: null tensor pointer");
   MergeTarget target;
   target.out = out;
@@ -1418,10 +1452,10 @@ Status launch_tree_attention_state(const void* q, const void* k_pool, const void
                                    int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
                                    int32_t page_size, float sm_scale,
                                    const TreeAttentionWorkspace& workspace, cudaStream_t stream,
-                                   TreeAttentionGrid grid) {
+                                   TreeAttentionGrid grid, TreeAttentionKvScales fp8_kv) {
   Stage1Params params;
   TS_RETURN_IF_ERROR(prepare_launch(q, k_pool, v_pool, num_q_heads, num_kv_heads, head_dim,
-                                    page_size, sm_scale, workspace, grid, &params));
+                                    page_size, sm_scale, workspace, grid, fp8_kv, &params));
   if (state_o == nullptr || state_lse == nullptr) {
     return InvalidArgument("launch_tree_attention_state: null state pointer");
   }

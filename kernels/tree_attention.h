@@ -243,6 +243,17 @@ struct TreeAttentionGrid {
 TreeAttentionGrid tree_attention_graph_grid(const TreeAttentionWorkspace& workspace,
                                             int32_t num_kv_heads, int32_t head_dim);
 
+// An e4m3 KV pool's scales (kernels/kv_layout.h: one float32 a (page, kv head, slot) row, at
+// the row's element offset / head_dim), both set or both null. Set: k_pool and v_pool hold
+// e4m3 bytes, which stage 1 and the decode kernel dequantize to dtype as they copy each tile
+// (value * its row's scale in float32, rounded to dtype: the results equal a dtype pool
+// holding those values bit for bit); the tail and wide kernels do not run (a workspace for such
+// a pool turns them off in its limits; a grid that asks for them is refused).
+struct TreeAttentionKvScales {
+  const float* k = nullptr;
+  const float* v = nullptr;
+};
+
 // q:      [num_rows][num_q_heads][head_dim]   batch rows; only the plan's query rows are read
 // k_pool, v_pool: one layer's K / V buffer    [num_pages][num_kv_heads][page_size][head_dim]
 // out:    [num_rows][num_q_heads][head_dim]   only the plan's query rows are written
@@ -256,7 +267,7 @@ Status launch_tree_attention(const void* q, const void* k_pool, const void* v_po
                              TreeAttentionDtype dtype, int32_t num_q_heads, int32_t num_kv_heads,
                              int32_t head_dim, int32_t page_size, float sm_scale,
                              const TreeAttentionWorkspace& workspace, cudaStream_t stream,
-                             TreeAttentionGrid grid = {});
+                             TreeAttentionGrid grid = {}, TreeAttentionKvScales fp8_kv = {});
 
 // launch_tree_attention with stage 2 writing each plan query's merged attention state instead
 // of output rows (same inputs and checks; q, k_pool, v_pool as above):
@@ -270,7 +281,7 @@ Status launch_tree_attention_state(const void* q, const void* k_pool, const void
                                    int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
                                    int32_t page_size, float sm_scale,
                                    const TreeAttentionWorkspace& workspace, cudaStream_t stream,
-                                   TreeAttentionGrid grid = {});
+                                   TreeAttentionGrid grid = {}, TreeAttentionKvScales fp8_kv = {});
 
 // Plan config for this kernel on a GPU with num_sms multiprocessors: the kernel's tile shape
 // (64 query rows, 64-token KV tiles), and num_sms as the *item* target of long-context

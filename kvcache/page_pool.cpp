@@ -23,11 +23,20 @@ StatusOr<int32_t> PagePool::pages_for_budget(const KvLayout& model, int64_t budg
       return InvalidArgument(std::string(name) + " must be positive, got " + std::to_string(value));
     }
   }
+  if (model.scale_bytes < 0) {
+    return InvalidArgument("scale_bytes must be >= 0, got " + std::to_string(model.scale_bytes));
+  }
   if (budget_bytes <= 0) return InvalidArgument("budget_bytes must be positive");
-  // Bytes of one page across all layers, K and V; checked so absurd shapes cannot overflow.
-  int64_t bytes_per_page = int64_t{2} * model.page_size;
-  for (const auto& [name, value] : fields) {
-    if (__builtin_mul_overflow(bytes_per_page, int64_t{value}, &bytes_per_page)) {
+  // Bytes of one page across all layers, K and V: each (token, kv head) row of K or V is
+  // head_dim * dtype_bytes values and scale_bytes of scale. Checked so absurd shapes cannot
+  // overflow (the fields are int32, so the row's bytes fit in int64).
+  const int64_t row_bytes = int64_t{model.head_dim} * model.dtype_bytes + model.scale_bytes;
+  int64_t bytes_per_page = row_bytes;
+  const std::pair<const char*, int64_t> factors[] = {{"page_size", int64_t{2} * model.page_size},
+                                                     {"num_layers", model.num_layers},
+                                                     {"num_kv_heads", model.num_kv_heads}};
+  for (const auto& [name, value] : factors) {
+    if (__builtin_mul_overflow(bytes_per_page, value, &bytes_per_page)) {
       return InvalidArgument("model shape is too large: bytes per page overflow at " +
                              std::string(name));
     }

@@ -1,4 +1,4 @@
-// QuantConfig's names (models/quantization.h).
+// QuantConfig's names and the KV cache dtype option (models/quantization.h).
 #include "models/quantization.h"
 
 namespace treeserve {
@@ -9,6 +9,27 @@ const char* quant_scheme_name(QuantScheme scheme) {
       return "none";
     case QuantScheme::kFp8:
       return "fp8";
+  }
+  return "?";
+}
+
+StatusOr<KvCacheDtype> parse_kv_cache_dtype(const std::string& value, const std::string& option) {
+  if (value == "auto") return KvCacheDtype::kAuto;
+  if (value == "fp8" || value == "fp8_e4m3") return KvCacheDtype::kFp8E4m3;
+  if (value == "fp8_e5m2") {
+    return InvalidArgument(option +
+                           " 'fp8_e5m2' is not supported: only e4m3 is (fp8 or fp8_e4m3, "
+                           "with one float32 scale per token and kv head)");
+  }
+  return InvalidArgument(option + " must be auto, fp8 or fp8_e4m3, got '" + value + "'");
+}
+
+const char* kv_cache_dtype_name(KvCacheDtype dtype) {
+  switch (dtype) {
+    case KvCacheDtype::kAuto:
+      return "auto";
+    case KvCacheDtype::kFp8E4m3:
+      return "fp8_e4m3";
   }
   return "?";
 }

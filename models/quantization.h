@@ -1,11 +1,14 @@
 // How a checkpoint's linear layers are quantized (ModelConfig::quant): read from config.json's
 // quantization_config (the "fp8" layout and compressed-tensors' float-quantized FP8 schemes),
 // or asked for with --quantization fp8 (model.quantization) to quantize a 16-bit checkpoint
-// at load. The LM head and the embeddings always stay 16-bit.
+// at load. The LM head and the embeddings always stay 16-bit. Also the KV cache's element
+// type (kv_cache.dtype, --kv-cache-dtype), which the server and the tools parse alike.
 #pragma once
 
 #include <string>
 #include <vector>
+
+#include "common/status.h"
 
 namespace treeserve {
 
@@ -41,5 +44,16 @@ struct QuantConfig {
 };
 
 const char* quant_scheme_name(QuantScheme scheme);  // "none", "fp8"
+
+enum class KvCacheDtype {
+  kAuto,     // the model's: fp16 or bf16 on the CUDA backend, float32 on the CPU backend
+  kFp8E4m3,  // e4m3 with one float32 scale per (token, kv head) row (kernels/kv_layout.h)
+};
+
+// Parses kv_cache.dtype / --kv-cache-dtype (`option` names it in messages): "auto", "fp8" or
+// its alias "fp8_e4m3". "fp8_e5m2" is INVALID_ARGUMENT saying that only e4m3 is supported; any
+// other value is INVALID_ARGUMENT naming the accepted ones.
+StatusOr<KvCacheDtype> parse_kv_cache_dtype(const std::string& value, const std::string& option);
+const char* kv_cache_dtype_name(KvCacheDtype dtype);  // "auto", "fp8_e4m3"
 
 }  // namespace treeserve

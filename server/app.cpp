@@ -32,6 +32,7 @@
 #include "models/chat_template.h"
 #include "models/llama_weights.h"
 #include "models/model_config.h"
+#include "models/quantization.h"
 #include "models/safetensors.h"
 #include "models/tokenizer.h"
 #include "scheduler/scheduler.h"
@@ -56,7 +57,7 @@ struct CommandLine {
   std::optional<std::string> tls_cert, tls_key, tls_client_ca;
   std::optional<std::string> keys_file;
   std::optional<std::string> chat_template;
-  std::optional<std::string> quantization;
+  std::optional<std::string> quantization, kv_cache_dtype;
   std::optional<std::string> replica_id;
   std::optional<int64_t> kv_cache_bytes, random_weights;
   std::optional<int32_t> page_size, tensor_parallel, gemm_split_k;
@@ -356,6 +357,11 @@ int run_treeserve(int argc, char** argv) {
                  "auto | none | fp8: FP8 (e4m3) linear layers; fp8 quantizes a 16-bit "
                  "checkpoint at load, auto serves the checkpoint as it is (model.quantization; "
                  "default auto; docs/operations.md, \"Quantization (FP8)\")");
+  app.add_option("--kv-cache-dtype", cl.kv_cache_dtype,
+                 "auto | fp8 (alias fp8_e4m3): K and V in e4m3 with a float32 scale per token "
+                 "and kv head, about twice the tokens per byte on the cuda backend (the cpu "
+                 "backend emulates the numerics); auto is the model's dtype (kv_cache.dtype; "
+                 "default auto)");
   app.add_option("--page-size", cl.page_size, "KV page size in tokens (1..256)");
   app.add_option("--tensor-parallel", cl.tensor_parallel,
                  "GPUs to split the model over (NCCL; cuda backend; default 1)");
@@ -413,6 +419,7 @@ int run_treeserve(int argc, char** argv) {
   if (cl.replica_id) config.server.replica_id = *cl.replica_id;
   if (cl.kv_cache_bytes) config.kv_cache.memory_bytes = *cl.kv_cache_bytes;
   if (cl.page_size) config.kv_cache.page_size = *cl.page_size;
+  if (cl.kv_cache_dtype) config.kv_cache.dtype = *cl.kv_cache_dtype;
   if (cl.tensor_parallel) config.engine.tensor_parallel = *cl.tensor_parallel;
   if (cl.cuda_graphs) config.engine.cuda_graphs = *cl.cuda_graphs;
   if (cl.gemm_autotune) config.engine.gemm_autotune = *cl.gemm_autotune;
@@ -483,13 +490,21 @@ int run_treeserve(int argc, char** argv) {
         "'); use 1 with the cpu backend"));
   }
 
-  // KV capacity: the CPU backend keeps KV in float32.
+  // KV capacity: the CPU backend keeps KV in float32 (an FP8 KV cache there is an emulation of
+  // its numerics in the same float32 pool); the CUDA backend in fp16/bf16, or in e4m3 with one
+  // float32 scale per (token, kv head) row.
+  StatusOr<KvCacheDtype> kv_dtype =
+      parse_kv_cache_dtype(config.kv_cache.dtype, "kv_cache.dtype (--kv-cache-dtype)");
+  if (!kv_dtype.ok()) return fail(kv_dtype.status());
+  const bool kv_fp8 = *kv_dtype == KvCacheDtype::kFp8E4m3;
+  const bool bfloat16 = model_config->torch_dtype == "bfloat16";
   KvLayout layout;
   layout.num_layers = static_cast<int32_t>(model_config->num_hidden_layers);
   layout.num_kv_heads = static_cast<int32_t>(model_config->num_key_value_heads);
   layout.head_dim = static_cast<int32_t>(model_config->head_dim);
   layout.page_size = config.kv_cache.page_size;
-  layout.dtype_bytes = backend == "cpu" ? 4 : 2;
+  layout.dtype_bytes = backend == "cpu" ? 4 : kv_fp8 ? 1 : 2;
+  layout.scale_bytes = backend == "cuda" && kv_fp8 ? 4 : 0;
   const int64_t pages = KvLayout::pages_for_budget(config.kv_cache.memory_bytes,
                                                    layout.bytes_per_token(), layout.page_size);
   if (pages < 1) {
@@ -507,6 +522,10 @@ int run_treeserve(int argc, char** argv) {
   info.tensor_parallel = config.engine.tensor_parallel;
   info.page_size = config.kv_cache.page_size;
   info.kv_pages_total = pages;
+  info.kv_cache_dtype = kv_fp8             ? kv_cache_dtype_name(KvCacheDtype::kFp8E4m3)
+                        : backend == "cpu" ? "float32"
+                        : bfloat16         ? "bfloat16"
+                                           : "float16";
   if (keys_file) warn_kv_oversubscribed(*keys_file, pages);
   info.max_sequence_tokens = model_config->max_sequence_tokens();
   if (info.max_sequence_tokens < model_config->max_position_embeddings) {
@@ -700,11 +719,13 @@ int run_treeserve(int argc, char** argv) {
     cpu.page_size = config.kv_cache.page_size;
     cpu.num_threads = config.engine.cpu_threads;
     cpu.baseline_attention = config.engine.attention == "baseline";
+    cpu.kv_cache_fp8 = kv_fp8;
 #ifdef TREESERVE_HAVE_CUDA
     CudaBackendOptions cuda;
     cuda.num_pages = pages;
     cuda.page_size = config.kv_cache.page_size;
-    cuda.bfloat16 = model_config->torch_dtype == "bfloat16";
+    cuda.bfloat16 = bfloat16;
+    cuda.kv_cache_fp8 = kv_fp8;
     // num_pages is per rank; each rank holds its KV heads' share of every page.
     cuda.tensor_parallel = config.engine.tensor_parallel;
     cuda.baseline_attention = config.engine.attention == "baseline";
@@ -777,12 +798,13 @@ int run_treeserve(int argc, char** argv) {
   spdlog::info(
       "treeserve {} ready: model={} ({} layers, hidden {}, {} heads / {} kv heads, vocab {}) "
       "backend={} listen={} (port {}) kv_capacity={} pages x {} tokens = {} tokens ({} MiB) "
-      "loaded in {:.1f} s",
+      "kv_dtype={}{} loaded in {:.1f} s",
       TREESERVE_VERSION, config.model.dir + (random_weights ? " (RANDOM WEIGHTS)" : ""),
       model_config->num_hidden_layers, model_config->hidden_size, model_config->num_attention_heads,
       model_config->num_key_value_heads, model_config->vocab_size, backend, config.server.listen,
       selected_port, pages, layout.page_size, pages * layout.page_size,
-      config.kv_cache.memory_bytes >> 20,
+      config.kv_cache.memory_bytes >> 20, info.kv_cache_dtype,
+      kv_fp8 && backend == "cpu" ? " (emulated in the float32 pool)" : "",
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
 
   server->Wait();

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "common/route_key.h"
+#include "models/quantization.h"
 
 namespace treeserve {
 namespace {
@@ -152,6 +153,7 @@ Status merge_config_json(const std::string& json_text, const std::string& source
     TS_RETURN_IF_ERROR(s.get("page_size", &c->kv_cache.page_size));
     TS_RETURN_IF_ERROR(s.get("memory_bytes", &c->kv_cache.memory_bytes));
     TS_RETURN_IF_ERROR(s.get("prefix_sharing", &c->kv_cache.prefix_sharing));
+    TS_RETURN_IF_ERROR(s.get("dtype", &c->kv_cache.dtype));
     TS_RETURN_IF_ERROR(s.check_unknown());
   }
   TS_RETURN_IF_ERROR(sub_object(root, "limits", source, &obj));
@@ -242,6 +244,11 @@ Status validate_config(const TreeserveConfig& c) {
   }
   if (c.kv_cache.memory_bytes <= 0) {
     return InvalidArgument("kv_cache.memory_bytes must be positive");
+  }
+  if (StatusOr<KvCacheDtype> dtype =
+          parse_kv_cache_dtype(c.kv_cache.dtype, "kv_cache.dtype (--kv-cache-dtype)");
+      !dtype.ok()) {
+    return dtype.status();
   }
   if (c.engine.tensor_parallel < 1) {
     return InvalidArgument("engine.tensor_parallel must be >= 1");
@@ -343,7 +350,8 @@ std::string config_to_json(const TreeserveConfig& c) {
                       {"kv_cache",
                        {{"page_size", c.kv_cache.page_size},
                         {"memory_bytes", c.kv_cache.memory_bytes},
-                        {"prefix_sharing", c.kv_cache.prefix_sharing}}},
+                        {"prefix_sharing", c.kv_cache.prefix_sharing},
+                        {"dtype", c.kv_cache.dtype}}},
                       {"limits",
                        {{"max_prompt_tokens", c.limits.max_prompt_tokens},
                         {"max_n", c.limits.max_n},

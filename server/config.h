@@ -83,6 +83,11 @@ struct KvCacheOptions {
   int32_t page_size = 16;            // tokens per page, 1..256
   int64_t memory_bytes = 256 << 20;  // KV pool budget
   bool prefix_sharing = true;        // global radix-cache reuse across trees
+  // K and V's element type (models/quantization.h, parse_kv_cache_dtype): "auto" = the
+  // model's (fp16/bf16 on CUDA, float32 on the CPU); "fp8" (alias "fp8_e4m3") = e4m3 with a
+  // float32 scale per (token, kv head) row, about twice the tokens in the same memory on CUDA
+  // (the CPU backend emulates its numerics in its float32 pool).
+  std::string dtype = "auto";
 };
 
 struct LimitOptions {

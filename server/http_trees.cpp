@@ -243,6 +243,7 @@ void add_tree_routes(httplib::Server& server, ApiContext& api) {
                      {"tensor_parallel", info.tensor_parallel()},
                      {"page_size", info.page_size()},
                      {"kv_pages_total", info.kv_pages_total()},
+                     {"kv_cache_dtype", info.kv_cache_dtype()},
                      {"kv_pages_free", info.kv_pages_free()},
                      {"kv_pages_evictable", info.kv_pages_evictable()},
                      {"radix_cached_tokens", info.radix_cached_tokens()},

@@ -663,6 +663,7 @@ grpc::Status TreeServeService::GetServerInfo(grpc::ServerContext* ctx,
   response->set_tensor_parallel(info_.tensor_parallel);
   response->set_page_size(info_.page_size);
   response->set_kv_pages_total(info_.kv_pages_total);
+  response->set_kv_cache_dtype(info_.kv_cache_dtype);
   SchedulerStats st = scheduler_->stats();
   response->set_kv_pages_free(st.kv_pages_free);
   response->set_kv_pages_evictable(st.kv_pages_evictable);

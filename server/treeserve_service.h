@@ -31,6 +31,9 @@ struct ServingInfo {
   int32_t tensor_parallel = 1;
   int32_t page_size = 16;
   int64_t kv_pages_total = 0;
+  // The pool's K/V element type: "float16", "bfloat16", "float32" (CPU backend) or "fp8_e4m3"
+  // (kv_cache.dtype fp8; on the CPU backend emulated in its float32 pool).
+  std::string kv_cache_dtype = "float32";
   int64_t max_sequence_tokens = 0;  // the model's context; 0 = unlimited
   // Bytes of one text field (a text prompt or append, Tokenize's text, a stop string), checked
   // before any tokenizing; 0 = unbounded. The server derives it from limits.max_prompt_tokens

@@ -6,11 +6,13 @@
 //
 //   treeserve_logits --model DIR --ids 1,2,3 | --ids-file FILE [--backend cpu|cuda]
 //                    [--dtype auto|fp16|bf16] [--quantization auto|none|fp8] [--greedy N]
-//                    [--vocab-limit N] [--chunk N] [--branches FILE] [--random-weights SEED]
-//                    [--threads N] --out FILE
+//                    [--kv-cache-dtype auto|fp8] [--vocab-limit N] [--chunk N]
+//                    [--branches FILE] [--random-weights SEED] [--threads N] --out FILE
 //
 // --quantization is the server's (model.quantization): auto serves an FP8 checkpoint as FP8
 // and a 16-bit one as it is; fp8 quantizes a 16-bit checkpoint's linear layers at load.
+// --kv-cache-dtype is the server's too (kv_cache.dtype): fp8 (alias fp8_e4m3) keeps K and V
+// in e4m3 with a float32 scale per token and kv head (emulated by the CPU backend).
 //
 // --chunk N prefills the prompt in steps of N tokens, as the scheduler does with
 // max_step_tokens (0: the whole prompt in one step). --branches FILE (a JSON list of token-id
@@ -43,6 +45,7 @@
 #include "kvcache/kv_cache.h"
 #include "models/llama_weights.h"
 #include "models/model_config.h"
+#include "models/quantization.h"
 #include "models/safetensors.h"
 
 namespace treeserve {
@@ -55,6 +58,7 @@ struct Args {
   std::string backend = "cpu";
   std::string dtype = "auto";
   std::string quantization = "auto";
+  std::string kv_cache_dtype = "auto";
   int32_t greedy = 16;
   int64_t vocab_limit = 0;
   int64_t random_weights = -1;
@@ -134,7 +138,7 @@ StatusOr<std::vector<std::vector<int32_t>>> read_branches(const std::string& pat
 }
 
 StatusOr<std::unique_ptr<Backend>> make_backend(const Args& a, const ModelConfig& config,
-                                                int64_t num_pages) {
+                                                int64_t num_pages, bool kv_cache_fp8) {
   std::unique_ptr<LlamaWeights> weights;
   if (a.random_weights < 0) {
     StatusOr<SafetensorsReader> reader = SafetensorsReader::open_dir(a.model);
@@ -152,6 +156,7 @@ StatusOr<std::unique_ptr<Backend>> make_backend(const Args& a, const ModelConfig
     o.bfloat16 = a.dtype == "bf16" || (a.dtype == "auto" && config.torch_dtype == "bfloat16");
     o.gemm_autotune = a.gemm_autotune;
     o.tensor_parallel = a.tensor_parallel;
+    o.kv_cache_fp8 = kv_cache_fp8;
     return weights ? create_cuda_backend(config, *weights, o)
                    : create_cuda_backend_random(config, o, seed);
 #else
@@ -162,6 +167,7 @@ StatusOr<std::unique_ptr<Backend>> make_backend(const Args& a, const ModelConfig
   o.num_pages = num_pages;
   o.page_size = a.page_size;
   o.num_threads = a.threads;
+  o.kv_cache_fp8 = kv_cache_fp8;
   return weights ? create_cpu_backend(config, *weights, o)
                  : create_cpu_backend_random(config, o, seed);
 }
@@ -302,6 +308,9 @@ Status run(const Args& a) {
   StatusOr<ModelConfig> config = load_model_config(a.model);
   if (!config.ok()) return config.status();
   TS_RETURN_IF_ERROR(apply_quantization_option(a.quantization, "--quantization", &*config));
+  StatusOr<KvCacheDtype> kv_dtype = parse_kv_cache_dtype(a.kv_cache_dtype, "--kv-cache-dtype");
+  if (!kv_dtype.ok()) return kv_dtype.status();
+  const bool kv_fp8 = *kv_dtype == KvCacheDtype::kFp8E4m3;
   StatusOr<std::vector<int32_t>> prompt = read_ids(a);
   if (!prompt.ok()) return prompt.status();
   const int64_t vocab = config->vocab_size;
@@ -339,7 +348,7 @@ Status run(const Args& a) {
   const int64_t num_pages = (tokens + a.page_size - 1) / a.page_size + 2 + branch_pages;
 
   const auto t0 = std::chrono::steady_clock::now();
-  StatusOr<std::unique_ptr<Backend>> backend = make_backend(a, *config, num_pages);
+  StatusOr<std::unique_ptr<Backend>> backend = make_backend(a, *config, num_pages, kv_fp8);
   if (!backend.ok()) return backend.status();
   const auto t1 = std::chrono::steady_clock::now();
   KvCacheConfig kc;
@@ -356,11 +365,13 @@ Status run(const Args& a) {
   nlohmann::json out;
   out["model_dir"] = a.model;
   out["backend"] = a.backend;
-  out["dtype"] = a.backend == "cpu" ? "float32"
-                 : (a.dtype == "bf16" || (a.dtype == "auto" && config->torch_dtype == "bfloat16"))
-                     ? "bfloat16"
-                     : "float16";
+  const std::string dtype =
+      a.backend == "cpu"                                                                ? "float32"
+      : (a.dtype == "bf16" || (a.dtype == "auto" && config->torch_dtype == "bfloat16")) ? "bfloat16"
+                                                                                        : "float16";
+  out["dtype"] = dtype;
   out["quantization"] = quant_scheme_name(config->quant.scheme);
+  out["kv_cache_dtype"] = kv_fp8 ? kv_cache_dtype_name(KvCacheDtype::kFp8E4m3) : dtype;
   out["random_weights_seed"] = a.random_weights;
   out["vocab_size"] = vocab;
   out["vocab_limit"] = limit;
@@ -426,6 +437,9 @@ int main(int argc, char** argv) {
   app.add_option("--quantization", a.quantization,
                  "auto (the checkpoint's own) | none | fp8 (FP8 linear layers; a 16-bit "
                  "checkpoint is quantized at load)");
+  app.add_option("--kv-cache-dtype", a.kv_cache_dtype,
+                 "auto (the weights' dtype) | fp8 (alias fp8_e4m3: e4m3 K/V with a float32 "
+                 "scale per token and kv head; the CPU backend emulates it)");
   app.add_option("--greedy", a.greedy, "greedy continuation length (default 16)");
   app.add_option("--vocab-limit", a.vocab_limit, "sample only ids below this (0 = vocab_size)");
   app.add_option("--random-weights", a.random_weights, "random weights from SEED, not the dir's")

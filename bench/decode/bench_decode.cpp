@@ -35,7 +35,9 @@
 //                [--no-gemm-tune] [--nccl-all-reduce] [--skip-collectives] [--no-baseline]
 //                [--shard-of N]
 //                [--gemm-split-k N] [--max-chunk N] [--pair-margin N] [--no-decode-kernel]
-//                [--no-tail] [--no-wide]
+//                [--no-tail] [--no-wide] [--quantization fp8|none] [--kv-cache-dtype fp8|auto]
+// --quantization fp8 quantizes the linear layers to e4m3 at load; --kv-cache-dtype fp8 keeps
+// the KV pool in e4m3 with a float32 scale a (token, kv head) row (the roofline counts its bytes).
 // --profile-last-step wraps each workload's last step in cudaProfilerStart/Stop, for
 // `ncu --profile-from-start off` (per-kernel times of one step).
 // --skip-collectives runs only the tensor-parallel steps without all-reduces (no baseline or
@@ -91,6 +93,7 @@ struct Args {
   bool tail = CudaBackendOptions{}.attention_tail_kernel != TreeAttentionLimits::Tail::kOff;
   bool wide = CudaBackendOptions{}.attention_wide_kernel != TreeAttentionLimits::Wide::kOff;
   bool fp8 = false;  // --quantization fp8: e4m3 linear layers (quantized from the random weights)
+  bool fp8_kv = false;  // --kv-cache-dtype fp8: the KV pool in e4m3 with a scale a row
 };
 
 double copy_bandwidth_bytes_per_s() {
@@ -467,7 +470,13 @@ int run(const Args& args) {
                   : "",
               (long long)config->num_hidden_layers, (long long)config->hidden_size,
               args.fp8 ? "fp8 (LM head fp16)" : "fp16", wbytes / 1e9);
-  const int64_t kv_token_bytes = config->num_hidden_layers * 2 * config->kv_size() * 2;
+  // A token's K and V over all layers: 2 bytes a value, or 1 and a float32 scale a (kv head,
+  // K or V) row with --kv-cache-dtype fp8 (kernels/kv_layout.h).
+  const int64_t kv_token_bytes =
+      args.fp8_kv
+          ? config->num_hidden_layers * 2 * (config->kv_size() + 4 * config->num_key_value_heads)
+          : config->num_hidden_layers * 2 * config->kv_size() * 2;
+  if (args.fp8_kv) std::printf("KV cache: e4m3 with a float32 scale a row\n");
 
   std::vector<Result> results;
   std::string memory_line;
@@ -498,6 +507,7 @@ int run(const Args& args) {
     opt.gemm_split_k = args.gemm_split_k;
     opt.attention_max_chunk_tokens = args.max_chunk;
     opt.attention_pair_margin = args.pair_margin;
+    opt.kv_cache_fp8 = args.fp8_kv;
     opt.attention_decode_kernel = args.decode_kernel;
     if (!args.tail) opt.attention_tail_kernel = TreeAttentionLimits::Tail::kOff;
     if (!args.wide) opt.attention_wide_kernel = TreeAttentionLimits::Wide::kOff;
@@ -734,6 +744,13 @@ int main(int argc, char** argv) {
         return 2;
       }
       args.fp8 = q == "fp8";
+    } else if (a == "--kv-cache-dtype") {
+      const std::string k = next();
+      if (k != "fp8" && k != "auto") {
+        std::fprintf(stderr, "--kv-cache-dtype must be fp8 or auto, got '%s'\n", k.c_str());
+        return 2;
+      }
+      args.fp8_kv = k == "fp8";
     } else {
       std::fprintf(stderr,
                    "usage: bench_decode [--config F] [--steps N] [--json F] "
@@ -743,7 +760,7 @@ int main(int argc, char** argv) {
                    "[--no-gemm-tune] [--nccl-all-reduce] [--skip-collectives] [--no-baseline] "
                    "[--shard-of N] [--gemm-split-k N] [--max-chunk N] "
                    "[--pair-margin N] [--no-decode-kernel] [--no-tail] [--no-wide] "
-                   "[--quantization fp8|none]\n");
+                   "[--quantization fp8|none] [--kv-cache-dtype fp8|auto]\n");
       return 2;
     }
   }

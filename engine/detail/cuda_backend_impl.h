@@ -98,7 +98,8 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     layout_.head_dim = int32_t(config.head_dim);
     layout_.page_size = options.page_size;
     layout_.num_pages = options.num_pages;
-    layout_.dtype_bytes = 2;
+    layout_.dtype_bytes = options.kv_cache_fp8 ? 1 : 2;
+    layout_.scale_bytes = options.kv_cache_fp8 ? 4 : 0;
     scale_ = float(1.0 / std::sqrt(double(config.head_dim)));
   }
 
@@ -490,8 +491,11 @@ class CudaBackend final : public Backend, public detail::CudaRank {
   std::vector<LayerWeights> layers_;
   void* norm_ = nullptr;
   void* lm_head_ = nullptr;
-  void* k_all_ = nullptr;  // T [layers][pages][nkv][page_size][d]
+  void* k_all_ = nullptr;  // T (e4m3 with kv_cache_fp8) [layers][pages][nkv][page_size][d]
   void* v_all_ = nullptr;
+  // kv_cache_fp8: the rows' scales, float [layers][pages][nkv][page_size]; else null.
+  float* k_scale_all_ = nullptr;
+  float* v_scale_all_ = nullptr;
   void* inv_freq_ = nullptr;  // float [d / 2]
   const float* inv_freq() const { return static_cast<const float*>(inv_freq_); }
 

@@ -7,9 +7,11 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/detail/tree_attention_launch.h"
 #include "kernels/detail/tree_attention_layout.h"
@@ -62,8 +64,12 @@ struct Stage1Params {
   int32_t header_on_device;  // TreeAttentionGrid launches: read the header from plan
   const int32_t* plan;
   const void* q;  // [rows][num_q_heads][D]
-  const void* k;  // [pages][num_kv_heads][page_size][D]
+  const void* k;  // [pages][num_kv_heads][page_size][D], T or e4m3 (k_scale set)
   const void* v;
+  // An e4m3 pool's scales, one float a (page, kv head, slot) row (kernels/kv_layout.h); null
+  // for a T pool. The kernels instantiated for e4m3 (kFp8Kv) read them.
+  const float* k_scale;
+  const float* v_scale;
   const int32_t* token_table;  // the workspace's (used when the header's kTokenTable is set)
   float* partial_o;            // [partials][num_q_heads][D]
   float* partial_lse;          // [partials][num_q_heads]
@@ -95,29 +101,143 @@ struct Stage1Params {
   TreeAttentionBlockTrace* trace;  // null unless the workspace's block trace is enabled
 };
 
-template <int D>
+// An e4m3 pool's row scales in shared memory: a float per tile row, K's kStages tiles then V's.
+constexpr int kFp8ScaleBytes = 2 * kStages * kKvTile * 4;
+
+template <int D, bool kFp8Kv = false>
 constexpr int stage1_smem_bytes_fixed() {
   // Q tile, kStages K and V tiles, segment scratch (start, first slot, page, warp sums x2),
-  // 1 KB to align the tiles; the token table (4 bytes a token) comes on top.
-  return (kTileRows + 2 * kStages * kKvTile) * D * 2 + (3 * kSegBatch + 2 * kWarps) * 4 + 1024;
+  // 1 KB to align the tiles, an e4m3 pool's scales; the token table (4 bytes a token) comes on
+  // top.
+  return (kTileRows + 2 * kStages * kKvTile) * D * 2 + (3 * kSegBatch + 2 * kWarps) * 4 + 1024 +
+         (kFp8Kv ? kFp8ScaleBytes : 0);
+}
+
+// Eight e4m3 values times scale, as T: what a T pool holding float(e4m3) * scale rounded to T
+// reads. The KV rule's scales are powers of two (models/fp8.h fp8_kv_scale), so for fp16 the
+// exact e4m3 -> fp16 conversion and one packed fp16 multiply by the scale round the exact
+// product once, as that float32 product rounded to fp16 does; a scale below fp16's range (a row
+// whose values are all below ~1.3e-5) takes the float32 path, as bf16 does.
+template <typename T>
+__device__ __forceinline__ uint4 dequant_e4m3x8(uint2 bits, float scale) {
+  const uint32_t w[2] = {bits.x, bits.y};
+  uint32_t out[4];
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half hs = __float2half_rn(scale);
+    if (__half2float(hs) == scale) {
+      const __half2 s2 = __half2half2(hs);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t(w[i / 2] >> (16 * (i % 2)));
+        const __half2 h = __hmul2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)), s2);
+        out[i] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+      return make_uint4(out[0], out[1], out[2], out[3]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t(w[i / 2] >> (16 * (i % 2)));
+    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+    if constexpr (std::is_same_v<T, __half>) {
+      const __half2 h = __floats2half2_rn(f.x * scale, f.y * scale);
+      out[i] = *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+      out[i] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// Where a stage's e4m3 tile waits for convert_fp8_tiles: the upper half of its T tile.
+template <int D, typename T>
+__device__ __forceinline__ unsigned char* fp8_staging(T* tile) {
+  return reinterpret_cast<unsigned char*>(tile) + kKvTile * D;
 }
 
 // A thread's share of copying one token's K row (with_k) and V row (with_v) into tile row r
 // of dk and dv: its 4 16-byte chunks (the row's D / 32 threads are adjacent lanes, so each copy
 // instruction reads whole 32-byte sectors) from pool element offset `row`; zero-filled where
 // !valid.
-template <int D, typename T>
-__device__ __forceinline__ void copy_kv_row(T* dk, T* dv, int r, int64_t row, bool valid,
-                                            const T* k_pool, const T* v_pool, bool with_k = true,
+// kFp8: the pools hold e4m3 (a byte a value) and a float32 scale a row (k_scale, v_scale at
+// row / D). The row's D bytes go to the upper half of its stage's T tile (row r at byte
+// kKvTile * D + r * D: fp8_staging), its scale to dks[r] / dvs[r], all by cp.async in the same
+// commit groups; convert_fp8_tiles expands a landed tile in place before it is read.
+template <int D, typename T, bool kFp8 = false>
+__device__ __forceinline__ void copy_kv_row(T* dk, T* dv, float* dks, float* dvs, int r,
+                                            int64_t row, bool valid, const void* k_pool,
+                                            const void* v_pool, const float* k_scale,
+                                            const float* v_scale, bool with_k = true,
                                             bool with_v = true) {
   constexpr int kTpr = D / 32;  // threads per token row
+  if constexpr (kFp8) {
+    const uint8_t* k8 = static_cast<const uint8_t*>(k_pool);
+    const uint8_t* v8 = static_cast<const uint8_t*>(v_pool);
+    static_assert(D / 16 == 2 * kTpr, "two 16-byte e4m3 chunks a thread");
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int c = threadIdx.x % kTpr + kTpr * j;
-    const int64_t off = valid ? row + c * 8 : 0;
-    if (with_k) cp_async_16(smem_u32(dk + swz<D>(r, c)), k_pool + off, valid);
-    if (with_v) cp_async_16(smem_u32(dv + swz<D>(r, c)), v_pool + off, valid);
+    for (int j = 0; j < 2; ++j) {
+      const int c = threadIdx.x % kTpr + kTpr * j;
+      const int64_t off = valid ? row + c * 16 : 0;
+      if (with_k) cp_async_16(smem_u32(fp8_staging<D>(dk) + r * D + c * 16), k8 + off, valid);
+      if (with_v) cp_async_16(smem_u32(fp8_staging<D>(dv) + r * D + c * 16), v8 + off, valid);
+    }
+    if (threadIdx.x % kTpr == 0) {
+      const int64_t at = valid ? row / D : 0;
+      if (with_k) cp_async_4(smem_u32(dks + r), k_scale + at, valid);
+      if (with_v) cp_async_4(smem_u32(dvs + r), v_scale + at, valid);
+    }
+  } else {
+    const T* kp = static_cast<const T*>(k_pool);
+    const T* vp = static_cast<const T*>(v_pool);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = threadIdx.x % kTpr + kTpr * j;
+      const int64_t off = valid ? row + c * 8 : 0;
+      if (with_k) cp_async_16(smem_u32(dk + swz<D>(r, c)), kp + off, valid);
+      if (with_v) cp_async_16(smem_u32(dv + swz<D>(r, c)), vp + off, valid);
+    }
   }
+}
+
+// Expands the landed e4m3 tiles of K stage k_stage and V stage v_stage (-1: none) in place into
+// their T tiles (swizzled as the 16-bit pool's copies lay them out), each value times its row's
+// scale (dequant_e4m3x8). For each tile every thread first reads its chunks of the staging half,
+// then (after a barrier: the T rows overwrite staging bytes) writes them expanded; one tile at a
+// time, so that the main loop's live accumulators and the chunks fit the registers. A proxy
+// fence and a barrier make them visible to wgmma and ldmatrix. All threads of the block call it.
+template <int D, typename T>
+__device__ __forceinline__ void convert_fp8_tiles(T* s_k, T* s_v, const float* s_ks,
+                                                  const float* s_vs, int k_stage, int v_stage) {
+  constexpr int kChunks8 = D / 16;                     // 16-byte e4m3 chunks a row
+  constexpr int kPer = kKvTile * kChunks8 / kThreads;  // a thread's chunks a tile
+  static_assert(kKvTile * kChunks8 % kThreads == 0, "whole chunks a thread");
+#pragma unroll
+  for (int which = 0; which < 2; ++which) {
+    const int stage = which == 0 ? k_stage : v_stage;
+    if (stage < 0) continue;
+    T* tile = (which == 0 ? s_k : s_v) + stage * kKvTile * D;
+    const float* scale = (which == 0 ? s_ks : s_vs) + stage * kKvTile;
+    uint4 x[kPer];
+    float sc[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int idx = threadIdx.x + i * kThreads, r = idx / kChunks8, c = idx % kChunks8;
+      x[i] = *reinterpret_cast<const uint4*>(fp8_staging<D>(tile) + r * D + c * 16);
+      sc[i] = scale[r];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int idx = threadIdx.x + i * kThreads, r = idx / kChunks8, c = idx % kChunks8;
+      *reinterpret_cast<uint4*>(tile + swz<D>(r, 2 * c)) =
+          dequant_e4m3x8<T>(make_uint2(x[i].x, x[i].y), sc[i]);
+      *reinterpret_cast<uint4*>(tile + swz<D>(r, 2 * c + 1)) =
+          dequant_e4m3x8<T>(make_uint2(x[i].z, x[i].w), sc[i]);
+    }
+  }
+  fence_proxy_async_smem();
+  __syncthreads();
 }
 
 // Calls emit(t, physical page, slot in page) for every token t of segments
@@ -468,12 +588,14 @@ __device__ __forceinline__ void wgmma_step(float (&s)[8][4], float (&o_acc)[D / 
   fence_regs(o_acc);
 }
 
-template <int D, typename T, typename LoadTile>
+// convert(k_stage, v_stage): runs on every tile once it has landed, before it is read
+// (convert_fp8_tiles for an e4m3 pool; nothing for a T pool). Every thread calls it.
+template <int D, typename T, typename LoadTile, typename Convert>
 __device__ __forceinline__ void wgmma_main_loop(const Stage1Params& p, const ItemTile& it,
                                                 const uint32_t* const (&row_mask)[2], const T* s_q,
                                                 T* s_k, T* s_v, LoadTile&& load_tile,
-                                                float (&o_acc)[D / 8][4], float (&row_max)[2],
-                                                float (&row_sum)[2]) {
+                                                Convert&& convert, float (&o_acc)[D / 8][4],
+                                                float (&row_max)[2], float (&row_sum)[2]) {
   static_assert(kStages == 2, "K_{t+2} reuses K_t's buffer, V_{t+1} V_{t-1}'s");
   const int n = it.num_tiles;
   if (n == 0) return;
@@ -498,6 +620,7 @@ __device__ __forceinline__ void wgmma_main_loop(const Stage1Params& p, const Ite
   cp_async_wait<1>();        // Q, K_0, V_0
   fence_proxy_async_smem();  // cp.async data -> wgmma's reads
   __syncthreads();
+  convert(0, -1);  // K_0 (V_0 with the first step's, or the last's)
   {
     zero_scores(s);
     wgmma_fence();
@@ -518,6 +641,7 @@ __device__ __forceinline__ void wgmma_main_loop(const Stage1Params& p, const Ite
     cp_async_wait<1>();  // K_{t+1} and V_t (this thread's copies)
     fence_proxy_async_smem();
     __syncthreads();
+    convert((t + 1) % kStages, t % kStages);
     float alpha[2];
     wgmma_step<D, T>(s, o_acc, smem_u32(s_q), smem_u32(s_k + ((t + 1) % kStages) * kKvTile * D),
                      smem_u32(s_v + (t % kStages) * kKvTile * D), cur, nxt, it, (t + 1) * kKvTile,
@@ -529,6 +653,7 @@ __device__ __forceinline__ void wgmma_main_loop(const Stage1Params& p, const Ite
     cp_async_wait<0>();
     fence_proxy_async_smem();
     __syncthreads();
+    convert(-1, (n - 1) % kStages);
     wgmma_fence();
     issue_pv(cur, n - 1);
     wgmma_wait<0>();
@@ -546,10 +671,12 @@ __device__ __forceinline__ void wgmma_main_loop(const Stage1Params& p, const Ite
 // next ones), slab h holding head h's rows of the item (at most 16, so every slab has the
 // item's it.num_rows) and reading tile rows [h * kKvTile / kHeads, (h + 1) * kKvTile / kHeads):
 // each tile holds kKvTile / kHeads tokens of each head (load_tile lays them out so).
-template <int D, typename T, int kSplit, int kQRows = kTileRows, int kHeads = 1, typename LoadTile>
+// convert: as wgmma_main_loop's.
+template <int D, typename T, int kSplit, int kQRows = kTileRows, int kHeads = 1, typename LoadTile,
+          typename Convert>
 __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it,
                                        const uint32_t* mask_words, T* s_q, T* s_k, T* s_v,
-                                       LoadTile&& load_tile) {
+                                       LoadTile&& load_tile, Convert&& convert) {
   constexpr int kTileTok = kKvTile / kHeads;  // tokens of a tile per kv head
   constexpr int kTok = kTileTok / kSplit;     // tokens of a tile this warp scores
   constexpr int kN = kTok / 8;                // n-tiles of S
@@ -584,7 +711,8 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
   // the block's 4 warps are one warpgroup, and all of them take part (pad rows are zero).
   static_assert(kQRows == kTileRows || kQRows == 16 * (kWarps / kSplit), "one slab a warp set");
   if constexpr (TS_WGMMA != 0 && kSplit == 1 && kHeads == 1) {
-    wgmma_main_loop<D, T>(p, it, row_mask, s_q, s_k, s_v, load_tile, o_acc, row_max, row_sum);
+    wgmma_main_loop<D, T>(p, it, row_mask, s_q, s_k, s_v, load_tile, convert, o_acc, row_max,
+                          row_sum);
   } else {
     for (int tile = 0; tile < it.num_tiles; ++tile) {
       // Refill the stage consumed in the previous iteration (freed by its trailing barrier).
@@ -593,6 +721,7 @@ __device__ __forceinline__ void attend(const Stage1Params& p, const ItemTile& it
       cp_async_commit();
       cp_async_wait<kStages - 1>();
       __syncthreads();
+      convert(tile % kStages, tile % kStages);
       if (warp_active) {
         const T* k_tile = s_k + (tile % kStages) * kKvTile * D;
         const T* v_tile = s_v + (tile % kStages) * kKvTile * D;

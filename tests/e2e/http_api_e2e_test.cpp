@@ -564,6 +564,7 @@ TEST_F(HttpApiE2E, ModelsServerHealthAndViewer) {
                           "live_branches", "page_size", "decode_steps"}) {
     EXPECT_TRUE(server.body[key].is_number_integer()) << key << " " << server.raw;
   }
+  EXPECT_TRUE(server.body["kv_cache_dtype"].is_string()) << server.raw;
   EXPECT_EQ(get("/health").body, json({{"status", "ok"}}));
   EXPECT_EQ(get("/ready").body, json({{"status", "ready"}}));
 

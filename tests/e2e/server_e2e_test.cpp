@@ -117,6 +117,34 @@ TEST(CliErrors, PrintConfigShowsCliOverrides) {
   EXPECT_NE(o.output.find("\"gemm_autotune\":false"), std::string::npos) << o.output;
 }
 
+TEST(CliErrors, KvCacheDtypeFlagOverridesTheFileAndBadValuesAreNamed) {
+  auto d = run_treeserve_to_exit({"--print-config"});
+  EXPECT_EQ(d.exit_code, 0) << d.output;
+  EXPECT_NE(d.output.find("\"dtype\":\"auto\""), std::string::npos) << d.output;
+  auto f = run_treeserve_to_exit({"--print-config", "--kv-cache-dtype", "fp8"});
+  EXPECT_EQ(f.exit_code, 0) << f.output;
+  EXPECT_NE(f.output.find("\"dtype\":\"fp8\""), std::string::npos) << f.output;
+  const std::string path = write_temp("kv_fp8.json", R"({"kv_cache": {"dtype": "fp8_e4m3"}})");
+  auto file = run_treeserve_to_exit({"--print-config", "--config", path});
+  EXPECT_NE(file.output.find("\"dtype\":\"fp8_e4m3\""), std::string::npos) << file.output;
+  auto over =
+      run_treeserve_to_exit({"--print-config", "--config", path, "--kv-cache-dtype", "auto"});
+  EXPECT_EQ(over.exit_code, 0) << over.output;
+  EXPECT_NE(over.output.find("\"dtype\":\"auto\""), std::string::npos) << over.output;
+  auto e5m2 = run_treeserve_to_exit({"--print-config", "--kv-cache-dtype", "fp8_e5m2"});
+  EXPECT_NE(e5m2.exit_code, 0);
+  EXPECT_NE(e5m2.output.find("kv_cache.dtype (--kv-cache-dtype) 'fp8_e5m2' is not supported: "
+                             "only e4m3 is"),
+            std::string::npos)
+      << e5m2.output;
+  auto junk = run_treeserve_to_exit({"--print-config", "--kv-cache-dtype", "int4"});
+  EXPECT_NE(junk.exit_code, 0);
+  EXPECT_NE(junk.output.find("kv_cache.dtype (--kv-cache-dtype) must be auto, fp8 or fp8_e4m3, "
+                             "got 'int4'"),
+            std::string::npos)
+      << junk.output;
+}
+
 class ServerE2E : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -185,6 +213,34 @@ TEST_F(ServerE2E, GetServerInfoDescribesModelAndPool) {
   EXPECT_EQ(info.tensor_parallel(), 1);
   EXPECT_GT(info.kv_pages_total(), 0);
   EXPECT_EQ(info.kv_pages_free(), info.kv_pages_total());
+  EXPECT_EQ(info.kv_cache_dtype(), "float32");
+}
+
+// The CPU backend with an FP8 KV cache: the same pages (the pool stays float32), the dtype
+// reported, and a generation runs.
+TEST(ServerLifecycle, Fp8KvCacheOnTheCpuBackend) {
+  ServerProcess server({"--backend", "cpu", "--kv-cache-dtype", "fp8"});
+  ASSERT_TRUE(server.wait_ready()) << server.output();
+  auto stub = v1::TreeServe::NewStub(server.channel());
+  grpc::ClientContext ctx;
+  v1::ServerInfo info;
+  ASSERT_TRUE(stub->GetServerInfo(&ctx, {}, &info).ok());
+  EXPECT_EQ(info.kv_cache_dtype(), "fp8_e4m3");
+  EXPECT_EQ(info.kv_pages_total(), 4096) << "256 MiB of 4 KiB float32 tokens, 16 a page";
+  grpc::ClientContext gen_ctx;
+  v1::GenerateRequest req;
+  req.mutable_prompt()->set_text("The old oak tree");
+  req.mutable_sampling()->set_max_tokens(4);
+  auto reader = stub->Generate(&gen_ctx, req);
+  v1::GenerateResponse resp;
+  int tokens = 0;
+  while (reader->Read(&resp)) ++tokens;
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_GT(tokens, 0);
+  EXPECT_NE(server.output().find("kv_dtype=fp8_e4m3 (emulated in the float32 pool)"),
+            std::string::npos)
+      << server.output();
+  EXPECT_EQ(server.terminate(), 0) << server.output();
 }
 
 TEST(ServerLifecycle, SigtermShutsDownCleanly) {

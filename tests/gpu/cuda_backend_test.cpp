@@ -5,18 +5,22 @@
 // accept (slot moves) followed by more decoding. Also: CUDA graph replay against eager steps
 // (fp16 and bf16; full logits, device argmax and device sampling) — bit-identical. Split-K
 // forced (gemm_split_k = 2 and 4: the O and down GEMMs as float parts summed by the norm) meets
-// the same bounds, and its graph replays are bit-identical to its eager steps.
+// the same bounds, and its graph replays are bit-identical to its eager steps. With the FP8
+// KV cache (kv_cache_fp8 on both: the CPU backend emulates it) the same scenarios within the
+// looser bounds e4m3 K/V allow, graph replays bit-identical, the pool's bytes a token halved.
 #include "engine/cuda_backend.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "engine/backend.h"
 #include "engine/sampling.h"
+#include "kernels/kv_layout.h"
 #include "kvcache/kv_cache.h"
 #include "models/llama_weights.h"
 #include "models/model_config.h"
@@ -43,8 +47,9 @@ struct Models {
 using testing::StepBuilder;
 using testing::tiny_model_dir;
 
-// split_k: CudaBackendOptions::gemm_split_k (0: auto, the default).
-Models load(bool bf16, int32_t split_k = 0) {
+// split_k: CudaBackendOptions::gemm_split_k (0: auto, the default); fp8_kv: the FP8 KV cache on
+// both backends.
+Models load(bool bf16, int32_t split_k = 0, bool fp8_kv = false) {
   Models m;
   const auto ckpt = testing::load_tiny_checkpoint();
   if (!ckpt) return m;
@@ -52,6 +57,7 @@ Models load(bool bf16, int32_t split_k = 0) {
   CpuBackendOptions co;
   co.num_pages = kPages;
   co.page_size = kPageSize;
+  co.kv_cache_fp8 = fp8_kv;
   auto cpu = create_cpu_backend(m.config, ckpt->weights, co);
   EXPECT_TRUE(cpu.ok()) << cpu.status().message();
   m.cpu = std::move(*cpu);
@@ -60,6 +66,7 @@ Models load(bool bf16, int32_t split_k = 0) {
   go.page_size = kPageSize;
   go.bfloat16 = bf16;
   go.gemm_split_k = split_k;
+  go.kv_cache_fp8 = fp8_kv;
   auto gpu = create_cuda_backend(m.config, ckpt->weights, go);
   EXPECT_TRUE(gpu.ok()) << gpu.status().message();
   m.gpu = std::move(*gpu);
@@ -88,13 +95,23 @@ class Lockstep : public StepBuilder {
       for (int64_t v = 0; v < a.vocab; ++v) err = std::max(err, std::fabs(x[v] - y[v]));
       greedy_cpu->push_back(int32_t(std::max_element(x, x + a.vocab) - x));
       greedy_gpu->push_back(int32_t(std::max_element(y, y + b.vocab) - y));
+      rows_ += 1;
+      agree_ += greedy_cpu->back() == greedy_gpu->back();
     }
+    worst_ = std::max(worst_, err);
     clear();
     return err;
   }
+  // Over every run so far: the largest logit difference, logit rows, rows whose greedy tokens
+  // agree.
+  float worst() const { return worst_; }
+  int rows() const { return rows_; }
+  int agree() const { return agree_; }
 
  private:
   Models* m_;
+  float worst_ = 0.0f;
+  int rows_ = 0, agree_ = 0;
 };
 
 std::vector<int32_t> prompt_tokens(int n) {
@@ -103,8 +120,10 @@ std::vector<int32_t> prompt_tokens(int n) {
   return p;
 }
 
-void run_single_sequence(bool bf16, float tol, int32_t split_k = 0) {
-  Models m = load(bf16, split_k);
+// same_greedy: every decode step's greedy token must agree (else only the logits' bound holds).
+void run_single_sequence(bool bf16, float tol, int32_t split_k = 0, bool fp8_kv = false,
+                         bool same_greedy = true) {
+  Models m = load(bf16, split_k, fp8_kv);
   ASSERT_TRUE(m.gpu && m.cpu);
   Lockstep ls(&m);
   std::vector<int32_t> prompt = prompt_tokens(37);
@@ -125,8 +144,12 @@ void run_single_sequence(bool bf16, float tol, int32_t split_k = 0) {
     err = ls.run(&gc, &gg);
     EXPECT_LE(err, tol) << "decode step " << step;
   }
-  if (!bf16) {
+  if (!bf16 && same_greedy) {
     EXPECT_EQ(mismatches, 0) << "greedy tokens differ";
+  }
+  if (fp8_kv) {
+    std::printf("  FP8 KV, one sequence: max |cpu - gpu| logit %.4f, greedy agrees %d of %d\n",
+                ls.worst(), ls.agree(), ls.rows());
   }
 }
 
@@ -287,9 +310,9 @@ TEST(CudaBackend, RandomWeightsMatchTheCpuBackendsRandomWeights) {
   }
 }
 
-TEST(CudaBackend, ForkedTreeMatchesCpu) {
-  REQUIRE_GPU();
-  Models m = load(false);
+// tol bounds each step's logits; same_greedy: every step's greedy tokens agree.
+void run_forked_tree(bool fp8_kv, float tol, bool same_greedy) {
+  Models m = load(false, 0, fp8_kv);
   ASSERT_TRUE(m.gpu && m.cpu);
   Lockstep ls(&m);
   std::vector<int32_t> prompt = prompt_tokens(45);  // ends mid-page: forks copy a page
@@ -314,15 +337,25 @@ TEST(CudaBackend, ForkedTreeMatchesCpu) {
       len[i] += int32_t(toks.size());
     }
     float err = ls.run(&gc, &gg);
-    EXPECT_LE(err, 2e-2f) << "step " << step;
-    EXPECT_EQ(gc, gg) << "step " << step;
+    EXPECT_LE(err, tol) << "step " << step;
+    if (same_greedy) {
+      EXPECT_EQ(gc, gg) << "step " << step;
+    }
     next = gc;
+  }
+  if (fp8_kv) {
+    std::printf("  FP8 KV, forked tree: max |cpu - gpu| logit %.4f, greedy agrees %d of %d\n",
+                ls.worst(), ls.agree(), ls.rows());
   }
 }
 
-TEST(CudaBackend, SpeculativeTokenTreeAndAcceptMatchCpu) {
+TEST(CudaBackend, ForkedTreeMatchesCpu) {
   REQUIRE_GPU();
-  Models m = load(false);
+  run_forked_tree(false, 2e-2f, true);
+}
+
+void run_speculative(bool fp8_kv, float tol, bool same_greedy) {
+  Models m = load(false, 0, fp8_kv);
   ASSERT_TRUE(m.gpu && m.cpu);
   Lockstep ls(&m);
   std::vector<int32_t> prompt = prompt_tokens(30);
@@ -340,8 +373,10 @@ TEST(CudaBackend, SpeculativeTokenTreeAndAcceptMatchCpu) {
                                 int32_t(prompt.size()))
                   .ok());
   float err = ls.run(&gc, &gg);
-  EXPECT_LE(err, 2e-2f);
-  EXPECT_EQ(gc, gg);
+  EXPECT_LE(err, tol);
+  if (same_greedy) {
+    EXPECT_EQ(gc, gg);
+  }
   // Accept the chain 0 -> 2 -> 4 -> 6; its KV moves into place; decoding continues.
   std::vector<SlotMove> moves;
   ASSERT_TRUE(ls.kv().accept(b->id, std::vector<int32_t>{0, 2, 4, 6}, &moves).ok());
@@ -353,9 +388,20 @@ TEST(CudaBackend, SpeculativeTokenTreeAndAcceptMatchCpu) {
     ASSERT_TRUE(ls.kv().append(b->id, std::vector<int32_t>{tok}, &s).ok());
     ls.add_rows(b->id, {tok}, s, pos++, true);
     err = ls.run(&gc, &gg);
-    EXPECT_LE(err, 2e-2f) << "after accept, step " << step;
-    EXPECT_EQ(gc, gg);
+    EXPECT_LE(err, tol) << "after accept, step " << step;
+    if (same_greedy) {
+      EXPECT_EQ(gc, gg);
+    }
   }
+  if (fp8_kv) {
+    std::printf("  FP8 KV, token tree + accept: max |cpu - gpu| logit %.4f, greedy %d of %d\n",
+                ls.worst(), ls.agree(), ls.rows());
+  }
+}
+
+TEST(CudaBackend, SpeculativeTokenTreeAndAcceptMatchCpu) {
+  REQUIRE_GPU();
+  run_speculative(false, 2e-2f, true);
 }
 
 // CUDA graphs against the same backend run eagerly: a forked tree decoding
@@ -364,7 +410,7 @@ TEST(CudaBackend, SpeculativeTokenTreeAndAcceptMatchCpu) {
 // so the graphs of the old buffers no longer match) — every step's logits bit-identical.
 // Steps cycle through the three ways a step returns its rows (full logits, device argmax,
 // device sampling), all behind the same captured layers; every result must be identical.
-void run_graph_replay(bool bf16, int32_t split_k = 0) {
+void run_graph_replay(bool bf16, int32_t split_k = 0, bool fp8_kv = false) {
   const auto ckpt = testing::load_tiny_checkpoint();
   ASSERT_TRUE(ckpt);
   CudaBackendOptions go;
@@ -372,6 +418,7 @@ void run_graph_replay(bool bf16, int32_t split_k = 0) {
   go.page_size = kPageSize;
   go.bfloat16 = bf16;
   go.gemm_split_k = split_k;
+  go.kv_cache_fp8 = fp8_kv;
   go.cuda_graphs = true;
   auto graphs = create_cuda_backend(ckpt->config, ckpt->weights, go);
   go.cuda_graphs = false;
@@ -466,6 +513,73 @@ TEST(CudaBackend, GraphReplayMatchesEagerStepsWithSplitK) {
   REQUIRE_GPU();
   ::testing::internal::CaptureStderr();
   run_graph_replay(false, 2);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(log.find("capture failed"), std::string::npos) << log;
+}
+
+// The FP8 KV cache against the CPU backend's emulation of it (the same quantization rule on
+// float32 K and V): the GPU quantizes K and V after rounding them to the model dtype, so a value
+// near an e4m3 rounding boundary lands on the other side, a whole e4m3 step (1/8 relative),
+// and the model amplifies it, as with FP8 weights (fp8_test.cpp). Measured on an H200: 0.12 at
+// most over the three scenarios; wrong scales, rows or pages give errors of the logits' own size
+// (they are within +-10 here).
+constexpr float kFp8KvTolerance = 0.3f;
+
+TEST(CudaBackend, Fp8KvCacheTracksTheCpuEmulation) {
+  REQUIRE_GPU();
+  run_single_sequence(false, kFp8KvTolerance, 0, true, false);
+  run_forked_tree(true, kFp8KvTolerance, false);
+  run_speculative(true, kFp8KvTolerance, false);
+}
+
+// The FP8 pool holds a token in (head_dim + 4) / (2 head_dim) of the bytes, and its logits are
+// not the 16-bit pool's (the cache is really e4m3) but stay near them.
+TEST(CudaBackend, Fp8KvCacheHalvesThePoolAndStaysNearFp16) {
+  REQUIRE_GPU();
+  Models fp16 = load(false);
+  Models fp8 = load(false, 0, true);
+  ASSERT_TRUE(fp16.gpu && fp8.gpu);
+  const KvLayout& a = fp16.gpu->kv_layout();
+  const KvLayout& b = fp8.gpu->kv_layout();
+  EXPECT_EQ(b.dtype_bytes, 1);
+  EXPECT_EQ(b.scale_bytes, 4);
+  EXPECT_EQ(b.bytes_per_token() * 2 * a.head_dim, a.bytes_per_token() * (a.head_dim + 4));
+  StepBuilder sb(kPages, kPageSize);
+  const std::vector<int32_t> prompt = prompt_tokens(70);
+  auto nb = sb.kv().create_branch(prompt);
+  ASSERT_TRUE(nb.ok());
+  sb.add_rows(nb->id, prompt, nb->slots, 0, true);
+  int32_t pos = int32_t(prompt.size());
+  float worst = 0.0f;
+  int differ = 0;
+  for (int step = 0; step < 8; ++step) {
+    ASSERT_TRUE(sb.build_view().ok());
+    Logits x, y;
+    ASSERT_TRUE(fp16.gpu->forward(sb.batch(), &x).ok());
+    ASSERT_TRUE(fp8.gpu->forward(sb.batch(), &y).ok());
+    sb.clear();
+    ASSERT_EQ(x.data.size(), y.data.size());
+    for (size_t i = 0; i < x.data.size(); ++i) {
+      worst = std::max(worst, std::fabs(x.data[i] - y.data[i]));
+      differ += x.data[i] != y.data[i];
+    }
+    const float* r = x.row(x.num_rows - 1);
+    const int32_t next = int32_t(std::max_element(r, r + x.vocab) - r);
+    std::vector<KvSlot> slots;
+    ASSERT_TRUE(sb.kv().append(nb->id, std::vector<int32_t>{next}, &slots).ok());
+    sb.add_rows(nb->id, {next}, slots, pos++, true);
+  }
+  std::printf("  FP8 KV against the fp16 pool: max |logit difference| %.4f, %d logits differ\n",
+              worst, differ);
+  EXPECT_GT(differ, 0);
+  EXPECT_LE(worst, kFp8KvTolerance);
+}
+
+TEST(CudaBackend, GraphReplayMatchesEagerStepsWithFp8KvCache) {
+  REQUIRE_GPU();
+  ::testing::internal::CaptureStderr();
+  run_graph_replay(false, 0, true);
+  run_graph_replay(true, 0, true);
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(log.find("capture failed"), std::string::npos) << log;
 }

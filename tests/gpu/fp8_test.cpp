@@ -6,8 +6,11 @@
 // checkpoint layout) against the CPU backend's FP8 emulation.
 #include "models/fp8.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -436,6 +439,109 @@ TEST(Fp8Gemm, RefusesAKThatIsNotAMultipleOf16) {
                           g.stream);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("multiple of 16"), std::string::npos) << s.message();
+}
+
+// rope_and_store_kv into an e4m3 pool (the FP8 KV cache): Q as the 16-bit form writes it, and
+// each (token, kv head) row of K and of V equals quantize_fp8_kv_rows on what the 16-bit form
+// stores there (K rotated and rounded to the dtype), bytes and scale bit for bit; both dtypes,
+// head_dim 64 and 128, rows scattered over pages, one row of zeros (scale 1). Rows no token
+// writes stay zero.
+TEST(Fp8KvCache, RopeStoreEqualsQuantizeRowsOfThe16BitPool) {
+  REQUIRE_GPU();
+  Gpu g;
+  for (const bool bf16 : {false, true}) {
+    for (const int32_t d : {64, 128}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp16") + " head_dim " + std::to_string(d));
+      const int32_t nh = 8, nkv = 2, page_size = 16;
+      const int64_t rows = 37, pages = 8;
+      const int64_t width = int64_t(nh + 2 * nkv) * d;
+      const int64_t pool = pages * nkv * page_size * d;
+      const cuda::Dtype dt = bf16 ? cuda::Dtype::kBFloat16 : cuda::Dtype::kFloat16;
+      std::mt19937 rng(uint32_t(d + bf16));
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<uint16_t> qkv(size_t(rows * width));
+      for (int64_t r = 0; r < rows; ++r) {
+        const float mag = std::ldexp(1.0f, int(r % 9) - 4);
+        for (int64_t c = 0; c < width; ++c) {
+          // Row 3's V of kv head 1 is zero (its scale is 1).
+          const bool zero = r == 3 && c >= int64_t(nh + nkv + 1) * d;
+          const float x = zero ? 0.0f : normal(rng) * mag;
+          qkv[size_t(r * width + c)] =
+              bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x)) : to_half_bits(x);
+        }
+      }
+      std::vector<int32_t> positions(static_cast<size_t>(rows));
+      std::vector<int64_t> slots(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        positions[size_t(r)] = int32_t(r * 97 + 3);
+        slots[size_t(r)] = (r * 5) % (pages * page_size);  // distinct, across every page
+      }
+      std::vector<float> inv_freq(static_cast<size_t>(d / 2));
+      for (int32_t i = 0; i < d / 2; ++i) {
+        inv_freq[size_t(i)] = float(std::pow(500000.0, -2.0 * i / d));
+      }
+      DeviceBuffer dqkv, dpos, dslots, dfreq, q16, q8, k16, v16, k8, v8, ks, vs;
+      upload(&dqkv, qkv);
+      upload(&dpos, positions);
+      upload(&dslots, slots);
+      upload(&dfreq, inv_freq);
+      for (DeviceBuffer* b : {&q16, &q8})
+        ASSERT_TRUE(b->reserve(size_t(rows * nh * d) * 2, "q").ok());
+      for (DeviceBuffer* b : {&k16, &v16, &k8, &v8, &ks, &vs}) {
+        const size_t bytes = b == &k16 || b == &v16 ? size_t(pool) * 2
+                             : b == &k8 || b == &v8 ? size_t(pool)
+                                                    : size_t(pool / d) * 4;
+        ASSERT_TRUE(b->reserve(bytes, "pool").ok());
+        ASSERT_EQ(cudaMemset(b->ptr, 0, bytes), cudaSuccess);
+      }
+      cuda::rope_and_store_kv(dt, dqkv.ptr, dpos.as<int32_t>(), dfreq.as<float>(),
+                              dslots.as<int64_t>(), rows, nh, nkv, d, page_size, q16.ptr, k16.ptr,
+                              v16.ptr, g.stream);
+      cuda::rope_and_store_kv(dt, dqkv.ptr, dpos.as<int32_t>(), dfreq.as<float>(),
+                              dslots.as<int64_t>(), rows, nh, nkv, d, page_size, q8.ptr, k8.ptr,
+                              v8.ptr, g.stream, ks.as<float>(), vs.as<float>());
+      ASSERT_EQ(cudaStreamSynchronize(g.stream), cudaSuccess);
+      EXPECT_EQ(download<uint16_t>(q16, size_t(rows * nh * d)),
+                download<uint16_t>(q8, size_t(rows * nh * d)));
+      for (const bool is_k : {true, false}) {
+        const auto src = download<uint16_t>(is_k ? k16 : v16, size_t(pool));
+        const auto q = download<uint8_t>(is_k ? k8 : v8, size_t(pool));
+        const auto sc = download<float>(is_k ? ks : vs, size_t(pool / d));
+        int64_t written = 0, differ = 0, scale_differ = 0, stray = 0;
+        std::vector<bool> is_written(size_t(pool / d), false);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int32_t h = 0; h < nkv; ++h) {
+            const int64_t page = slots[size_t(r)] / page_size;
+            const int64_t row = (page * nkv + h) * page_size + slots[size_t(r)] % page_size;
+            is_written[size_t(row)] = true;
+            std::vector<float> x(static_cast<size_t>(d));
+            for (int32_t c = 0; c < d; ++c) {
+              const uint16_t bits = src[size_t(row * d + c)];
+              x[size_t(c)] = bf16 ? bf16_to_f32(bits) : f16_to_f32(bits);
+            }
+            std::vector<uint8_t> want(static_cast<size_t>(d));
+            float want_scale = 0.0f;
+            quantize_fp8_kv_rows(x.data(), 1, d, want.data(), &want_scale);
+            for (int32_t c = 0; c < d; ++c) differ += want[size_t(c)] != q[size_t(row * d + c)];
+            scale_differ += std::memcmp(&want_scale, &sc[size_t(row)], 4) != 0;
+            if (r == 3 && !is_k && h == 1) {
+              EXPECT_EQ(sc[size_t(row)], 1.0f);
+            }
+            ++written;
+          }
+        }
+        for (int64_t row = 0; row < pool / d; ++row) {
+          if (is_written[size_t(row)]) continue;
+          for (int32_t c = 0; c < d; ++c) stray += q[size_t(row * d + c)] != 0;
+          stray += sc[size_t(row)] != 0.0f;
+        }
+        EXPECT_EQ(written, rows * nkv);
+        EXPECT_EQ(differ, 0) << (is_k ? "K" : "V") << " bytes";
+        EXPECT_EQ(scale_differ, 0) << (is_k ? "K" : "V") << " scales";
+        EXPECT_EQ(stray, 0) << (is_k ? "K" : "V") << ": rows no token names were written";
+      }
+    }
+  }
 }
 
 // Runs a 41-token prompt and 24 greedy steps on both backends (the CPU's tokens drive both);

@@ -4,15 +4,20 @@
 // 1/16/64, causal prefill chunks and speculative token trees, so masked items), the
 // benchmark workload shapes with Llama-3-8B heads, the prefix-unaware baseline plan against
 // the naive reference, CUDA-graph replay of a fixed-grid launch, head pairing and the tail
-// kernel, and the launcher's checks.
+// kernel, and the launcher's checks. An e4m3 pool (TreeAttentionKvScales) gives exactly what a
+// dtype pool holding its dequantized values gives, through stage 1 (wgmma, split and paired
+// paths, resolved tokens), the decode kernel and graph grids.
 // Without a CUDA device every test is skipped with a message (never a silent pass).
 #include "kernels/tree_attention.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
 #include <string>
 #include <utility>
@@ -22,6 +27,7 @@
 #include "kernels/detail/tree_attention_launch.h"
 #include "kernels/testing/gpu_attention_harness.h"
 #include "kernels/testing/random_tree.h"
+#include "models/fp8.h"
 
 namespace treeserve {
 namespace {
@@ -1059,6 +1065,195 @@ TEST_F(TreeAttentionGraph, GridReplaysLaterPlans) {
 }
 
 // The workspace's longest item caps the plan's chunk growth (no device needed).
+// An e4m3 copy of a problem's K and V pools (kernels/kv_layout.h's FP8 layout: each (page, kv
+// head, slot) row quantized with its own scale by models/fp8.h's KV rule) and a dtype pool holding
+// the dequantized values, float(e4m3) * scale rounded to dtype: what the kernels' tiles must
+// hold either way.
+class Fp8KvPools {
+ public:
+  ~Fp8KvPools() {
+    for (void* p : {k8_, v8_, ks_, vs_, kt_, vt_}) cudaFree(p);
+  }
+  Status init(const GpuAttentionProblem& problem) {
+    const KvLayout& layout = problem.layout();
+    const size_t n = size_t(layout.layer_elems());
+    const int32_t d = layout.head_dim;
+    const bool bf16 = problem.dtype() == TreeAttentionDtype::kBFloat16;
+    for (int i = 0; i < 2; ++i) {
+      std::vector<float> x;
+      TS_RETURN_IF_ERROR(testing::download_as_float(
+          i == 0 ? problem.device_k() : problem.device_v(), n, problem.dtype(), &x));
+      std::vector<uint8_t> q(n);
+      std::vector<float> scale(n / size_t(d));
+      quantize_fp8_kv_rows(x.data(), int64_t(n) / d, d, q.data(), scale.data());
+      std::vector<uint16_t> deq(n);
+      for (size_t j = 0; j < n; ++j) {
+        const float v = e4m3_to_float(q[j]) * scale[j / size_t(d)];
+        deq[j] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v))
+                      : __half_as_ushort(__float2half_rn(v));
+      }
+      void** bytes = i == 0 ? &k8_ : &v8_;
+      void** scales = i == 0 ? &ks_ : &vs_;
+      void** dtype_pool = i == 0 ? &kt_ : &vt_;
+      if (cudaMalloc(bytes, n) != cudaSuccess ||
+          cudaMalloc(scales, scale.size() * 4) != cudaSuccess ||
+          cudaMalloc(dtype_pool, n * 2) != cudaSuccess ||
+          cudaMemcpy(*bytes, q.data(), n, cudaMemcpyHostToDevice) != cudaSuccess ||
+          cudaMemcpy(*scales, scale.data(), scale.size() * 4, cudaMemcpyHostToDevice) !=
+              cudaSuccess ||
+          cudaMemcpy(*dtype_pool, deq.data(), n * 2, cudaMemcpyHostToDevice) != cudaSuccess) {
+        return Internal("Fp8KvPools: device allocation or copy failed");
+      }
+    }
+    return Status::Ok();
+  }
+  const void* k8() const { return k8_; }
+  const void* v8() const { return v8_; }
+  TreeAttentionKvScales scales() const {
+    return {static_cast<const float*>(ks_), static_cast<const float*>(vs_)};
+  }
+  const void* k_dequantized() const { return kt_; }
+  const void* v_dequantized() const { return vt_; }
+
+ private:
+  void *k8_ = nullptr, *v8_ = nullptr, *ks_ = nullptr, *vs_ = nullptr;
+  void *kt_ = nullptr, *vt_ = nullptr;
+};
+
+// Runs the uploaded plan (in grid; {}: eagerly) over the dequantized dtype pool and over the
+// e4m3 pool; expects identical outputs and returns the e4m3 run's largest error against the
+// CPU executor on the unquantized inputs.
+float fp8_pool_vs_dequantized(const GpuAttentionProblem& problem, const Fp8KvPools& pools,
+                              const AttentionPlan& plan, const TreeAttentionWorkspace& ws,
+                              TreeAttentionGrid grid, const std::string& what) {
+  std::vector<float> from_dtype, from_fp8, cpu;
+  const KvLayout& layout = problem.layout();
+  for (const bool fp8 : {false, true}) {
+    EXPECT_TRUE(problem.reset_out().ok());
+    const Status s = launch_tree_attention(
+        problem.device_q(), fp8 ? pools.k8() : pools.k_dequantized(),
+        fp8 ? pools.v8() : pools.v_dequantized(), problem.device_out(), problem.dtype(),
+        problem.num_q_heads(), layout.num_kv_heads, layout.head_dim, layout.page_size,
+        problem.sm_scale(), ws, nullptr, grid, fp8 ? pools.scales() : TreeAttentionKvScales{});
+    EXPECT_TRUE(s.ok()) << what << ": " << s.ToString();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+    EXPECT_TRUE(problem.download_out(fp8 ? &from_fp8 : &from_dtype).ok());
+  }
+  EXPECT_TRUE(from_dtype == from_fp8) << what << ": the e4m3 pool's output differs from the "
+                                      << "dequantized pool's";
+  EXPECT_TRUE(problem.untouched_rows_kept(from_fp8)) << what;
+  EXPECT_TRUE(problem.reference_plan(plan, &cpu).ok());
+  return problem.max_abs_diff(from_fp8, cpu);
+}
+
+// The workspaces an engine with an e4m3 pool runs (no tail or wide kernel), with the default
+// token table or none (stage 1 resolves tokens from the segments).
+TreeAttentionWorkspace& fp8_workspace(bool with_table) {
+  static TreeAttentionWorkspace ws[2];
+  TreeAttentionWorkspace& w = ws[with_table ? 0 : 1];
+  if (!w.initialized()) {
+    TreeAttentionLimits limits;
+    limits.tail_kernel = TreeAttentionLimits::Tail::kOff;
+    limits.wide_kernel = TreeAttentionLimits::Wide::kOff;
+    if (!with_table) limits.max_table_tokens = 0;
+    const Status s = w.init(limits);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  return w;
+}
+
+// e4m3 K/V bound for values in [-1, 1] and q in [-2, 2]: each K and V element is within an
+// e4m3 half-step (1/16 relative) of its value, which moves the softmax weights by a few percent.
+constexpr float kFp8KvTolerance = 0.08f;
+
+// Random trees (masks, packs, internal queries, page sizes 1/16/64, both head dims and dtypes,
+// GQA 1/4/8), with and without a token table, eager and in the engine's graph grid; few-shot
+// b=50 at Llama-3-8B heads (paired decode items beside wide items), its baseline plan (the
+// decode kernel) and a speculative token tree: every output bit-identical to the dequantized
+// pool's. Grids with the tail or wide kernel and a lone scale array are refused.
+TEST(TreeAttentionGpu, Fp8KvPoolEqualsItsDequantizedPool) {
+  SKIP_WITHOUT_GPU();
+  float worst = 0.0f;
+  for (uint64_t seed = 301; seed <= 316; ++seed) {
+    const TreeCase tree = testing::random_tree_case(seed * 7919, random_options(seed));
+    Shape shape;
+    shape.gqa = std::vector<int32_t>{1, 4, 8}[seed % 3];
+    shape.num_kv_heads = seed % 4 < 2 ? 4 : 2;
+    shape.head_dim = (seed / 2) % 2 ? 64 : 128;
+    shape.dtype = seed % 5 == 0 ? TreeAttentionDtype::kBFloat16 : TreeAttentionDtype::kFloat16;
+    const std::string what = "seed " + std::to_string(seed) + " " + describe(shape);
+    GpuAttentionProblem problem;
+    ASSERT_TRUE(problem
+                    .init(tree, shape.num_kv_heads * shape.gqa, shape.num_kv_heads, shape.head_dim,
+                          shape.dtype, seed, 2.f)
+                    .ok());
+    Fp8KvPools pools;
+    ASSERT_TRUE(pools.init(problem).ok());
+    const AttentionPlan plan = paired_plan_for(tree, shape, seed);
+    TreeAttentionWorkspace& ws = fp8_workspace(seed % 3 != 0);
+    ASSERT_TRUE(ws.upload(plan, nullptr).ok());
+    const TreeAttentionGrid grid =
+        seed % 2 ? tree_attention_graph_grid(ws, shape.num_kv_heads, shape.head_dim)
+                 : TreeAttentionGrid{};
+    const float err = fp8_pool_vs_dequantized(problem, pools, plan, ws, grid, what);
+    if (shape.dtype == TreeAttentionDtype::kFloat16) worst = std::max(worst, err);
+    EXPECT_LE(err, kFp8KvTolerance + (shape.dtype == TreeAttentionDtype::kFloat16 ? 0.f : 0.02f))
+        << what;
+  }
+  std::printf("  e4m3 pool against the float32 executor on unquantized K/V (fp16): %.4f\n", worst);
+
+  const Shape llama{8, 4, 128};
+  const TreeCase b50 = testing::few_shot_case(4000, 50, 200, 16, 3);
+  const TreeCase spec = testing::speculative_case(3000, testing::medusa_like_paths(64), 16, 4);
+  for (const TreeCase* tree : {&b50, &spec}) {
+    GpuAttentionProblem problem;
+    ASSERT_TRUE(problem
+                    .init(*tree, llama.num_kv_heads * llama.gqa, llama.num_kv_heads, llama.head_dim,
+                          llama.dtype, 21, 2.f)
+                    .ok());
+    Fp8KvPools pools;
+    ASSERT_TRUE(pools.init(problem).ok());
+    AttentionPlan plan, baseline;
+    ASSERT_TRUE(build_attention_plan(tree->view, config_for(llama), &plan).ok());
+    ASSERT_TRUE(build_baseline_plan(tree->view, config_for(llama), &baseline).ok());
+    TreeAttentionWorkspace& ws = fp8_workspace(true);
+    for (const AttentionPlan* p : {&plan, &baseline}) {
+      const std::string what = std::string(tree == &b50 ? "few-shot b=50" : "speculative t=64") +
+                               (p == &baseline ? " baseline" : " tree plan");
+      ASSERT_TRUE(ws.upload(*p, nullptr).ok());
+      if (p == &baseline) {
+        EXPECT_TRUE(ws.runs_decode_kernel()) << what;
+      }
+      EXPECT_LE(fp8_pool_vs_dequantized(problem, pools, *p, ws, {}, what), kFp8KvTolerance) << what;
+      const TreeAttentionGrid grid = tree_attention_graph_grid(ws, llama.num_kv_heads, 128);
+      EXPECT_FALSE(grid.tail || grid.wide) << what;
+      EXPECT_LE(fp8_pool_vs_dequantized(problem, pools, *p, ws, grid, what + " (grid)"),
+                kFp8KvTolerance)
+          << what;
+    }
+
+    // Refused before any launch: a grid with the tail kernel, a lone scale array.
+    ASSERT_TRUE(ws.upload(plan, nullptr).ok());
+    TreeAttentionGrid tail_grid = tree_attention_graph_grid(ws, llama.num_kv_heads, 128);
+    tail_grid.tail = true;
+    tail_grid.paired = false;
+    tail_grid.paired_items = 0;
+    Status refused =
+        launch_tree_attention(problem.device_q(), pools.k8(), pools.v8(), problem.device_out(),
+                              llama.dtype, problem.num_q_heads(), llama.num_kv_heads, 128, 16,
+                              problem.sm_scale(), ws, nullptr, tail_grid, pools.scales());
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+    EXPECT_NE(refused.message().find("e4m3"), std::string::npos) << refused.ToString();
+    TreeAttentionKvScales lone = pools.scales();
+    lone.v = nullptr;
+    refused =
+        launch_tree_attention(problem.device_q(), pools.k8(), pools.v8(), problem.device_out(),
+                              llama.dtype, problem.num_q_heads(), llama.num_kv_heads, 128, 16,
+                              problem.sm_scale(), ws, nullptr, {}, lone);
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+  }
+}
+
 TEST(TreeAttentionLimits, ApplyToCapsChunkGrowth) {
   AttentionPlanConfig config = tree_attention_plan_config(32, 8, 128, 132);
   EXPECT_EQ(config.max_chunk_tokens, 2048) << "4 x the 512-token chunk by default";

@@ -118,6 +118,42 @@ TEST(PagePool, PagesForBudget) {
   EXPECT_EQ(*PagePool::pages_for_budget(model, int64_t{1} << 62), INT32_MAX);
 }
 
+// An e4m3 pool (--kv-cache-dtype fp8) stores each (token, kv head) row of K or V as head_dim
+// bytes and a float32 scale: (head_dim + 4) bytes against 2 * head_dim for fp16/bf16, so a
+// budget holds 2 * head_dim / (head_dim + 4) times the pages (1.94x at head_dim 128).
+TEST(PagePool, PagesForBudgetCountsE4m3ScaleBytes) {
+  KvLayout fp16{.num_layers = 32, .num_kv_heads = 8, .head_dim = 128, .page_size = 16};
+  KvLayout e4m3 = fp16;
+  e4m3.dtype_bytes = 1;
+  e4m3.scale_bytes = 4;
+  // Llama-3-8B's shape: 32 layers * 2 * 8 heads * 16 tokens * (256 | 132) bytes a row.
+  EXPECT_EQ(fp16.bytes_per_token() * 16, int64_t{32} * 2 * 8 * 16 * 256);
+  EXPECT_EQ(e4m3.bytes_per_token() * 16, int64_t{32} * 2 * 8 * 16 * 132);
+  const int64_t budget = int64_t{40} << 30;
+  StatusOr<int32_t> p16 = PagePool::pages_for_budget(fp16, budget);
+  StatusOr<int32_t> p8 = PagePool::pages_for_budget(e4m3, budget);
+  ASSERT_TRUE(p16.ok() && p8.ok());
+  EXPECT_EQ(*p16, 20480);  // 40 GiB / (32 * 2 * 8 * 16 * 256 bytes)
+  EXPECT_EQ(*p8, 39718);   // 40 GiB / (32 * 2 * 8 * 16 * 132 bytes), integer division
+  EXPECT_NEAR(double(*p8) / double(*p16), 256.0 / 132.0, 1e-3);  // 1.94x
+  // The server's count (KvLayout::pages_for_budget over bytes_per_token) agrees.
+  EXPECT_EQ(KvLayout::pages_for_budget(budget, e4m3.bytes_per_token(), e4m3.page_size), *p8);
+  // Other head_dims: (2 * hd) / (hd + 4) times the pages, as integer division gives them.
+  for (int32_t hd : {64, 80, 96, 256}) {
+    fp16.head_dim = e4m3.head_dim = hd;
+    const int64_t page16 = int64_t{32} * 2 * 8 * 16 * 2 * hd;
+    const int64_t page8 = int64_t{32} * 2 * 8 * 16 * (hd + 4);
+    EXPECT_EQ(*PagePool::pages_for_budget(fp16, budget), budget / page16) << hd;
+    EXPECT_EQ(*PagePool::pages_for_budget(e4m3, budget), budget / page8) << hd;
+  }
+  // A negative scale_bytes is refused by name.
+  KvLayout bad = e4m3;
+  bad.scale_bytes = -4;
+  Status st = PagePool::pages_for_budget(bad, budget).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("scale_bytes"), std::string::npos) << st.message();
+}
+
 TEST(PagePool, PagesForBudgetNamesTheBadField) {
   KvLayout model{.num_layers = 2, .num_kv_heads = 4, .head_dim = 8, .page_size = 16};
   KvLayout bad = model;

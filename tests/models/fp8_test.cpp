@@ -225,5 +225,37 @@ TEST(Fp8, QuantizeTensorMatchesTheReferenceBitForBit) {
   for (uint8_t b : q) EXPECT_EQ(b, 0x00);
 }
 
+// The FP8 KV cache's scale: the smallest power of two at or above amax / 448 (1 for 0), so a
+// row's largest value quantizes into [224, 448] and no value saturates beyond rounding; the
+// row quantizer applies it.
+TEST(Fp8, KvScaleIsThePowerOfTwoAboveTheQuotient) {
+  EXPECT_EQ(fp8_kv_scale(0.0f), 1.0f);
+  EXPECT_EQ(fp8_kv_scale(448.0f), 1.0f);
+  EXPECT_EQ(fp8_kv_scale(224.0f), 0.5f);
+  EXPECT_EQ(fp8_kv_scale(225.0f), 1.0f);
+  EXPECT_EQ(fp8_kv_scale(449.0f), 2.0f);
+  EXPECT_EQ(fp8_kv_scale(448.0f * 0x1p-20f), 0x1p-20f);
+  EXPECT_EQ(fp8_kv_scale(1e-40f), 0x1p-126f);  // a subnormal quotient
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> exponent(-30.0f, 15.0f);
+  for (int i = 0; i < 10000; ++i) {
+    const float amax = std::exp2(exponent(rng));
+    const float s = fp8_kv_scale(amax);
+    int e = 0;
+    EXPECT_EQ(std::frexp(s, &e), 0.5f) << amax;  // a power of two
+    EXPECT_GE(s, amax / 448.0f) << amax;
+    EXPECT_LT(s / 2, amax / 448.0f) << amax;
+  }
+  const std::vector<float> row = {0.3f, -1.7f, 0.0f, 2.9f, -0.01f, 1e-4f, 2.5f, -2.9f};
+  std::vector<uint8_t> q(row.size());
+  float scale = 0.0f;
+  quantize_fp8_kv_rows(row.data(), 1, int64_t(row.size()), q.data(), &scale);
+  EXPECT_EQ(scale, 0x1p-7f);  // 2.9 / 448 = 0.00647, the next power of two 1/128
+  for (size_t c = 0; c < row.size(); ++c) {
+    EXPECT_EQ(q[c], float_to_e4m3(row[c] / scale)) << c;
+    EXPECT_NEAR(e4m3_to_float(q[c]) * scale, row[c], std::fabs(row[c]) / 16 + 1e-3f) << c;
+  }
+}
+
 }  // namespace
 }  // namespace treeserve

@@ -5,6 +5,8 @@
 
 #include <filesystem>
 
+#include "models/quantization.h"
+
 namespace treeserve {
 namespace {
 
@@ -253,6 +255,43 @@ TEST(Config, Quantization) {
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("--quantization"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("'int4'"), std::string::npos) << s.message();
+}
+
+TEST(Config, KvCacheDtype) {
+  TreeserveConfig c;
+  EXPECT_EQ(c.kv_cache.dtype, "auto");  // the model's dtype
+  EXPECT_TRUE(validate_config(c).ok());
+  for (const char* ok : {"auto", "fp8", "fp8_e4m3"}) {
+    ASSERT_TRUE(
+        merge_config_json(std::string(R"({"kv_cache": {"dtype": ")") + ok + "\"}}", "kv.json", &c)
+            .ok());
+    EXPECT_EQ(c.kv_cache.dtype, ok);
+    EXPECT_TRUE(validate_config(c).ok()) << ok;
+  }
+  TreeserveConfig back;
+  ASSERT_TRUE(merge_config_json(config_to_json(c), "dump", &back).ok());
+  EXPECT_EQ(back.kv_cache.dtype, "fp8_e4m3");
+  EXPECT_EQ(*parse_kv_cache_dtype("fp8", "x"), KvCacheDtype::kFp8E4m3);
+  EXPECT_EQ(*parse_kv_cache_dtype("fp8_e4m3", "x"), KvCacheDtype::kFp8E4m3);
+  EXPECT_EQ(*parse_kv_cache_dtype("auto", "x"), KvCacheDtype::kAuto);
+
+  c.kv_cache.dtype = "fp8_e5m2";
+  Status s = validate_config(c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "kv_cache.dtype (--kv-cache-dtype) 'fp8_e5m2' is not supported: only e4m3 is (fp8 or "
+            "fp8_e4m3, with one float32 scale per token and kv head)");
+  for (const char* bad : {"int8", "", "FP8", "fp16", "e4m3"}) {
+    c.kv_cache.dtype = bad;
+    s = validate_config(c);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(s.message(), std::string("kv_cache.dtype (--kv-cache-dtype) must be auto, fp8 or "
+                                       "fp8_e4m3, got '") +
+                               bad + "'");
+  }
+  s = merge_config_json(R"({"kv_cache": {"dtype": 8}})", "kv.json", &c);
+  EXPECT_NE(s.message().find("kv_cache.dtype has the wrong type"), std::string::npos)
+      << s.message();
 }
 
 TEST(Config, ListenAddresses) {

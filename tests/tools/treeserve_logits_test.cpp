@@ -1,8 +1,8 @@
 // treeserve_logits (the HF-comparison tool) run as a process on the tiny model: its first-token
 // logits and greedy continuation equal the Hugging Face golden data (tests/golden/), its vocab
-// limit holds, random weights are reproducible, FP8 checkpoints and --quantization fp8 run (and
-// agree bit for bit where they should), and bad input (broken FP8 checkpoints included) exits
-// non-zero with a message.
+// limit holds, random weights are reproducible, FP8 checkpoints, --quantization fp8 and
+// --kv-cache-dtype fp8 run (and agree bit for bit where they should), and bad input (broken FP8
+// checkpoints included) exits non-zero with a message.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -264,6 +264,38 @@ TEST_F(TreeserveLogits, Fp8CheckpointsAndTheQuantizationFlag) {
   EXPECT_NE(bad.output.find("--quantization must be auto, none or fp8, got 'int8'"),
             std::string::npos)
       << bad.output;
+}
+
+// --kv-cache-dtype fp8 (the server's kv_cache.dtype) on the CPU backend: K/V through e4m3,
+// logits near the float32 KV ones but not equal; the alias gives the same bits; fp8_e5m2 and
+// other values are refused by name.
+TEST_F(TreeserveLogits, KvCacheDtypeFlag) {
+  const std::string m = TREESERVE_TINY_MODEL_DIR;
+  const std::string ids = "1,300,301,302,17,45,99,120";
+  ToolRun plain = run_tool({"--model", m, "--ids", ids, "--greedy", "4"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_EQ(plain.result["kv_cache_dtype"], "float32");
+  ToolRun fp8 = run_tool({"--model", m, "--ids", ids, "--greedy", "4", "--kv-cache-dtype", "fp8"});
+  ASSERT_EQ(fp8.exit_code, 0) << fp8.output;
+  EXPECT_EQ(fp8.result["kv_cache_dtype"], "fp8_e4m3");
+  const float diff = max_abs_diff(fp8.result["first_logits"], plain.result["first_logits"]);
+  EXPECT_GT(diff, 0.0f);
+  EXPECT_LT(diff, 1.0f);  // as tests/engine/kv_cache_fp8_test.cpp
+  ToolRun alias =
+      run_tool({"--model", m, "--ids", ids, "--greedy", "4", "--kv-cache-dtype", "fp8_e4m3"});
+  ASSERT_EQ(alias.exit_code, 0) << alias.output;
+  EXPECT_EQ(alias.result["first_logits"], fp8.result["first_logits"]);
+  EXPECT_EQ(alias.result["greedy"], fp8.result["greedy"]);
+  ToolRun e5m2 = run_tool({"--model", m, "--ids", ids, "--kv-cache-dtype", "fp8_e5m2"});
+  EXPECT_NE(e5m2.exit_code, 0);
+  EXPECT_NE(e5m2.output.find("--kv-cache-dtype 'fp8_e5m2' is not supported: only e4m3 is"),
+            std::string::npos)
+      << e5m2.output;
+  ToolRun junk = run_tool({"--model", m, "--ids", ids, "--kv-cache-dtype", "half"});
+  EXPECT_NE(junk.exit_code, 0);
+  EXPECT_NE(junk.output.find("--kv-cache-dtype must be auto, fp8 or fp8_e4m3, got 'half'"),
+            std::string::npos)
+      << junk.output;
 }
 
 // Broken FP8 checkpoints (the generator's test options) are refused with a message naming the
