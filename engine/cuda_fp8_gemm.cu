@@ -407,23 +407,13 @@ cudaError_t launch_n(const uint8_t* x, const float* xs, const uint8_t* w, const 
     if (e != cudaSuccess) return e;
     raised.fetch_or(bit, std::memory_order_acq_rel);
   }
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(n / kBlockCols), unsigned(splits), 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = unsigned(splits);
-  attr[0].val.clusterDim.z = 1;
-  // A programmatic dependent launch (kernels/detail/pdl_launch.cuh): the kernel waits for the
-  // previous one before it touches x, so its prologue and first weight loads overlap it.
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = ::treeserve::detail::pdl_capable(reinterpret_cast<const void*>(kernel)) ? 2 : 1;
-  return cudaLaunchKernelEx(&config, kernel, w_map, x_map, xs, ws, y, int(m), int(n), int(k));
+  // A cluster of the column block's K ranges, as a programmatic dependent launch: the kernel
+  // waits for the previous one before it touches x, so its prologue and first weight loads
+  // overlap it.
+  return ::treeserve::detail::launch_pdl_cluster(
+      dim3(unsigned(n / kBlockCols), unsigned(splits), 1), dim3(kThreads, 1, 1), size_t(smem),
+      stream, dim3(1, unsigned(splits), 1), kernel, w_map, x_map, xs, ws, y, int(m), int(n),
+      int(k));
 }
 
 template <typename Out>

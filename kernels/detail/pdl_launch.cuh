@@ -59,22 +59,46 @@ inline bool pdl_capable(const void* kernel) {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization (where
-// pdl_capable; a plain launch elsewhere). Returns the launch's error (cudaSuccess when
-// enqueued).
+// pdl_capable; a plain launch elsewhere), in thread-block clusters of *cluster blocks where
+// cluster is set. Returns the launch's error (cudaSuccess when enqueued).
 template <typename... KArgs, typename... Args>
-cudaError_t launch_pdl(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                       void (*kernel)(KArgs...), Args... args) {
+cudaError_t launch_pdl_impl(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                            const dim3* cluster, void (*kernel)(KArgs...), Args... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attribute[2];
+  unsigned n = 0;
+  if (cluster != nullptr) {
+    attribute[n].id = cudaLaunchAttributeClusterDimension;
+    attribute[n].val.clusterDim.x = cluster->x;
+    attribute[n].val.clusterDim.y = cluster->y;
+    attribute[n].val.clusterDim.z = cluster->z;
+    ++n;
+  }
+  if (pdl_capable(reinterpret_cast<const void*>(kernel))) {
+    attribute[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   config.attrs = attribute;
-  config.numAttrs = pdl_capable(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
+  config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, static_cast<KArgs>(args)...);
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t launch_pdl(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       void (*kernel)(KArgs...), Args... args) {
+  return launch_pdl_impl(grid, block, smem, stream, nullptr, kernel, args...);
+}
+
+// The same in thread-block clusters of `cluster` blocks.
+template <typename... KArgs, typename... Args>
+cudaError_t launch_pdl_cluster(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                               dim3 cluster, void (*kernel)(KArgs...), Args... args) {
+  return launch_pdl_impl(grid, block, smem, stream, &cluster, kernel, args...);
 }
 
 }  // namespace treeserve::detail
