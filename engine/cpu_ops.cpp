@@ -156,22 +156,26 @@ void add_inplace(float* x, const float* delta, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += delta[i];
 }
 
-void fp8_fake_quantize_rows(const float* x, int64_t rows, int64_t cols, float* out) {
+namespace {
+
+void fake_quantize_rows_with(float (*scale_of)(float), const float* x, int64_t rows, int64_t cols,
+                             float* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     float amax = 0.0f;
     for (int64_t c = 0; c < cols; ++c) amax = std::fmax(amax, std::fabs(xr[c]));
-    fp8_fake_quantize_static(xr, cols, fp8_scale(amax), out + r * cols);
+    fp8_fake_quantize_static(xr, cols, scale_of(amax), out + r * cols);
   }
 }
 
+}  // namespace
+
+void fp8_fake_quantize_rows(const float* x, int64_t rows, int64_t cols, float* out) {
+  fake_quantize_rows_with(fp8_scale, x, rows, cols, out);
+}
+
 void fp8_kv_fake_quantize_rows(const float* x, int64_t rows, int64_t cols, float* out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    float amax = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) amax = std::fmax(amax, std::fabs(xr[c]));
-    fp8_fake_quantize_static(xr, cols, fp8_kv_scale(amax), out + r * cols);
-  }
+  fake_quantize_rows_with(fp8_kv_scale, x, rows, cols, out);
 }
 
 void fp8_fake_quantize_static(const float* x, int64_t n, float scale, float* out) {

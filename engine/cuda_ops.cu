@@ -305,6 +305,33 @@ __global__ void gather_rows_kernel(const float* src, const int32_t* rows, int64_
   for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) out[i * hidden + j] = s[j];
 }
 
+// Rotates the 4 pairs (i + e, i + e + half), e < 4, of one head's row src (two 8-byte loads)
+// into dst (two 8-byte stores), rounded to T.
+template <typename T>
+__device__ __forceinline__ void rope_4_pairs(const T* src, T* dst, int32_t i, int32_t half,
+                                             const float* __restrict__ inv_freq, float pos) {
+  const uint2 lo_raw = *reinterpret_cast<const uint2*>(src + i);
+  const uint2 hi_raw = *reinterpret_cast<const uint2*>(src + i + half);
+  const float4 freq = *reinterpret_cast<const float4*>(inv_freq + i);
+  const T* lo_in = reinterpret_cast<const T*>(&lo_raw);
+  const T* hi_in = reinterpret_cast<const T*>(&hi_raw);
+  const float f[4] = {freq.x, freq.y, freq.z, freq.w};
+  uint2 lo_out, hi_out;
+  T* lo = reinterpret_cast<T*>(&lo_out);
+  T* hi = reinterpret_cast<T*>(&hi_out);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    // Same op order as the CPU reference: float angle, then cos/sin of it.
+    float sn, cs;
+    sincosf(pos * f[e], &sn, &cs);
+    const float a = to_f(lo_in[e]), b = to_f(hi_in[e]);
+    lo[e] = from_f<T>(a * cs - b * sn);
+    hi[e] = from_f<T>(b * cs + a * sn);
+  }
+  *reinterpret_cast<uint2*>(dst + i) = lo_out;
+  *reinterpret_cast<uint2*>(dst + i + half) = hi_out;
+}
+
 // One block per row. Unit u < (nh + nkv) * d / 8 rotates 4 pairs (i, i + d/2) of head
 // u / (d / 8), i = 4 (u % (d / 8)) .. + 3 (two 8-byte loads, two stores); the next nkv * d / 8
 // units copy 8 values of V each. Q goes to q_out, K and V into the row's pool slot.
@@ -341,33 +368,13 @@ __global__ void __launch_bounds__(1024)
       continue;
     }
     const int32_t head = u / per_head, i = 4 * (u % per_head);
-    const T* src = row + int64_t(head) * d;
-    const uint2 lo_raw = *reinterpret_cast<const uint2*>(src + i);
-    const uint2 hi_raw = *reinterpret_cast<const uint2*>(src + i + half);
-    const float4 freq = *reinterpret_cast<const float4*>(inv_freq + i);
-    const T* lo_in = reinterpret_cast<const T*>(&lo_raw);
-    const T* hi_in = reinterpret_cast<const T*>(&hi_raw);
-    const float f[4] = {freq.x, freq.y, freq.z, freq.w};
-    uint2 lo_out, hi_out;
-    T* lo = reinterpret_cast<T*>(&lo_out);
-    T* hi = reinterpret_cast<T*>(&hi_out);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      // Same op order as the CPU reference: float angle, then cos/sin of it.
-      float sn, cs;
-      sincosf(pos * f[e], &sn, &cs);
-      const float a = to_f(lo_in[e]), b = to_f(hi_in[e]);
-      lo[e] = from_f<T>(a * cs - b * sn);
-      hi[e] = from_f<T>(b * cs + a * sn);
-    }
     T* dst;
     if (head < nh) {
       dst = q_out + (r * nh + head) * d;
     } else {
       dst = k_pool + page * page_elems + (int64_t(head - nh) * page_size + slot) * d;
     }
-    *reinterpret_cast<uint2*>(dst + i) = lo_out;
-    *reinterpret_cast<uint2*>(dst + i + half) = hi_out;
+    rope_4_pairs(row + int64_t(head) * d, dst, i, half, inv_freq, pos);
   }
 }
 
@@ -402,27 +409,7 @@ __global__ void __launch_bounds__(1024)
       const int32_t u = w * 32 + lane;
       if (u >= q_units) continue;
       const int32_t head = u / per_head, i = 4 * (u % per_head);
-      const T* src = row + int64_t(head) * d;
-      const uint2 lo_raw = *reinterpret_cast<const uint2*>(src + i);
-      const uint2 hi_raw = *reinterpret_cast<const uint2*>(src + i + half);
-      const float4 freq = *reinterpret_cast<const float4*>(inv_freq + i);
-      const T* lo_in = reinterpret_cast<const T*>(&lo_raw);
-      const T* hi_in = reinterpret_cast<const T*>(&hi_raw);
-      const float f[4] = {freq.x, freq.y, freq.z, freq.w};
-      uint2 lo_out, hi_out;
-      T* lo = reinterpret_cast<T*>(&lo_out);
-      T* hi = reinterpret_cast<T*>(&hi_out);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float sn, cs;
-        sincosf(pos * f[e], &sn, &cs);
-        const float a = to_f(lo_in[e]), b = to_f(hi_in[e]);
-        lo[e] = from_f<T>(a * cs - b * sn);
-        hi[e] = from_f<T>(b * cs + a * sn);
-      }
-      T* dst = q_out + (r * nh + head) * d;
-      *reinterpret_cast<uint2*>(dst + i) = lo_out;
-      *reinterpret_cast<uint2*>(dst + i + half) = hi_out;
+      rope_4_pairs(row + int64_t(head) * d, q_out + (r * nh + head) * d, i, half, inv_freq, pos);
       continue;
     }
     // One K or V row of head kh: at most 4 values a lane (d <= 128).

@@ -3,7 +3,6 @@
 
 #include <bit>
 #include <cmath>
-#include <cstring>
 
 namespace treeserve {
 namespace {
@@ -57,41 +56,39 @@ float e4m3_to_float(uint8_t bits) {
 
 float fp8_scale(float amax) { return amax == 0.0f ? 1.0f : amax / kFp8E4m3Max; }
 
-void quantize_fp8_rows(const float* w, int64_t rows, int64_t cols, uint8_t* q, float* scale) {
+namespace {
+
+// Per-row quantization with the row scale scale_of(amax of the row).
+void quantize_rows_with(float (*scale_of)(float), const float* x, int64_t rows, int64_t cols,
+                        uint8_t* q, float* scale) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* row = w + r * cols;
+    const float* row = x + r * cols;
     float amax = 0.0f;
     for (int64_t c = 0; c < cols; ++c) amax = std::fmax(amax, std::fabs(row[c]));
-    const float s = fp8_scale(amax);
+    const float s = scale_of(amax);
     scale[r] = s;
     uint8_t* out = q + r * cols;
     for (int64_t c = 0; c < cols; ++c) out[c] = float_to_e4m3(row[c] / s);
   }
+}
+
+}  // namespace
+
+void quantize_fp8_rows(const float* w, int64_t rows, int64_t cols, uint8_t* q, float* scale) {
+  quantize_rows_with(fp8_scale, w, rows, cols, q, scale);
 }
 
 float fp8_kv_scale(float amax) {
   if (amax == 0.0f) return 1.0f;
   // Round the quotient up to a power of two: keep its exponent, and add one where any mantissa
   // bit is set (a subnormal quotient becomes 2^-126).
-  uint32_t bits;
-  const float r = amax / kFp8E4m3Max;
-  std::memcpy(&bits, &r, 4);
+  uint32_t bits = std::bit_cast<uint32_t>(amax / kFp8E4m3Max);
   if ((bits & 0x7fffffu) != 0) bits = (bits & 0x7f800000u) + 0x800000u;
-  float s;
-  std::memcpy(&s, &bits, 4);
-  return s;
+  return std::bit_cast<float>(bits);
 }
 
 void quantize_fp8_kv_rows(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* scale) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * cols;
-    float amax = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) amax = std::fmax(amax, std::fabs(row[c]));
-    const float s = fp8_kv_scale(amax);
-    scale[r] = s;
-    uint8_t* out = q + r * cols;
-    for (int64_t c = 0; c < cols; ++c) out[c] = float_to_e4m3(row[c] / s);
-  }
+  quantize_rows_with(fp8_kv_scale, x, rows, cols, q, scale);
 }
 
 void quantize_fp8_tensor(const float* w, int64_t n, uint8_t* q, float* scale) {

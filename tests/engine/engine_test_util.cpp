@@ -37,11 +37,13 @@ const TinyModel* tiny_model() {
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const TinyModel& model, int32_t page_size,
-                                          int64_t num_pages, int32_t num_threads) {
+                                          int64_t num_pages, int32_t num_threads,
+                                          bool kv_cache_fp8) {
   CpuBackendOptions options;
   options.page_size = page_size;
   options.num_pages = num_pages;
   options.num_threads = num_threads;
+  options.kv_cache_fp8 = kv_cache_fp8;
   StatusOr<std::unique_ptr<Backend>> backend =
       create_cpu_backend(model.config, model.weights, options);
   if (!backend.ok()) {

@@ -30,9 +30,11 @@ struct TinyModel {
 // naming the problem) if it cannot be loaded.
 const TinyModel* tiny_model();
 
-// A backend over the tiny model; fails the test (returns nullptr) on error.
+// A backend over the tiny model (kv_cache_fp8: with the FP8 KV cache's emulation); fails the
+// test (returns nullptr) on error.
 std::unique_ptr<Backend> make_cpu_backend(const TinyModel& model, int32_t page_size,
-                                          int64_t num_pages, int32_t num_threads = 2);
+                                          int64_t num_pages, int32_t num_threads = 2,
+                                          bool kv_cache_fp8 = false);
 
 // Deterministic pseudo-random tokens in [3, vocab) (no unk / bos / eos).
 std::vector<int32_t> test_tokens(int64_t n, uint64_t seed, int64_t vocab);

@@ -29,22 +29,6 @@ constexpr float kFp8MeanLogitTolerance = 0.2f;
 // a later layer across an e4m3 rounding boundary, hence more room than float32's 1e-4.
 constexpr float kFp8TreeTolerance = 2e-3f;
 
-std::unique_ptr<Backend> make_backend(const TinyModel& model, int32_t page_size, int64_t num_pages,
-                                      bool kv_cache_fp8) {
-  CpuBackendOptions options;
-  options.page_size = page_size;
-  options.num_pages = num_pages;
-  options.num_threads = 2;
-  options.kv_cache_fp8 = kv_cache_fp8;
-  StatusOr<std::unique_ptr<Backend>> backend =
-      create_cpu_backend(model.config, model.weights, options);
-  if (!backend.ok()) {
-    ADD_FAILURE() << "create_cpu_backend: " << backend.status().ToString();
-    return nullptr;
-  }
-  return std::move(backend).value();
-}
-
 // Whether quantizing row [d] again leaves it bit for bit as it is. It does for a row of e4m3
 // values times its power-of-two scale s: the largest code lies in [224, 448], so the row's new
 // scale is s, or s / 2 where that code is 224 and then every code doubles exactly (all are at
@@ -72,7 +56,7 @@ TEST_F(KvCacheFp8Test, PrefillWritesE4m3RowsWithOneScalePerTokenAndHead) {
   std::unique_ptr<Backend> backends[2];
   StepBatch batch;
   for (bool fp8 : {false, true}) {
-    backends[fp8] = make_backend(*model_, kPage, kPages, fp8);
+    backends[fp8] = make_cpu_backend(*model_, kPage, kPages, 2, fp8);
     ASSERT_NE(backends[fp8], nullptr);
     TreeDriver driver(backends[fp8].get(), kPage, kPages);
     const BranchId b = driver.start(prompt);
@@ -126,7 +110,7 @@ TEST_F(KvCacheFp8Test, LogitsStayCloseToFloat32Kv) {
   const std::vector<int32_t> decode = test_tokens(10, 23, vocab_);
   std::vector<float> logits[2];
   for (bool fp8 : {false, true}) {
-    auto backend = make_backend(*model_, kPage, kPages, fp8);
+    auto backend = make_cpu_backend(*model_, kPage, kPages, 2, fp8);
     ASSERT_NE(backend, nullptr);
     TreeDriver driver(backend.get(), kPage, kPages);
     const BranchId b = driver.start(prompt);
@@ -155,7 +139,7 @@ TEST_F(KvCacheFp8Test, LogitsStayCloseToFloat32Kv) {
 // one batch; each branch's logits equal its whole sequence prefilled alone, with FP8 KV both.
 TEST_F(KvCacheFp8Test, ForkedTreeMatchesEachSequenceAlone) {
   constexpr int32_t kPage = 4, kPages = 64, kBranches = 4, kSteps = 3;
-  auto backend = make_backend(*model_, kPage, kPages, true);
+  auto backend = make_cpu_backend(*model_, kPage, kPages, 2, true);
   ASSERT_NE(backend, nullptr);
   TreeDriver driver(backend.get(), kPage, kPages);
   const std::vector<int32_t> prompt = test_tokens(21, 24, vocab_);
@@ -178,7 +162,7 @@ TEST_F(KvCacheFp8Test, ForkedTreeMatchesEachSequenceAlone) {
   ASSERT_EQ(out.num_rows, kBranches);
   float worst = 0.0f;
   for (int i = 0; i < kBranches; ++i) {
-    auto alone = make_backend(*model_, kPage, kPages, true);
+    auto alone = make_cpu_backend(*model_, kPage, kPages, 2, true);
     ASSERT_NE(alone, nullptr);
     TreeDriver single(alone.get(), kPage, kPages);
     const BranchId b = single.start(seqs[i]);
@@ -189,7 +173,7 @@ TEST_F(KvCacheFp8Test, ForkedTreeMatchesEachSequenceAlone) {
     worst = std::max(worst, diff);
     if (i == 0) {
       // The tree ran with FP8 KV: float32 KV gives other logits.
-      auto plain = make_backend(*model_, kPage, kPages, false);
+      auto plain = make_cpu_backend(*model_, kPage, kPages, 2, false);
       ASSERT_NE(plain, nullptr);
       TreeDriver plain_driver(plain.get(), kPage, kPages);
       const BranchId p = plain_driver.start(seqs[i]);
@@ -204,7 +188,7 @@ TEST_F(KvCacheFp8Test, ForkedTreeMatchesEachSequenceAlone) {
 // step must read the moved rows: its logits equal the accepted sequence prefilled alone.
 TEST_F(KvCacheFp8Test, AcceptedDraftSlotMovesKeepTheRows) {
   constexpr int32_t kPage = 4, kPages = 32;
-  auto backend = make_backend(*model_, kPage, kPages, true);
+  auto backend = make_cpu_backend(*model_, kPage, kPages, 2, true);
   ASSERT_NE(backend, nullptr);
   TreeDriver driver(backend.get(), kPage, kPages);
   std::vector<int32_t> seq = test_tokens(13, 25, vocab_);
@@ -224,7 +208,7 @@ TEST_F(KvCacheFp8Test, AcceptedDraftSlotMovesKeepTheRows) {
   ASSERT_TRUE(driver.step(std::vector<BranchId>{b}, false, &out).ok());
   ASSERT_EQ(driver.tokens(b), seq);
 
-  auto alone = make_backend(*model_, kPage, kPages, true);
+  auto alone = make_cpu_backend(*model_, kPage, kPages, 2, true);
   ASSERT_NE(alone, nullptr);
   TreeDriver single(alone.get(), kPage, kPages);
   const BranchId s = single.start(seq);
