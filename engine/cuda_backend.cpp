@@ -228,35 +228,46 @@ int64_t CudaBackend::fp8_stage_elems() const {
 }
 
 Status CudaBackend::load_fp8_layer(const LlamaLayerWeights& src, LayerWeights* dst) {
-  const int64_t h = h_, q = q_size_, kv = kv_size_, im = im_;
+  const int64_t h = h_, d = d_, q = config_.q_size(), kv = config_.kv_size();
+  const int64_t im = config_.intermediate_size;
+  const int64_t q0 = shard_.q_head_begin * d, kv0 = shard_.kv_head_begin * d;
+  const int64_t im0 = shard_.im_begin;
+  // This rank's block of each checkpoint matrix [rows][cols]: rows [row0, + n) of QKV and
+  // gate/up (split by output rows), columns [col0, + width) of O and down (split by input).
   struct Part {
     const TensorView* weight;
     const Fp8Scales* scales;
-    int64_t rows;
+    int64_t rows, row0, n;
   };
   struct Matrix {
     Fp8Linear* dst;
     std::vector<Part> parts;
-    int64_t cols;
+    int64_t cols, col0, width;
   };
   const Matrix matrices[] = {
       {&dst->qkv8,
-       {{&src.q_proj, &src.q_scale, q},
-        {&src.k_proj, &src.k_scale, kv},
-        {&src.v_proj, &src.v_scale, kv}},
+       {{&src.q_proj, &src.q_scale, q, q0, q_size_},
+        {&src.k_proj, &src.k_scale, kv, kv0, kv_size_},
+        {&src.v_proj, &src.v_scale, kv, kv0, kv_size_}},
+       h,
+       0,
        h},
-      {&dst->o8, {{&src.o_proj, &src.o_scale, h}}, q},
+      {&dst->o8, {{&src.o_proj, &src.o_scale, h, 0, h}}, q, q0, q_size_},
       {&dst->gate_up8,
-       {{&src.gate_proj, &src.gate_scale, im}, {&src.up_proj, &src.up_scale, im}},
+       {{&src.gate_proj, &src.gate_scale, im, im0, im_},
+        {&src.up_proj, &src.up_scale, im, im0, im_}},
+       h,
+       0,
        h},
-      {&dst->down8, {{&src.down_proj, &src.down_scale, h}}, im},
+      {&dst->down8, {{&src.down_proj, &src.down_scale, h, 0, h}}, im, im0, im_},
   };
   for (const Matrix& m : matrices) {
     int64_t n = 0;
-    for (const Part& p : m.parts) n += p.rows;
+    for (const Part& p : m.parts) n += p.n;
     // The checkpoint's e4m3 bytes as they are, the scales per row, and for static activation
     // scales the largest of the parts' input scales (one quantization of the shared input
     // serves the fused matrix; a larger scale only costs the smaller ones some precision).
+    // A rank's columns of O and down keep their rows' scales: a row's scale covers all of it.
     std::vector<float> row_scales;
     float input_scale = 0.0f;
     int64_t row = 0;
@@ -269,18 +280,19 @@ Status CudaBackend::load_fp8_layer(const LlamaLayerWeights& src, LayerWeights* d
                                "F8_E4M3 [" +
                                std::to_string(p.rows) + ", " + std::to_string(m.cols) + "]");
       }
-      TS_CUDA(cudaMemcpy(m.dst->w + row * m.cols, w.data, size_t(p.rows * m.cols),
-                         cudaMemcpyHostToDevice),
+      const uint8_t* from = static_cast<const uint8_t*>(w.data) + p.row0 * m.cols + m.col0;
+      TS_CUDA(cudaMemcpy2D(m.dst->w + row * m.width, size_t(m.width), from, size_t(m.cols),
+                           size_t(m.width), size_t(p.n), cudaMemcpyHostToDevice),
               "FP8 weight upload");
       StatusOr<std::vector<float>> scales = fp8_row_scales(*p.scales, p.rows);
       if (!scales.ok()) return scales.status();
-      row_scales.insert(row_scales.end(), scales->begin(), scales->end());
+      row_scales.insert(row_scales.end(), scales->begin() + p.row0, scales->begin() + p.row0 + p.n);
       if (m.dst->input_scale) {
         StatusOr<float> s = fp8_input_scale(*p.scales);
         if (!s.ok()) return s.status();
         input_scale = std::max(input_scale, *s);
       }
-      row += p.rows;
+      row += p.n;
     }
     TS_CUDA(cudaMemcpy(m.dst->scale, row_scales.data(), size_t(n) * 4, cudaMemcpyHostToDevice),
             "FP8 scale upload");
@@ -406,16 +418,15 @@ Status check_options(const ModelConfig& config, const CudaBackendOptions& option
                            " must be a multiple of 8 (16-byte SwiGLU loads)");
   }
   if (config.quant.scheme == QuantScheme::kFp8) {
-    if (options.tensor_parallel > 1) {
-      return InvalidArgument("CUDA backend: FP8 linear layers run on one GPU (tensor_parallel = " +
-                             std::to_string(options.tensor_parallel) +
-                             " is not supported with quantization fp8 yet)");
-    }
-    for (auto [what, n] : {std::pair<const char*, int64_t>{"hidden_size", config.hidden_size},
-                           {"intermediate_size", config.intermediate_size},
-                           {"num_attention_heads * head_dim", config.q_size()}}) {
+    // The K of each FP8 GEMM: a rank's share of the intermediate and query sizes under tensor
+    // parallelism (O and down take their input columns in slices).
+    const int64_t tp = std::max<int64_t>(1, options.tensor_parallel);
+    const std::string per_rank = tp > 1 ? " / tensor_parallel" : "";
+    for (auto [what, n] : {std::pair<std::string, int64_t>{"hidden_size", config.hidden_size},
+                           {"intermediate_size" + per_rank, config.intermediate_size / tp},
+                           {"num_attention_heads * head_dim" + per_rank, config.q_size() / tp}}) {
       if (n % 16 != 0) {
-        return InvalidArgument(std::string("CUDA backend: FP8 GEMMs need ") + what +
+        return InvalidArgument("CUDA backend: FP8 GEMMs need " + what +
                                " to be a multiple of 16, got " + std::to_string(n));
       }
     }

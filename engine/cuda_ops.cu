@@ -255,7 +255,7 @@ template <typename T, int V>
 __global__ void __launch_bounds__(1024)
     p2p_all_reduce_norm_kernel(float* __restrict__ residual, const P2PAllReduce ar,
                                const T* __restrict__ weight, float eps, int64_t rows,
-                               int64_t hidden, T* __restrict__ out) {
+                               int64_t hidden, T* __restrict__ out, Fp8Rows fp8) {
   pdl_wait();
   detail::p2p_block_barrier(ar.flags, ar.counters, ar.rank, ar.world);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -294,7 +294,8 @@ __global__ void __launch_bounds__(1024)
       store8(x + c, v[k]);
     }
     if (!out) continue;
-    write_rms_normed<T, V>(v, wv, ss, eps, hidden, out + r * hidden);
+    write_rms_normed<T, V>(v, wv, ss, eps, hidden, out + r * hidden,
+                           fp8.q ? fp8.q + r * hidden : nullptr, fp8.q ? fp8.scale + r : nullptr);
   }
 }
 
@@ -851,18 +852,18 @@ void add_rms_norm_f32_delta(Dtype dt, float* residual, const float* delta, int32
 
 void p2p_all_reduce_add_rms_norm(Dtype dt, float* residual, const P2PAllReduce& ar,
                                  const void* weight, float eps, int64_t rows, int64_t hidden,
-                                 void* out, cudaStream_t stream) {
+                                 void* out, cudaStream_t stream, Fp8Rows fp8) {
   // Launched even with rows == 0: every call of every rank must pass the barrier.
   const int64_t chunks = hidden / 8;
   TS_DISPATCH(dt, {
     if (chunks <= 1024) {
       launch_pdl(dim3(kP2PBlocks), dim3(round_up_warps(chunks)), stream,
                  p2p_all_reduce_norm_kernel<T, 1>, residual, ar, static_cast<const T*>(weight), eps,
-                 rows, hidden, static_cast<T*>(out));
+                 rows, hidden, static_cast<T*>(out), fp8);
     } else {
       launch_pdl(dim3(kP2PBlocks), dim3(round_up_warps((chunks + 1) / 2)), stream,
                  p2p_all_reduce_norm_kernel<T, 2>, residual, ar, static_cast<const T*>(weight), eps,
-                 rows, hidden, static_cast<T*>(out));
+                 rows, hidden, static_cast<T*>(out), fp8);
     }
   });
 }

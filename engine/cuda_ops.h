@@ -68,12 +68,13 @@ struct P2PAllReduce {
 };
 
 // All-reduce + add_rms_norm_f32_delta: residual += round_T(sum over ranks s = 0 .. world - 1,
-// in that order, of deltas[s]), then out = rmsnorm(residual) * weight (out may be null).
+// in that order, of deltas[s]), then out = rmsnorm(residual) * weight (out may be null), and
+// out's e4m3 copy where fp8.q is set (as add_rms_norm's).
 // Every rank computes the same sum in the same order, so the residual streams stay identical.
 // A peer that never arrives (its rank failed) traps the kernel after ~10 s instead of hanging.
 void p2p_all_reduce_add_rms_norm(Dtype dt, float* residual, const P2PAllReduce& ar,
                                  const void* weight, float eps, int64_t rows, int64_t hidden,
-                                 void* out, cudaStream_t stream);
+                                 void* out, cudaStream_t stream, Fp8Rows fp8 = {});
 
 // out (float [n][hidden]) = src[rows[i]] (float [*][hidden]).
 void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t hidden, float* out,

@@ -288,13 +288,29 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     if (world_ == 1 && !fp8_) {
       TS_RETURN_IF_ERROR(split_k_parts(x, w, same_shape, rows, k, &parts));
     }
+    const bool p2p =
+        world_ > 1 && p2p_on_ && rows <= options_.p2p_max_rows && !options_.skip_collectives;
     if (fp8_) {
-      // FP8 (one GPU): float32 out, added and normed by the float-delta kernel.
+      // FP8: float32 out, all-reduced under tensor parallelism (each rank's partial sums from
+      // its slice of k), added and normed by the float-delta kernel, which also writes the
+      // next FP8 GEMM's e4m3 input.
+      const cuda::Fp8Rows q = out ? next_q : cuda::Fp8Rows{};
+      if (p2p) {
+        const int parity = p2p_call_++ & 1;  // as the 16-bit branch below
+        TS_RETURN_IF_ERROR(
+            fp8_gemm(x, w8, p2p_partial_[parity], rows, h_, k, true, same_shape, x_quantized));
+        prof_.mark(name, stream_);
+        cuda::p2p_all_reduce_add_rms_norm(dtype_, residual_.as<float>(), p2p_[parity], norm, eps,
+                                          rows, h_, out, stream_, q);
+        prof_.mark("all-reduce+norm", stream_);
+        return Status::Ok();
+      }
       float* partial = partial_.as<float>();
       TS_RETURN_IF_ERROR(fp8_gemm(x, w8, partial, rows, h_, k, true, same_shape, x_quantized));
       prof_.mark(name, stream_);
+      TS_RETURN_IF_ERROR(all_reduce(partial, rows * h_));
       cuda::add_rms_norm_f32_delta(dtype_, residual_.as<float>(), partial, 1, 0, norm, eps, rows,
-                                   h_, out, stream_, out ? next_q : cuda::Fp8Rows{});
+                                   h_, out, stream_, q);
     } else if (parts > 1) {
       // Split-K: float parts [parts][rows][h], summed in order and rounded once by the norm.
       TS_RETURN_IF_ERROR(gemm_.run_split_k(x, w, split_parts_, rows, h_, k, parts, model_type(),
@@ -307,7 +323,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
       prof_.mark(name, stream_);
       cuda::add_rms_norm(dtype_, residual_.as<float>(), tmp_.ptr, norm, eps, rows, h_, out,
                          stream_);
-    } else if (p2p_on_ && rows <= options_.p2p_max_rows && !options_.skip_collectives) {
+    } else if (p2p) {
       // Every rank takes this branch for the same steps (same rows) and alternates its two
       // buffers the same way (p2p_call_ restarts every step; a step has an even number of
       // calls, so eager and replayed steps agree).

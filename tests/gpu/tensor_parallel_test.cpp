@@ -4,7 +4,8 @@
 // steps with and without a vocab limit. Logits must agree within fp16 tolerance and greedy
 // tokens must be the same. Models: the tiny checkpoint (4 heads, 2 KV heads: TP=4 replicates KV
 // heads) and a Llama-3-8B-shaped model with random weights, cut to 4 layers to keep the test
-// fast (the per-layer sharding is the same for every layer). Each case needs N devices and
+// fast (the per-layer sharding is the same for every layer), and the tiny model's generated
+// FP8 checkpoints (tests/models/make_fp8_checkpoint.py). Each case needs N devices and
 // skips with a message otherwise; the start-up checks need no device.
 #include <gtest/gtest.h>
 
@@ -91,6 +92,30 @@ Pair random_8b(int32_t tp, int32_t p2p_max_rows = 512) {
   p.config = llama3_8b_shape(4);
   for (int32_t n : {1, tp}) {
     auto b = create_cuda_backend_random(p.config, options(n, p2p_max_rows), 42);
+    EXPECT_TRUE(b.ok()) << "tp=" << n << ": " << b.status().message();
+    if (b.ok()) (n == 1 ? p.one : p.many) = std::move(*b);
+  }
+  return p;
+}
+
+// A generated FP8 checkpoint of the tiny model ($TREESERVE_FP8_MODELS_DIR/<layout>, as
+// fp8_gpu_tests loads it) at TP=1 and TP=tp.
+Pair load_fp8(const std::string& layout, int32_t tp) {
+  Pair p;
+  const char* env = std::getenv("TREESERVE_FP8_MODELS_DIR");
+  const std::string dir = std::string(env ? env : TREESERVE_FP8_MODELS_DIR) + "/" + layout;
+  auto config = load_model_config(dir);
+  EXPECT_TRUE(config.ok()) << config.status().message();
+  if (!config.ok()) return p;
+  auto reader = SafetensorsReader::open_dir(dir);
+  EXPECT_TRUE(reader.ok()) << reader.status().message();
+  if (!reader.ok()) return p;
+  auto weights = load_llama_weights(*config, *reader);
+  EXPECT_TRUE(weights.ok()) << weights.status().message();
+  if (!weights.ok()) return p;
+  p.config = *config;
+  for (int32_t n : {1, tp}) {
+    auto b = create_cuda_backend(p.config, *weights, options(n));
     EXPECT_TRUE(b.ok()) << "tp=" << n << ": " << b.status().message();
     if (b.ok()) (n == 1 ? p.one : p.many) = std::move(*b);
   }
@@ -409,6 +434,34 @@ TEST_P(TensorParallel, Llama3ShapeForkedTreeMixesAllReducePaths) {
   REQUIRE_DEVICES(GetParam());
   Pair p = random_8b(GetParam(), 8);
   run_forked_tree(&p, 2e-2f, 2);
+}
+
+// FP8 checkpoints with static scales (per tensor, weights and inputs): every rank holds its
+// slice of the same e4m3 bytes and quantizes its inputs by the same scale, so the ranks compute
+// TP=1's products; only the order of the float sums differs (and, rarely, an input that lands
+// on the other side of an e4m3 rounding boundary for it).
+TEST_P(TensorParallel, Fp8StaticCheckpointsMatchOneGpu) {
+  REQUIRE_DEVICES(GetParam());
+  for (const char* layout : {"fp8-tensor-static", "ct-tensor-tensor"}) {
+    SCOPED_TRACE(layout);
+    Pair p = load_fp8(layout, GetParam());
+    run_forked_tree(&p, 0.1f, 4);
+  }
+}
+
+// Dynamic per-token inputs: a rank quantizes its own slice of the O and down inputs (its
+// heads, its intermediate columns), each slice scaled by its own largest value, where TP=1
+// scales the whole row; the logits then differ by the activations' rounding, as the CUDA and
+// CPU backends' FP8 layers do (fp8_gpu_tests: within 1.5 on this model). Both follow TP=1's
+// tokens; an argmax may differ only where TP=1's top two are within that, in at most an
+// eighth of the 192 decode rows.
+TEST_P(TensorParallel, Fp8DynamicCheckpointsTrackOneGpu) {
+  REQUIRE_DEVICES(GetParam());
+  for (const char* layout : {"fp8-channel-dynamic", "ct-channel-token"}) {
+    SCOPED_TRACE(layout);
+    Pair p = load_fp8(layout, GetParam());
+    run_forked_tree(&p, 1.5f, 24);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallel, ::testing::Values(2, 4),
