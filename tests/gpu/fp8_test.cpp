@@ -596,30 +596,36 @@ TEST(Fp8Backend, TinyModelMatchesTheCpuEmulation) {
   ModelConfig config = ckpt->config;
   config.quant.scheme = QuantScheme::kFp8;
   config.quant.source = "--quantization fp8";
-  CpuBackendOptions co;
-  co.page_size = kPageSize;
-  co.num_pages = kPages;
-  auto cpu = create_cpu_backend(config, ckpt->weights, co);
-  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
-  for (bool graphs : {false, true}) {
-    SCOPED_TRACE(graphs ? "graphs" : "eager");
-    CudaBackendOptions go;
-    go.num_pages = kPages;
-    go.page_size = kPageSize;
-    go.cuda_graphs = graphs;
-    auto gpu = create_cuda_backend(config, ckpt->weights, go);
-    ASSERT_TRUE(gpu.ok()) << gpu.status().message();
-    const Lockstep r = run_lockstep(cpu->get(), gpu->get(), kPages, kPageSize);
-    std::printf("  FP8 tiny model, %s: max |cpu - gpu| logit %.4f, greedy agrees %d of %d\n",
-                graphs ? "graphs" : "eager", r.worst, r.agree, r.steps);
-    // The GPU quantizes the checkpoint's float32 weights after rounding them to fp16 and its
-    // activations from fp16 (the CPU from float32), so inputs near an e4m3 rounding boundary
-    // land on the other side: each such element moves by a whole e4m3 step (1/8 relative),
-    // and the model amplifies it (HF's own fp16 and float32 runs of the same FP8 Llama-3-8B
-    // differ by 2.2 in the logits). Measured on an H200: 0.76 and 17 of 24. Wrong scales or
-    // layouts give errors of the logits' own size.
-    EXPECT_LE(r.worst, 1.5f);
-    EXPECT_GE(r.agree, r.steps / 2);
+  // FP8 weights alone, then with the FP8 KV cache on both backends too.
+  for (bool kv_fp8 : {false, true}) {
+    CpuBackendOptions co;
+    co.page_size = kPageSize;
+    co.num_pages = kPages;
+    co.kv_cache_fp8 = kv_fp8;
+    auto cpu = create_cpu_backend(config, ckpt->weights, co);
+    ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+    for (bool graphs : {false, true}) {
+      SCOPED_TRACE(std::string(graphs ? "graphs" : "eager") + (kv_fp8 ? ", FP8 KV" : ""));
+      CudaBackendOptions go;
+      go.num_pages = kPages;
+      go.page_size = kPageSize;
+      go.cuda_graphs = graphs;
+      go.kv_cache_fp8 = kv_fp8;
+      auto gpu = create_cuda_backend(config, ckpt->weights, go);
+      ASSERT_TRUE(gpu.ok()) << gpu.status().message();
+      const Lockstep r = run_lockstep(cpu->get(), gpu->get(), kPages, kPageSize);
+      std::printf("  FP8 tiny model, %s%s: max |cpu - gpu| logit %.4f, greedy agrees %d of %d\n",
+                  graphs ? "graphs" : "eager", kv_fp8 ? ", FP8 KV cache" : "", r.worst, r.agree,
+                  r.steps);
+      // The GPU quantizes the checkpoint's float32 weights after rounding them to fp16 and its
+      // activations from fp16 (the CPU from float32), so inputs near an e4m3 rounding boundary
+      // land on the other side: each such element moves by a whole e4m3 step (1/8 relative),
+      // and the model amplifies it (HF's own fp16 and float32 runs of the same FP8 Llama-3-8B
+      // differ by 2.2 in the logits). Measured on an H200: 0.76 and 17 of 24 (FP8 weights).
+      // Wrong scales or layouts give errors of the logits' own size.
+      EXPECT_LE(r.worst, 1.5f);
+      EXPECT_GE(r.agree, r.steps / 2);
+    }
   }
 }
 
