@@ -444,6 +444,7 @@ __global__ void __launch_bounds__(1024)
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     // fp8_kv_scale (models/fp8.h): amax / 448 rounded up to a power of two.
     uint32_t sb = __float_as_uint(__fdiv_rn(amax, 448.0f));
+    if ((sb & 0x7fffffffu) == 0) sb = 0x800000u;  // a quotient that rounds to zero: 2^-126
     if ((sb & 0x7fffffu) != 0) sb = (sb & 0x7f800000u) + 0x800000u;
     const float sc = amax > 0.0f ? __uint_as_float(sb) : 1.0f;
     const int64_t row_id = (page * nkv + kh) * page_size + slot;  // (page, head, slot)

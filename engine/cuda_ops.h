@@ -85,7 +85,8 @@ void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t hidde
 // to the layer's pool (T [pages][nkv][page_size][d]) at slot kv_slots[r] (page * ps + slot).
 // With k_scale and v_scale (float [pages][nkv][page_size]) the pools are e4m3: each (row, kv
 // head) of K (rotated and rounded to T first) and of V is quantized with its own scale
-// (models/fp8.h's fp8_kv_scale and quantize_fp8_kv_rows), which goes to the scale arrays at the
+// (models/fp8.h's fp8_kv_scale and quantize_fp8_kv_rows; d 64 or 128, as the CUDA backend
+// requires), which goes to the scale arrays at the
 // same (page, head, slot).
 void rope_and_store_kv(Dtype dt, const void* qkv, const int32_t* positions, const float* inv_freq,
                        const int64_t* kv_slots, int64_t rows, int32_t nh, int32_t nkv, int32_t d,

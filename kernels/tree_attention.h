@@ -248,7 +248,8 @@ TreeAttentionGrid tree_attention_graph_grid(const TreeAttentionWorkspace& worksp
 // e4m3 bytes, which stage 1 and the decode kernel dequantize to dtype as they copy each tile
 // (value * its row's scale in float32, rounded to dtype: the results equal a dtype pool
 // holding those values bit for bit); the tail and wide kernels do not run (a workspace for such
-// a pool turns them off in its limits; a grid that asks for them is refused).
+// a pool turns them off in its limits; a grid that asks for them is refused, and an eager launch
+// runs stage 1 for every item whatever the limits say).
 struct TreeAttentionKvScales {
   const float* k = nullptr;
   const float* v = nullptr;

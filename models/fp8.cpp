@@ -81,8 +81,9 @@ void quantize_fp8_rows(const float* w, int64_t rows, int64_t cols, uint8_t* q, f
 float fp8_kv_scale(float amax) {
   if (amax == 0.0f) return 1.0f;
   // Round the quotient up to a power of two: keep its exponent, and add one where any mantissa
-  // bit is set (a subnormal quotient becomes 2^-126).
+  // bit is set (a subnormal quotient becomes 2^-126, and so does one that rounds to zero).
   uint32_t bits = std::bit_cast<uint32_t>(amax / kFp8E4m3Max);
+  if ((bits & 0x7fffffffu) == 0) return 0x1p-126f;
   if ((bits & 0x7fffffu) != 0) bits = (bits & 0x7f800000u) + 0x800000u;
   return std::bit_cast<float>(bits);
 }

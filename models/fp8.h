@@ -30,11 +30,11 @@ float e4m3_to_float(uint8_t bits);
 float fp8_scale(float amax);
 
 // The FP8 KV cache's rule (kernels/kv_layout.h): one scale per (token, kv head) row of K or V,
-// the smallest power of two at or above amax / 448 (the float32 quotient; 1 for amax 0), and
-// q = e4m3(x / scale), saturating. A power-of-two scale costs no precision inside e4m3's normal
-// range (the row's largest value lands in (224, 448]) and makes x ~ float(q) * scale exact in
-// fp16 whenever the product is a normal fp16 value, so attention dequantizes with one packed
-// fp16 multiply.
+// the smallest power of two at or above amax / 448 (the float32 quotient; 1 for amax 0, 2^-126
+// where the quotient is below that), and q = e4m3(x / scale), saturating. A power-of-two scale
+// costs no precision inside e4m3's normal range (the row's largest value quantizes into
+// [224, 448]) and makes float(q) * scale exact in fp16 whenever the product is a normal fp16
+// value, so attention dequantizes an fp16 pool's tiles with one packed fp16 multiply.
 float fp8_kv_scale(float amax);
 // Per-row quantization of x [rows][cols] by that rule.
 void quantize_fp8_kv_rows(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* scale);

@@ -21,7 +21,9 @@ StatusOr<KvCacheDtype> parse_kv_cache_dtype(const std::string& value, const std:
                            " 'fp8_e5m2' is not supported: only e4m3 is (fp8 or fp8_e4m3, "
                            "with one float32 scale per token and kv head)");
   }
-  return InvalidArgument(option + " must be auto, fp8 or fp8_e4m3, got '" + value + "'");
+  // The value as given, cut to 64 bytes (it comes from a file or the command line).
+  const std::string shown = value.size() > 64 ? value.substr(0, 64) + "..." : value;
+  return InvalidArgument(option + " must be auto, fp8 or fp8_e4m3, got '" + shown + "'");
 }
 
 const char* kv_cache_dtype_name(KvCacheDtype dtype) {

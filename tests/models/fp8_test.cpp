@@ -236,6 +236,7 @@ TEST(Fp8, KvScaleIsThePowerOfTwoAboveTheQuotient) {
   EXPECT_EQ(fp8_kv_scale(449.0f), 2.0f);
   EXPECT_EQ(fp8_kv_scale(448.0f * 0x1p-20f), 0x1p-20f);
   EXPECT_EQ(fp8_kv_scale(1e-40f), 0x1p-126f);  // a subnormal quotient
+  EXPECT_EQ(fp8_kv_scale(1e-45f), 0x1p-126f);  // a quotient that rounds to zero
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> exponent(-30.0f, 15.0f);
   for (int i = 0; i < 10000; ++i) {
