@@ -39,8 +39,7 @@ class TensorParallelBackend final : public Backend {
     layout_.head_dim = int32_t(config.head_dim);
     layout_.page_size = options.page_size;
     layout_.num_pages = options.num_pages;
-    layout_.dtype_bytes = options.kv_cache_fp8 ? 1 : 2;
-    layout_.scale_bytes = options.kv_cache_fp8 ? 4 : 0;
+    layout_.set_element(2, options.kv_cache_fp8);
   }
 
   ~TensorParallelBackend() override {

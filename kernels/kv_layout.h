@@ -27,6 +27,12 @@ struct KvLayout {
   int32_t dtype_bytes = 2;  // 4 = fp32 (CPU backend), 2 = fp16/bf16, 1 = e4m3 (CUDA backend)
   int32_t scale_bytes = 0;  // per (token, kv head) row of K or V: 4 with e4m3, else 0
 
+  // The pool's element type: value_bytes a value, or e4m3 (one byte a value and a float32
+  // scale a row) where e4m3 is set.
+  void set_element(int32_t value_bytes, bool e4m3) {
+    dtype_bytes = e4m3 ? 1 : value_bytes;
+    scale_bytes = e4m3 ? 4 : 0;
+  }
   // Elements of one page of one K (or V) buffer.
   int64_t page_elems() const { return int64_t(num_kv_heads) * page_size * head_dim; }
   // Bytes of one layer's K (or V) buffer, and of its scales (0 without).

@@ -503,8 +503,7 @@ int run_treeserve(int argc, char** argv) {
   layout.num_kv_heads = static_cast<int32_t>(model_config->num_key_value_heads);
   layout.head_dim = static_cast<int32_t>(model_config->head_dim);
   layout.page_size = config.kv_cache.page_size;
-  layout.dtype_bytes = backend == "cpu" ? 4 : kv_fp8 ? 1 : 2;
-  layout.scale_bytes = backend == "cuda" && kv_fp8 ? 4 : 0;
+  layout.set_element(backend == "cpu" ? 4 : 2, backend == "cuda" && kv_fp8);
   const int64_t pages = KvLayout::pages_for_budget(config.kv_cache.memory_bytes,
                                                    layout.bytes_per_token(), layout.page_size);
   if (pages < 1) {

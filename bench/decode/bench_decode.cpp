@@ -64,6 +64,7 @@
 #include "engine/cuda_backend.h"
 #include "engine/detail/cuda_gemm.h"
 #include "engine/tensor_parallel.h"
+#include "kernels/kv_layout.h"
 #include "kvcache/kv_cache.h"
 #include "models/model_config.h"
 
@@ -470,12 +471,14 @@ int run(const Args& args) {
                   : "",
               (long long)config->num_hidden_layers, (long long)config->hidden_size,
               args.fp8 ? "fp8 (LM head fp16)" : "fp16", wbytes / 1e9);
-  // A token's K and V over all layers: 2 bytes a value, or 1 and a float32 scale a (kv head,
-  // K or V) row with --kv-cache-dtype fp8 (kernels/kv_layout.h).
-  const int64_t kv_token_bytes =
-      args.fp8_kv
-          ? config->num_hidden_layers * 2 * (config->kv_size() + 4 * config->num_key_value_heads)
-          : config->num_hidden_layers * 2 * config->kv_size() * 2;
+  // A token's K and V over all layers, as the engine's pool lays them out: 2 bytes a value, or
+  // e4m3 with a float32 scale a row with --kv-cache-dtype fp8.
+  KvLayout kv_layout;
+  kv_layout.num_layers = int32_t(config->num_hidden_layers);
+  kv_layout.num_kv_heads = int32_t(config->num_key_value_heads);
+  kv_layout.head_dim = int32_t(config->head_dim);
+  kv_layout.set_element(2, args.fp8_kv);
+  const int64_t kv_token_bytes = kv_layout.bytes_per_token();
   if (args.fp8_kv) std::printf("KV cache: e4m3 with a float32 scale a row\n");
 
   std::vector<Result> results;

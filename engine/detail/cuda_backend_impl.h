@@ -98,8 +98,7 @@ class CudaBackend final : public Backend, public detail::CudaRank {
     layout_.head_dim = int32_t(config.head_dim);
     layout_.page_size = options.page_size;
     layout_.num_pages = options.num_pages;
-    layout_.dtype_bytes = options.kv_cache_fp8 ? 1 : 2;
-    layout_.scale_bytes = options.kv_cache_fp8 ? 4 : 0;
+    layout_.set_element(2, options.kv_cache_fp8);
     scale_ = float(1.0 / std::sqrt(double(config.head_dim)));
   }
 
